@@ -1,0 +1,1 @@
+"""tc-server: a standalone Apache Pulsar transaction coordinator."""

@@ -1,0 +1,81 @@
+"""Prometheus metrics (design §6): PIP-473's store series and Pulsar's coordinator series.
+
+Names follow Prometheus conventions (base units, ``_total`` on counters). Labels are bounded:
+``cluster``, ``coordinator_id``, ``command``, ``result``; never a txn id. Each server owns its own
+registry so that several servers can run in one test process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds. Pulsar's execution-latency buckets were 10 ms .. 3000 s (TransactionAggregator).
+TXN_LATENCY_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 300, 1500, 3000)
+REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+
+TC_LABELS = ("cluster", "coordinator_id")
+
+# Every series a dashboard may query; tests check the dashboard only uses these.
+METRIC_NAMES = (
+    "pulsar_txn_metadata_store_op_writes_total",
+    "pulsar_txn_metadata_store_header_cas_total",
+    "pulsar_txn_metadata_store_index_query_seconds",
+    "pulsar_txn_metadata_store_outstanding_op_records",
+    "pulsar_txn_created_total",
+    "pulsar_txn_committed_total",
+    "pulsar_txn_aborted_total",
+    "pulsar_txn_timeout_total",
+    "pulsar_txn_active_count",
+    "pulsar_txn_execution_latency_seconds",
+    "tc_server_request_seconds",
+    "tc_server_request_errors_total",
+    "tc_server_coordinator_leader",
+    "tc_server_connections",
+    "tc_server_store_batch_size",
+)
+
+
+class Metrics:
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.op_writes = Counter(
+            "pulsar_txn_metadata_store_op_writes", "Store write operations issued by the coordinator",
+            ["kind"], registry=r)
+        self.header_cas = Counter(
+            "pulsar_txn_metadata_store_header_cas", "Header compare-and-set outcomes",
+            ["result"], registry=r)
+        self.index_query = Histogram(
+            "pulsar_txn_metadata_store_index_query_seconds", "Secondary-index scans",
+            ["index"], buckets=REQUEST_BUCKETS, registry=r)
+        self.outstanding_ops = Gauge(
+            "pulsar_txn_metadata_store_outstanding_op_records",
+            "Op records of terminal transactions still in the store (seen by the last GC sweep)",
+            registry=r)
+        self.created = Counter("pulsar_txn_created", "Transactions created", TC_LABELS, registry=r)
+        self.committed = Counter("pulsar_txn_committed", "Transactions committed", TC_LABELS, registry=r)
+        self.aborted = Counter("pulsar_txn_aborted", "Transactions aborted (timeouts included)",
+                               TC_LABELS, registry=r)
+        self.timed_out = Counter("pulsar_txn_timeout", "Transactions aborted by their timeout",
+                                 TC_LABELS, registry=r)
+        self.active = Gauge("pulsar_txn_active_count", "Open transactions led here", TC_LABELS, registry=r)
+        self.execution_latency = Histogram(
+            "pulsar_txn_execution_latency_seconds", "Time from NEW_TXN to the end decision",
+            TC_LABELS, buckets=TXN_LATENCY_BUCKETS, registry=r)
+        self.request_seconds = Histogram(
+            "tc_server_request_seconds", "Request latency per command", ["command"],
+            buckets=REQUEST_BUCKETS, registry=r)
+        self.request_errors = Counter(
+            "tc_server_request_errors", "Requests answered with an error, by command and ServerError",
+            ["command", "error"], registry=r)
+        self.leader = Gauge(
+            "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
+            ["coordinator_id"], registry=r)
+        self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
+        self.store_batch_size = Histogram(
+            "tc_server_store_batch_size", "Operations per store commit/batch",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+
+    def tc(self, coordinator_id: int) -> dict[str, str]:
+        return {"cluster": self.cluster, "coordinator_id": str(coordinator_id)}

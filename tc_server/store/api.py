@@ -1,0 +1,218 @@
+"""The metadata-store interface every backend implements (design §5).
+
+The coordinator only talks to this Protocol. It names the capabilities PIP-473 asks of a store:
+conditional put/delete on a version, partition keys (records that must sit on one shard), server
+assigned sequential keys, secondary indexes with range scans, prefix scans, batched writes,
+change notifications and ephemeral records bound to the store session.
+
+The semantics follow Oxia's, because Oxia is the production backend and the others must not
+promise more than it keeps:
+
+* A version is an opaque integer that changes on every modification of a key. Use it only to
+  compare with what a later read returns.
+* A batch is *not* a transaction: each operation succeeds or fails on its own (CAS failures are
+  per-operation results), exactly as one Oxia ``WriteRequest``.
+* Secondary-index entries belong to the record that carries them: a put replaces all of the
+  record's index entries with the ones it names, a delete removes them.
+* Sequential keys are ``prefix + "-%020d"``; the first key under a prefix ends in ``...0001``
+  (Oxia adds the delta 1 to the highest existing suffix, 0 when there is none).
+* Scans across shards come back in no particular order; with a partition key (one shard) they are
+  ordered by key (for index scans: by secondary key, then primary key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+# expected_version value meaning "the key must not exist" (Oxia's -1, Pulsar's -1).
+EXPECT_ABSENT = -1
+
+# The width of the server-assigned sequence suffix: prefix + "-" + 20 digits (Oxia's "%020d").
+SEQUENCE_DIGITS = 20
+
+
+class StoreError(Exception):
+    """Base of every error a backend raises."""
+
+
+class BadVersionError(StoreError):
+    """A conditional put or delete found another version (or a record where none was expected)."""
+
+    def __init__(self, key: str, expected: int) -> None:
+        super().__init__(f"conditional write on {key!r} failed: expected version {expected}")
+        self.key = key
+        self.expected = expected
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached or did not answer within the request timeout.
+
+    The outcome of a write that raised this is unknown: it may or may not have been applied.
+    """
+
+
+class InvalidOperationError(StoreError):
+    """An operation the store would reject (or that would break a stream), refused before sending."""
+
+
+class StoreClosedError(StoreError):
+    """The backend was closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A stored record as read back."""
+
+    key: str
+    value: bytes
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One put inside a batch.
+
+    ``sequential=True`` makes the store append ``-%020d`` to ``key`` (then ``key`` is a prefix and
+    ``partition_key`` is required, ``expected_version`` forbidden, as in Oxia).
+    """
+
+    key: str
+    value: bytes
+    expected_version: int | None = None
+    partition_key: str | None = None
+    secondary_indexes: Mapping[str, str] = field(default_factory=dict)
+    ephemeral: bool = False
+    sequential: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """One delete inside a batch."""
+
+    key: str
+    expected_version: int | None = None
+    partition_key: str | None = None
+
+
+class Outcome(Enum):
+    OK = "ok"
+    BAD_VERSION = "bad_version"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """The result of one operation of a batch: for puts, ``key`` is the stored key (the generated
+    one for sequential puts) and ``version`` its new version; for deletes ``version`` is -1."""
+
+    outcome: Outcome
+    key: str
+    version: int = -1
+
+
+class NotificationType(Enum):
+    CREATED = "created"
+    MODIFIED = "modified"
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    type: NotificationType
+    key: str
+    version: int = -1
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    """What the coordinator needs from a metadata store. Every method may raise
+    :class:`StoreUnavailableError` (outcome unknown for writes) and :class:`StoreClosedError`."""
+
+    async def get(self, key: str, *, partition_key: str | None = None) -> Record | None:
+        """The record at ``key``, or None."""
+        ...
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+        ephemeral: bool = False,
+    ) -> Record:
+        """Write ``key``; with ``expected_version`` only if the stored version matches
+        (:data:`EXPECT_ABSENT`: only if absent). Returns the record as stored.
+
+        Raises :class:`BadVersionError` when the condition fails."""
+        ...
+
+    async def put_sequential(
+        self,
+        prefix: str,
+        value: bytes,
+        *,
+        partition_key: str,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> Record:
+        """Write under ``prefix + "-%020d"`` with the next suffix; returns the record with its key."""
+        ...
+
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
+    ) -> bool:
+        """Delete ``key``; False if it did not exist. Raises :class:`BadVersionError` when
+        ``expected_version`` is given and does not match."""
+        ...
+
+    async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        """Apply many operations in as few round trips as the backend allows. Each operation has
+        its own outcome (a failed condition does not fail the others). Raises
+        :class:`InvalidOperationError` before sending anything if an operation is malformed."""
+        ...
+
+    def scan_prefix(self, prefix: str, *, partition_key: str | None = None) -> AsyncIterator[Record]:
+        """Every record whose key starts with ``prefix`` and has no further ``/`` after it (the
+        children of a path ending in ``/``). Streams; memory stays bounded."""
+        ...
+
+    def scan_index(
+        self,
+        index_name: str,
+        start_inclusive: str,
+        end_exclusive: str,
+        *,
+        partition_key: str | None = None,
+    ) -> AsyncIterator[Record]:
+        """Records whose secondary key in ``index_name`` lies in ``[start_inclusive, end_exclusive)``.
+        With ``partition_key``: that one shard, ordered; without: every shard."""
+        ...
+
+    def notifications(self) -> AsyncIterator[Notification]:
+        """Changes committed after the call, for every key (there is no per-range watch in Oxia)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and end the session (its ephemeral records go away)."""
+        ...
+
+
+def sequence_key(prefix: str, number: int) -> str:
+    """The key a sequential put stores: ``prefix-%020d``."""
+    return f"{prefix}-{number:0{SEQUENCE_DIGITS}d}"
+
+
+def validate_put(op: Put) -> None:
+    """Reject what Oxia would reject at the request level (it would end the whole write stream)."""
+    if op.sequential:
+        if not op.partition_key:
+            raise InvalidOperationError(f"sequential put under {op.key!r} needs a partition key")
+        if op.expected_version is not None:
+            raise InvalidOperationError(f"sequential put under {op.key!r} cannot have an expected version")
+    for name in op.secondary_indexes:
+        if "/" in name or not name:
+            raise InvalidOperationError(f"secondary index name {name!r} must be non-empty and contain no '/'")
