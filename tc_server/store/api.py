@@ -69,6 +69,10 @@ class Record:
     key: str
     value: bytes
     version: int
+    # When the key was first created, in epoch ms (Oxia's Version.created_timestamp); 0 if unknown.
+    created_ms: int = 0
+    # When this version was written, in epoch ms (Oxia's Version.modified_timestamp); 0 if unknown.
+    modified_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
