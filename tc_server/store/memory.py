@@ -1,0 +1,302 @@
+"""The in-memory backend, for unit tests.
+
+Usage::
+
+    store = MemoryStore()                      # one session on a fresh, private data set
+    other = MemoryStore(store.backend)         # a second session on the same data
+
+Several sessions sharing one :class:`MemoryBackend` behave like several clients of one Oxia
+cluster: each has its own ephemeral records (removed when it closes) and its own notification
+subscribers, and every session sees every change. That lets coordinator tests play two instances
+that both believe they lead.
+
+The data set is one "shard": ``partition_key`` never narrows a read, exactly like a single-shard
+Oxia (records of other partition keys on the same shard come back from a scoped scan too). Code that
+relies on a scoped scan returning only its own partition key is wrong on Oxia, and tests on this
+store will show it.
+
+Nothing here awaits: each operation is atomic with respect to the event loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from tc_server.store.api import (
+    EXPECT_ABSENT,
+    BadVersionError,
+    Delete,
+    Notification,
+    NotificationType,
+    Outcome,
+    Put,
+    Record,
+    StoreClosedError,
+    WriteResult,
+    sequence_key,
+    validate_put,
+)
+from tc_server.store.keys import is_child, now_ms, sequence_suffix, sequence_upper_bound
+from tc_server.store.notify import NotificationHub, Subscription
+
+
+@dataclass(slots=True)
+class _Entry:
+    record: Record
+    indexes: dict[str, str]
+    # The id of the session that owns the record if it is ephemeral.
+    session: int | None
+
+
+class MemoryBackend:
+    """The data every :class:`MemoryStore` session on it shares."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        # Sorted copies of the keys so that scans and sequence lookups are ordered range walks.
+        self._keys: list[str] = []
+        self._index: dict[str, list[tuple[str, str]]] = {}
+        self._versions = itertools.count(1)
+        self._session_ids = itertools.count(1)
+        self._sessions: dict[int, NotificationHub] = {}
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def _open_session(self, hub: NotificationHub) -> int:
+        session = next(self._session_ids)
+        self._sessions[session] = hub
+        return session
+
+    def _close_session(self, session: int) -> None:
+        owned = [key for key, entry in self._entries.items() if entry.session == session]
+        notes = [self._remove(key) for key in sorted(owned)]
+        self._publish(notes)
+        hub = self._sessions.pop(session)
+        hub.close()
+
+    def _publish(self, notes: list[Notification]) -> None:
+        for hub in list(self._sessions.values()):
+            hub.publish(notes)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _apply(self, ops: Sequence[Put | Delete], session: int) -> list[WriteResult]:
+        for op in ops:
+            if isinstance(op, Put):
+                validate_put(op)
+        results: list[WriteResult] = []
+        notes: list[Notification] = []
+        for op in ops:
+            result, note = self._apply_put(op, session) if isinstance(op, Put) else self._apply_delete(op)
+            results.append(result)
+            if note is not None:
+                notes.append(note)
+        self._publish(notes)
+        return results
+
+    def _apply_put(self, op: Put, session: int) -> tuple[WriteResult, Notification | None]:
+        key = sequence_key(op.key, self._highest_sequence(op.key) + 1) if op.sequential else op.key
+        existing = self._entries.get(key)
+        if not _version_matches(existing.record.version if existing else None, op.expected_version):
+            return WriteResult(Outcome.BAD_VERSION, key), None
+        now = now_ms()
+        version = next(self._versions)
+        record = Record(key, bytes(op.value), version,
+                        created_ms=existing.record.created_ms if existing else now, modified_ms=now)
+        if existing is None:
+            bisect.insort(self._keys, key)
+        else:
+            self._drop_indexes(key, existing.indexes)
+        indexes = dict(op.secondary_indexes)
+        for name, secondary in indexes.items():
+            bisect.insort(self._index.setdefault(name, []), (secondary, key))
+        # A put replaces the owner: a non-ephemeral put makes the record persistent (Oxia does the same).
+        self._entries[key] = _Entry(record, indexes, session if op.ephemeral else None)
+        kind = NotificationType.MODIFIED if existing else NotificationType.CREATED
+        return WriteResult(Outcome.OK, key, version), Notification(kind, key, version)
+
+    def _apply_delete(self, op: Delete) -> tuple[WriteResult, Notification | None]:
+        existing = self._entries.get(op.key)
+        if not _version_matches(existing.record.version if existing else None, op.expected_version):
+            return WriteResult(Outcome.BAD_VERSION, op.key), None
+        if existing is None:
+            return WriteResult(Outcome.NOT_FOUND, op.key), None
+        return WriteResult(Outcome.OK, op.key), self._remove(op.key)
+
+    def _remove(self, key: str) -> Notification:
+        entry = self._entries.pop(key)
+        del self._keys[bisect.bisect_left(self._keys, key)]
+        self._drop_indexes(key, entry.indexes)
+        return Notification(NotificationType.DELETED, key)
+
+    def _drop_indexes(self, key: str, indexes: Mapping[str, str]) -> None:
+        for name, secondary in indexes.items():
+            entries = self._index[name]
+            del entries[bisect.bisect_left(entries, (secondary, key))]
+
+    def _highest_sequence(self, prefix: str) -> int:
+        # Walk down from just above prefix-99..9 to the first key of the exact sequence shape.
+        head = prefix + "-"
+        pos = bisect.bisect_left(self._keys, sequence_upper_bound(prefix))
+        while pos > 0:
+            pos -= 1
+            candidate = self._keys[pos]
+            if not candidate.startswith(head):
+                break
+            number = sequence_suffix(candidate, prefix)
+            if number is not None:
+                return number
+        return 0
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _get(self, key: str) -> Record | None:
+        entry = self._entries.get(key)
+        return entry.record if entry else None
+
+    def _next_child(self, prefix: str, after: str | None) -> Record | None:
+        # Keyset pagination: each step re-finds its place, so writes between steps are harmless.
+        keys = self._keys
+        pos = bisect.bisect_left(keys, prefix) if after is None else bisect.bisect_right(keys, after)
+        while pos < len(self._keys):
+            key = self._keys[pos]
+            if not key.startswith(prefix):
+                return None
+            if is_child(key, prefix):
+                return self._entries[key].record
+            pos += 1
+        return None
+
+    def _next_indexed(self, name: str, start: str, end: str,
+                      after: tuple[str, str] | None) -> tuple[tuple[str, str], Record] | None:
+        entries = self._index.get(name, [])
+        if after is None:
+            pos = bisect.bisect_left(entries, (start, ""))
+        else:
+            pos = bisect.bisect_right(entries, after)
+        if pos >= len(entries) or entries[pos][0] >= end:
+            return None
+        position = entries[pos]
+        return position, self._entries[position[1]].record
+
+
+def _version_matches(stored: int | None, expected: int | None) -> bool:
+    """Oxia's checkExpectedVersionId: absent + expected >= 0 fails; present + expected -1 fails."""
+    if expected is None:
+        return True
+    if stored is None:
+        return expected == EXPECT_ABSENT
+    return stored == expected
+
+
+class MemoryStore:
+    """One session on a :class:`MemoryBackend` (a private one by default); implements
+    :class:`~tc_server.store.api.MetadataStore`. Every method raises :class:`StoreClosedError`
+    after :meth:`close`; ``close`` itself may be called again."""
+
+    def __init__(self, backend: MemoryBackend | None = None) -> None:
+        self.backend = backend if backend is not None else MemoryBackend()
+        self._hub = NotificationHub()
+        self._session = self.backend._open_session(self._hub)
+        self._closed = False
+
+    def _check_open(self) -> MemoryBackend:
+        if self._closed:
+            raise StoreClosedError("memory store is closed")
+        return self.backend
+
+    async def get(self, key: str, *, partition_key: str | None = None) -> Record | None:
+        return self._check_open()._get(key)
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+        ephemeral: bool = False,
+    ) -> Record:
+        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
+                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
+        return self._single_put(op)
+
+    async def put_sequential(
+        self,
+        prefix: str,
+        value: bytes,
+        *,
+        partition_key: str,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> Record:
+        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
+                 sequential=True)
+        return self._single_put(op)
+
+    def _single_put(self, op: Put) -> Record:
+        backend = self._check_open()
+        (result,) = backend._apply([op], self._session)
+        if result.outcome is not Outcome.OK:
+            raise BadVersionError(result.key, op.expected_version if op.expected_version is not None else -1)
+        record = backend._get(result.key)
+        assert record is not None
+        return record
+
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
+    ) -> bool:
+        op = Delete(key, expected_version=expected_version, partition_key=partition_key)
+        (result,) = self._check_open()._apply([op], self._session)
+        if result.outcome is Outcome.BAD_VERSION:
+            raise BadVersionError(key, expected_version if expected_version is not None else -1)
+        return result.outcome is Outcome.OK
+
+    async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        """Applies the operations in order, atomically with respect to other callers."""
+        return self._check_open()._apply(ops, self._session)
+
+    def scan_prefix(self, prefix: str, *, partition_key: str | None = None) -> AsyncIterator[Record]:
+        backend = self._check_open()
+        return self._scan_prefix(backend, prefix)
+
+    async def _scan_prefix(self, backend: MemoryBackend, prefix: str) -> AsyncIterator[Record]:
+        after: str | None = None
+        while (record := backend._next_child(prefix, after)) is not None:
+            self._check_open()
+            yield record
+            after = record.key
+
+    def scan_index(
+        self,
+        index_name: str,
+        start_inclusive: str,
+        end_exclusive: str,
+        *,
+        partition_key: str | None = None,
+    ) -> AsyncIterator[Record]:
+        backend = self._check_open()
+        return self._scan_index(backend, index_name, start_inclusive, end_exclusive)
+
+    async def _scan_index(self, backend: MemoryBackend, name: str, start: str,
+                          end: str) -> AsyncIterator[Record]:
+        after: tuple[str, str] | None = None
+        while (found := backend._next_indexed(name, start, end, after)) is not None:
+            self._check_open()
+            after, record = found
+            yield record
+
+    def notifications(self) -> Subscription:
+        self._check_open()
+        return self._hub.subscribe()
+
+    async def close(self) -> None:
+        """End the session: its ephemeral records are deleted (subscribers of every session see the
+        deletes) and this session's notification streams end."""
+        if self._closed:
+            return
+        self._closed = True
+        self.backend._close_session(self._session)
