@@ -1,0 +1,328 @@
+"""Stream a metadata store's transaction records into an audit snapshot (design §7, docs/audit.md).
+
+The three record families are scanned one after the other, each streamed into Parquet in batches of
+``batch_rows``, so memory stays bounded however large the store is. A record that cannot be parsed is
+written to ``rejects.jsonl`` with its key and the reason and counted; it never stops the export.
+
+The scans are not one point-in-time read (no store offers that across shards), so their order is
+chosen to keep concurrent activity from looking like a violation:
+
+* ops before headers: a participant writes an op only while its txn's header exists, and GC deletes a
+  header only after its ops are gone, so an op seen first finds its header in the later scan (no
+  false ``orphan_ops``);
+* tc-seq last: ``next`` only grows and an id is handed out only after its block was reserved, so every
+  header seen earlier is below the ``next`` read later (no false ``id_reuse_risk``);
+* ``taken_at_ms`` is the time the export *started*: a txn found overdue or past retention against
+  that time was so when it was read, too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+
+from tc_server.audit.schema import (
+    HEADERS,
+    HEADERS_SCHEMA,
+    OPS,
+    OPS_SCHEMA,
+    REJECTS_JSONL,
+    TC_SEQ,
+    TC_SEQ_SCHEMA,
+    snapshot_document,
+    write_snapshot_json,
+)
+from tc_server.audit.writer import TableWriter
+from tc_server.coordinator import layout
+from tc_server.store.api import SEQUENCE_DIGITS, MetadataStore, Record
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+# Redraw the progress line at most this often; a terminal does not need more.
+_PROGRESS_INTERVAL_S = 0.2
+# How much of a rejected value goes into rejects.jsonl: enough to recognise it, bounded.
+_REJECT_VALUE_CHARS = 200
+
+
+class RejectedRecord(ValueError):
+    """A record that does not parse; the message is the reason written to rejects.jsonl."""
+
+
+def _int64(doc: dict[str, Any], name: str, *, required: bool = True) -> int | None:
+    value = doc.get(name)
+    if value is None:
+        if required:
+            raise RejectedRecord(f"missing field {name!r}")
+        return None
+    # bool is an int in Python but not in JSON; a header with "createdMs": true is malformed.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RejectedRecord(f"field {name!r} is not an integer: {value!r}")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise RejectedRecord(f"field {name!r} out of int64 range: {value}")
+    return value
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RejectedRecord(f"value is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise RejectedRecord(f"value is not a JSON object but {type(doc).__name__}")
+    return doc
+
+
+def _txn_id(text: str) -> tuple[int, int]:
+    try:
+        most, least = layout.parse_txn_key(text)
+    except ValueError as exc:
+        raise RejectedRecord(f"bad txn id {text!r}") from exc
+    if not 0 <= most <= _INT32_MAX:
+        # mostSigBits is the tcId, a small non-negative partition number.
+        raise RejectedRecord(f"txn most bits {most} is not a coordinator id")
+    if not _INT64_MIN <= least <= _INT64_MAX:
+        raise RejectedRecord(f"txn least bits {least} out of int64 range")
+    return most, least
+
+
+def parse_header(record: Record) -> dict[str, Any]:
+    """One headers row. Deliberately more lenient than ``TxnHeader.from_json``: an unknown state or an
+    OPEN header with a finalized time is kept verbatim, because finding those is the audit's job."""
+    most, least = _txn_id(record.key[len(layout.HEADER_PREFIX) :])
+    doc = _json_object(record.value)
+    state = doc.get("state")
+    if not isinstance(state, str):
+        raise RejectedRecord(f"field 'state' is not a string: {state!r}")
+    created = _int64(doc, "createdMs")
+    timeout = _int64(doc, "timeoutMs")
+    assert created is not None and timeout is not None
+    deadline = created + timeout
+    if not _INT64_MIN <= deadline <= _INT64_MAX:
+        raise RejectedRecord(f"deadline createdMs + timeoutMs out of int64 range: {deadline}")
+    owner = doc.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise RejectedRecord(f"field 'owner' is not a string: {owner!r}")
+    return {
+        "txn_most": most,
+        "txn_least": least,
+        "coordinator_id": most,
+        "state": state,
+        "created_ms": created,
+        "timeout_ms": timeout,
+        "deadline_ms": deadline,
+        "finalized_ms": _int64(doc, "finalizedMs", required=False),
+        "owner": owner,
+        "version": record.version,
+    }
+
+
+def parse_op(record: Record) -> dict[str, Any]:
+    """One ops row from ``/txn/op/<most>_<least>-<seq20>``."""
+    rest = record.key[len(layout.OP_PREFIX) :]
+    txn, sep, seq_text = rest.rpartition("-")
+    if not sep or len(seq_text) != SEQUENCE_DIGITS or not seq_text.isdigit():
+        raise RejectedRecord(f"op key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
+    seq = int(seq_text)
+    if seq > _INT64_MAX:
+        raise RejectedRecord(f"op sequence {seq} out of int64 range")
+    most, least = _txn_id(txn)
+    try:
+        op = layout.TxnOp.from_json(record.value)
+    except ValueError as exc:
+        raise RejectedRecord(str(exc)) from exc
+    for name, value in (("ledgerId", op.ledger_id), ("entryId", op.entry_id)):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise RejectedRecord(f"field {name!r} out of int64 range: {value}")
+    return {
+        "txn_most": most,
+        "txn_least": least,
+        "seq": seq,
+        "kind": op.kind.value,
+        "segment": op.segment,
+        "subscription": op.subscription,
+        "ledger_id": op.ledger_id,
+        "entry_id": op.entry_id,
+        "created_ms": max(record.created_ms, 0),
+    }
+
+
+def parse_tc_seq(record: Record) -> dict[str, Any]:
+    text = record.key[len(layout.TC_SEQ_PREFIX) :]
+    if not text.isdigit() or int(text) > _INT32_MAX:
+        raise RejectedRecord(f"bad coordinator id {text!r}")
+    doc = _json_object(record.value)
+    next_id = _int64(doc, "next")
+    return {"coordinator_id": int(text), "next": next_id}
+
+
+class _Progress:
+    """A one-line ``\\r`` counter on a terminal; silent otherwise."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._start = time.monotonic()
+        self._last = 0.0
+        self.counts: dict[str, int] = {OPS: 0, HEADERS: 0, TC_SEQ: 0, "rejects": 0}
+
+    def tick(self, *, force: bool = False) -> None:
+        if self._stream is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < _PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        c = self.counts
+        rows = c[OPS] + c[HEADERS] + c[TC_SEQ] + c["rejects"]
+        rate = rows / max(now - self._start, 1e-9)
+        self._stream.write(
+            f"\rexport: ops {c[OPS]:,}  headers {c[HEADERS]:,}  tc-seq {c[TC_SEQ]:,}  "
+            f"rejects {c['rejects']:,}  ({rate:,.0f} rows/s)"
+        )
+        self._stream.flush()
+
+    def done(self) -> None:
+        if self._stream is not None:
+            self.tick(force=True)
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+async def _export_family(
+    store: MetadataStore,
+    prefix: str,
+    table: str,
+    schema: pa.Schema,
+    parse: Callable[[Record], dict[str, Any]],
+    writer: TableWriter,
+    rejects: IO[str],
+    progress: _Progress,
+    batch_rows: int,
+) -> int:
+    """Stream one key family into ``writer``; returns the number of rejected records."""
+    batch: list[dict[str, Any]] = []
+    rejected = 0
+    async for record in store.scan_prefix(prefix):
+        try:
+            batch.append(parse(record))
+        except RejectedRecord as exc:
+            rejected += 1
+            progress.counts["rejects"] += 1
+            value = record.value.decode("utf-8", errors="replace")[:_REJECT_VALUE_CHARS]
+            line = {"table": table, "key": record.key, "reason": str(exc), "value": value}
+            rejects.write(json.dumps(line, sort_keys=True) + "\n")
+            continue
+        progress.counts[table] += 1
+        if len(batch) >= batch_rows:
+            writer.write(pa.Table.from_pylist(batch, schema=schema))
+            batch = []
+        progress.tick()
+    if batch:
+        writer.write(pa.Table.from_pylist(batch, schema=schema))
+    writer.close()
+    return rejected
+
+
+async def export_snapshot(
+    store: MetadataStore,
+    out_dir: Path,
+    *,
+    source: str,
+    show_progress: bool | None = None,
+    batch_rows: int = 50_000,
+) -> dict[str, int]:
+    """Write the store's txn records as a snapshot in ``out_dir`` (created; must be absent or empty).
+
+    ``source`` names the store kind in snapshot.json. ``show_progress``: a counter on stderr; None
+    shows it when stderr is a terminal. Returns the row counts ``{"headers", "ops", "tc_seq",
+    "rejects"}``.
+
+    Raises FileExistsError if ``out_dir`` holds files, and whatever the store raises
+    (StoreUnavailableError...): a failed export leaves no snapshot.json behind, so it is never audited.
+    """
+    if batch_rows <= 0:
+        raise ValueError(f"batch_rows must be positive, got {batch_rows}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"export directory {out_dir} is not empty")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
+    progress = _Progress(sys.stderr if show_progress else None)
+    taken_at_ms = time.time_ns() // 1_000_000
+
+    families: list[tuple[str, str, Callable[[Record], dict[str, Any]], pa.Schema]] = [
+        # Order matters; see the module docstring.
+        (layout.OP_PREFIX, OPS, parse_op, OPS_SCHEMA),
+        (layout.HEADER_PREFIX, HEADERS, parse_header, HEADERS_SCHEMA),
+        (layout.TC_SEQ_PREFIX, TC_SEQ, parse_tc_seq, TC_SEQ_SCHEMA),
+    ]
+    rows: dict[str, int] = {}
+    rejects: dict[str, int] = {}
+    rejects_path = out_dir / REJECTS_JSONL
+    with rejects_path.open("w") as rejects_file:
+        for prefix, table, parse, schema in families:
+            writer = TableWriter(out_dir / table, schema)
+            rejects[table] = await _export_family(
+                store, prefix, table, schema, parse, writer, rejects_file, progress, batch_rows
+            )
+            rows[table] = writer.rows
+    progress.done()
+    total_rejects = sum(rejects.values())
+    if total_rejects == 0:
+        rejects_path.unlink()
+    write_snapshot_json(
+        out_dir, snapshot_document(taken_at_ms=taken_at_ms, source=source, row_counts=rows, rejects=rejects)
+    )
+    return {HEADERS: rows[HEADERS], OPS: rows[OPS], TC_SEQ: rows[TC_SEQ], "rejects": total_rejects}
+
+
+async def _export_from(kind: str, data_dir: str, out: Path, show_progress: bool | None) -> dict[str, int]:
+    # Imported lazily: the store package pulls in backends (grpc for Oxia) the audit does not need.
+    from tc_server.store import open_store
+
+    store = await open_store(kind, data_dir=data_dir)
+    try:
+        return await export_snapshot(store, out, source=kind, show_progress=show_progress)
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tc_server.audit.export --store KIND --data-dir DIR --out DIR``. Exit 0 on success,
+    2 on bad arguments or an existing non-empty output directory; rejects are reported, not fatal."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tc_server.audit.export", description="Export txn records into an audit snapshot."
+    )
+    parser.add_argument("--store", default="embedded", help="store kind: memory, embedded, oxia")
+    parser.add_argument("--data-dir", default="./data", help="the store's data directory")
+    parser.add_argument("--out", required=True, type=Path, help="snapshot directory to create")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None)
+    progress.add_argument("--no-progress", dest="progress", action="store_false")
+    args = parser.parse_args(argv)
+    try:
+        counts = asyncio.run(_export_from(args.store, args.data_dir, args.out, args.progress))
+    except (FileExistsError, ValueError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"exported {counts[HEADERS]:,} headers, {counts[OPS]:,} ops, {counts[TC_SEQ]:,} tc-seq records "
+        f"to {args.out}"
+    )
+    if counts["rejects"]:
+        rejected = counts["rejects"]
+        print(f"{rejected:,} malformed records skipped; see {args.out / REJECTS_JSONL}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
