@@ -107,6 +107,20 @@ def leader_path(tc_id: int) -> str:
     return f"{LEADER_PREFIX}{tc_id}"
 
 
+def exact_index_range(secondary_key: str) -> tuple[str, str]:
+    """The ``[start, end)`` range that matches exactly one secondary key.
+
+    Not ``key + "\\x00"``: Oxia stores an index entry as ``<secondaryKey>\\x01<primaryKey>`` and
+    compares the range with that (oxia.md §2), so the end must sort after ``\\x01``. Our secondary
+    keys never contain control characters, so nothing else falls in the range.
+    """
+    return secondary_key, secondary_key + "\x02"
+
+
+# End of a scan over every deadline / finalization time: sorts after any 20-digit number.
+INDEX_END = "~"
+
+
 def deadline_index_key(deadline_ms: int) -> str:
     return pad(deadline_ms)
 

@@ -1,0 +1,194 @@
+"""The transaction coordinator of one instance: its partitions, their leadership, recovery and GC.
+
+The server asks it three things: who leads partition N (for LOOKUP), whether it leads N (for
+TC_CLIENT_CONNECT), and the partition object that serves NEW_TXN / ADD_* / END_TXN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import structlog
+
+from tc_server.coordinator import layout
+from tc_server.coordinator.errors import CoordinatorNotFound, ParallelismMismatch
+from tc_server.coordinator.layout import TxnHeader
+from tc_server.coordinator.leadership import LeaderElection
+from tc_server.coordinator.partition import Clock, CoordinatorPartition, PartitionConfig, wall_clock_ms
+from tc_server.coordinator.sweeps import collect_garbage
+from tc_server.metrics import Metrics
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
+
+log = structlog.get_logger("tc_server.coordinator")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    partitions: int = 16
+    advertised_url: str = "pulsar://127.0.0.1:6650"
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    gc_retention_s: int = 900
+    gc_interval_s: int = 300
+    timeout_sweep: bool = True
+
+
+class TransactionCoordinator:
+    def __init__(
+        self, store: MetadataStore, config: CoordinatorConfig, metrics: Metrics, clock: Clock = wall_clock_ms
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = metrics
+        self._clock = clock
+        self._partitions: dict[int, CoordinatorPartition] = {}
+        self._election = LeaderElection(
+            store, config.partitions, config.advertised_url, self._elected, self._lost
+        )
+        self._recovered: dict[int, list[tuple[int, TxnHeader]]] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
+        for tc_id in range(config.partitions):
+            metrics.leader.labels(str(tc_id)).set(0)
+            metrics.active.labels(**metrics.tc(tc_id)).set(0)
+            for counter in (metrics.created, metrics.committed, metrics.aborted, metrics.timed_out):
+                counter.labels(**metrics.tc(tc_id))
+        for result in ("ok", "conflict", "reject"):
+            metrics.header_cas.labels(result)
+        for kind in ("header", "event"):
+            metrics.op_writes.labels(kind)
+
+    @property
+    def num_partitions(self) -> int:
+        return self.config.partitions
+
+    async def start(self) -> None:
+        """Check the stored parallelism, recover open txns, campaign for every partition.
+
+        Raises ParallelismMismatch when the store was initialised with another number of coordinators."""
+        await self._check_parallelism()
+        # One scan of the deadline index serves every partition won in the first campaign.
+        self._recovered = await self._scan_open_txns()
+        try:
+            await self._election.start()
+        finally:
+            self._recovered = None
+        self._gc_task = asyncio.create_task(self._run_gc(), name="gc")
+
+    async def stop(self) -> None:
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            await asyncio.gather(self._gc_task, return_exceptions=True)
+        await self._election.stop()
+        for tc_id in list(self._partitions):
+            await self._lost(tc_id)
+
+    # -- what the server asks --------------------------------------------------------------------
+
+    def leader_url(self, tc_id: int) -> str | None:
+        return self._election.leaders.get(tc_id)
+
+    def leads(self, tc_id: int) -> bool:
+        return tc_id in self._partitions
+
+    def partition(self, tc_id: int) -> CoordinatorPartition:
+        """Raises CoordinatorNotFound when this instance does not lead ``tc_id``."""
+        partition = self._partitions.get(tc_id)
+        if partition is None:
+            if not 0 <= tc_id < self.config.partitions:
+                raise CoordinatorNotFound(
+                    f"transaction coordinator {tc_id} does not exist (there are {self.config.partitions})"
+                )
+            raise CoordinatorNotFound(f"transaction coordinator {tc_id} is not led by this instance")
+        return partition
+
+    @property
+    def ready(self) -> bool:
+        """Every partition has a known leader (this instance or another)."""
+        return len(self._election.leaders) == self.config.partitions
+
+    def led_partitions(self) -> list[CoordinatorPartition]:
+        return [self._partitions[i] for i in sorted(self._partitions)]
+
+    async def abort_expired_now(self) -> int:
+        """Run every led partition's due timeouts at once (admin and tests)."""
+        count = 0
+        for partition in self.led_partitions():
+            due = partition.due_timeouts(self._clock())
+            for least in due:
+                await partition.expire(least)
+            count += len(due)
+        return count
+
+    async def collect_garbage_now(self) -> None:
+        await collect_garbage(self.store, self.metrics, self._clock(), self.config.gc_retention_s)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _check_parallelism(self) -> None:
+        wanted = self.config.partitions
+        value = json.dumps({"parallelism": wanted}).encode()
+        try:
+            await self.store.put(layout.PARALLELISM_PATH, value, expected_version=EXPECT_ABSENT)
+            return
+        except BadVersionError:
+            pass
+        record = await self.store.get(layout.PARALLELISM_PATH)
+        stored = None
+        if record is not None:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                stored = int(json.loads(record.value)["parallelism"])
+        if stored != wanted:
+            raise ParallelismMismatch(
+                f"the metadata store was initialised with {stored} transaction coordinators "
+                f"({layout.PARALLELISM_PATH}) but this instance was started with --coordinators {wanted}; "
+                "start it with the stored number"
+            )
+
+    async def _scan_open_txns(self, only: int | None = None) -> dict[int, list[tuple[int, TxnHeader]]]:
+        found: dict[int, list[tuple[int, TxnHeader]]] = defaultdict(list)
+        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END):
+            try:
+                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+                header = TxnHeader.from_json(record.value)
+            except ValueError as exc:
+                log.warning("skipping unreadable header", key=record.key, error=str(exc))
+                continue
+            if (only is None or most == only) and header.state is layout.TxnState.OPEN:
+                found[most].append((least, header))
+        return found
+
+    async def _elected(self, tc_id: int) -> None:
+        if self._recovered is not None:
+            open_txns = self._recovered.get(tc_id, [])
+        else:
+            open_txns = (await self._scan_open_txns(only=tc_id)).get(tc_id, [])
+        partition = CoordinatorPartition(
+            tc_id, self.store, self.config.partition, self.metrics, self._clock,
+            sweep_timeouts=self.config.timeout_sweep,
+        )
+        partition.start(open_txns)
+        self._partitions[tc_id] = partition
+        self.metrics.leader.labels(str(tc_id)).set(1)
+        if open_txns:
+            log.info("recovered open transactions", coordinator_id=tc_id, count=len(open_txns))
+
+    async def _lost(self, tc_id: int) -> None:
+        partition = self._partitions.pop(tc_id, None)
+        self.metrics.leader.labels(str(tc_id)).set(0)
+        self.metrics.active.labels(**self.metrics.tc(tc_id)).set(0)
+        if partition is not None:
+            await partition.stop()
+
+    async def _run_gc(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.gc_interval_s)
+            # As in PIP-473, only the leader of partition 0 sweeps, so instances do not race.
+            if not self.leads(0):
+                continue
+            try:
+                await collect_garbage(self.store, self.metrics, self._clock(), self.config.gc_retention_s)
+            except (StoreError, asyncio.TimeoutError) as exc:
+                log.warning("gc pass failed", error=repr(exc))

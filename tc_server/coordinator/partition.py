@@ -1,0 +1,294 @@
+"""One coordinator partition (one tcId): NEW_TXN, ADD_*, END_TXN and the timeout queue (design §4).
+
+Every state change is a CAS on the txn's header; the in-memory state here (open txns and their
+deadlines) is only a cache that makes timeouts prompt, rebuilt from ``idx:txn-by-deadline`` whenever
+the partition is (re)led. Correctness never depends on it: a stale cache can only cause a CAS that
+fails or a timeout that finds the txn already ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import structlog
+
+from tc_server.coordinator import layout
+from tc_server.coordinator.errors import (
+    CoordinatorError,
+    InvalidTxnStatus,
+    NotAllowed,
+    TransactionNotFound,
+)
+from tc_server.coordinator.events import publish_decision
+from tc_server.coordinator.ids import IdAllocator
+from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.state import Decision, Request, decide, target_state
+from tc_server.metrics import Metrics
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Record, StoreError
+
+Clock = Callable[[], int]
+
+log = structlog.get_logger("tc_server.coordinator")
+
+# A header CAS can lose to a concurrent writer (a timeout, a duplicate END_TXN from a reconnected
+# client). Each retry re-reads and re-decides; more than a few losses in a row means something
+# keeps rewriting the header, which no legitimate writer does.
+MAX_CAS_ATTEMPTS = 8
+# How often the timeout queue is looked at: design §4 promises an abort within 1 s of the deadline.
+TIMEOUT_TICK_S = 0.2
+# After a failed timeout abort (store unavailable), try again this much later.
+TIMEOUT_RETRY_MS = 1000
+# Timeouts aborted concurrently per tick, so that a burst of expiries does not flood the store.
+TIMEOUT_CONCURRENCY = 64
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    default_timeout_ms: int = 60_000
+    max_timeout_ms: int = 3_600_000
+    id_block_size: int = 1000
+    superusers: frozenset[str] = frozenset()
+
+
+class CoordinatorPartition:
+    def __init__(
+        self,
+        tc_id: int,
+        store: MetadataStore,
+        config: PartitionConfig,
+        metrics: Metrics,
+        clock: Clock = wall_clock_ms,
+        sweep_timeouts: bool = True,
+    ) -> None:
+        self.tc_id = tc_id
+        self._store = store
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._sweep_timeouts = sweep_timeouts
+        self._ids = IdAllocator(store, tc_id, config.id_block_size)
+        self._labels = metrics.tc(tc_id)
+        # least -> when to look at it next (its deadline, or a retry time after a failed abort), for
+        # the OPEN txns opened or recovered here.
+        self._open: dict[int, int] = {}
+        self._deadlines: list[tuple[int, int]] = []  # heap of (deadline ms, least); stale entries skipped
+        self._sweeper: asyncio.Task[None] | None = None
+        self._log = log.bind(coordinator_id=tc_id)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, open_txns: Iterable[tuple[int, TxnHeader]]) -> None:
+        """Begin leading: load the OPEN txns found in the deadline index and start the sweeper."""
+        for least, header in open_txns:
+            self._track(least, header.deadline_ms)
+        self._metrics.active.labels(**self._labels).set(len(self._open))
+        if self._sweep_timeouts:
+            self._sweeper = asyncio.create_task(self._run_timeouts(), name=f"timeouts-{self.tc_id}")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    @property
+    def reserved_next(self) -> int:
+        return self._ids.reserved_next
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def new_txn(self, ttl_ms: int, owner: str | None) -> int:
+        """Create an OPEN txn and return its leastSigBits. Raises NotAllowed for a timeout above the
+        configured maximum; StoreError when the store fails."""
+        if ttl_ms < 0:
+            raise NotAllowed(f"transaction timeout {ttl_ms} ms is negative")
+        if ttl_ms == 0:
+            ttl_ms = self._config.default_timeout_ms
+        if ttl_ms > self._config.max_timeout_ms:
+            raise NotAllowed(
+                f"transaction timeout {ttl_ms} ms is above the maximum of {self._config.max_timeout_ms} ms"
+            )
+        least = await self._ids.next_id()
+        header = TxnHeader(TxnState.OPEN, created_ms=self._clock(), timeout_ms=ttl_ms, owner=owner)
+        key = layout.txn_key(self.tc_id, least)
+        try:
+            await self._store.put(
+                layout.header_path(self.tc_id, least),
+                header.to_json(),
+                expected_version=EXPECT_ABSENT,
+                partition_key=key,
+                secondary_indexes=header.index_entries(),
+            )
+        except BadVersionError:
+            # Only possible if someone else wrote a header under an id reserved by our CAS.
+            raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
+        self._metrics.op_writes.labels("header").inc()
+        self._metrics.created.labels(**self._labels).inc()
+        self._track(least, header.deadline_ms)
+        self._metrics.active.labels(**self._labels).set(len(self._open))
+        return least
+
+    async def add_participants(self, least: int, principal: str | None) -> None:
+        """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time (the
+        participant itself records its op records)."""
+        decision, header = await self._apply(least, Request.ADD, principal)
+        if decision is Decision.EXPIRE:
+            raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
+        if decision is Decision.CONFLICT:
+            raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
+
+    async def end_txn(self, least: int, commit: bool, principal: str | None) -> None:
+        """END_TXN. Idempotent: ending a txn again in the same way succeeds."""
+        request = Request.COMMIT if commit else Request.ABORT
+        decision, header = await self._apply(least, request, principal)
+        if decision is Decision.EXPIRE:
+            raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
+        if decision is Decision.CONFLICT:
+            self._metrics.header_cas.labels("reject").inc()
+            raise InvalidTxnStatus(
+                f"cannot {request.value} transaction ({self.tc_id},{least}): it is already {header.state.value}"
+            )
+
+    async def force_abort(self, least: int) -> TxnState:
+        """Operator abort (apache/pulsar#19786): no owner check; returns the final state."""
+        decision, header = await self._apply(least, Request.ABORT, None, check_owner=False)
+        return header.state
+
+    async def read_header(self, least: int) -> tuple[TxnHeader, Record] | None:
+        record = await self._store.get(
+            layout.header_path(self.tc_id, least), partition_key=layout.txn_key(self.tc_id, least)
+        )
+        if record is None:
+            return None
+        return TxnHeader.from_json(record.value), record
+
+    def open_txns(self) -> dict[int, int]:
+        """Snapshot of the open txns tracked here: least -> deadline ms."""
+        return dict(self._open)
+
+    # -- the state machine -----------------------------------------------------------------------
+
+    async def _apply(
+        self, least: int, request: Request, principal: str | None, check_owner: bool = True
+    ) -> tuple[Decision, TxnHeader]:
+        """Read the header, decide by the transition table, CAS if the decision writes, publish
+        events after a successful CAS (never before: participants rely on that order)."""
+        key = layout.txn_key(self.tc_id, least)
+        path = layout.header_path(self.tc_id, least)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            record = await self._store.get(path, partition_key=key)
+            if record is None:
+                raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
+            try:
+                header = TxnHeader.from_json(record.value)
+            except ValueError as exc:
+                raise CoordinatorError(f"header of ({self.tc_id},{least}) is unreadable: {exc}") from None
+            if check_owner and not self._may_act(header, principal):
+                # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.
+                raise TransactionNotFound(
+                    f"transaction ({self.tc_id},{least}) not found for {principal!r}: "
+                    "neither the owner nor a superuser"
+                )
+            now = self._clock()
+            decision = decide(header.state, request, now >= header.deadline_ms)
+            if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):
+                ended = replace(header, state=target_state(decision), finalized_ms=now)
+                try:
+                    await self._store.put(
+                        path,
+                        ended.to_json(),
+                        expected_version=record.version,
+                        partition_key=key,
+                        secondary_indexes=ended.index_entries(),
+                    )
+                except BadVersionError:
+                    self._metrics.header_cas.labels("conflict").inc()
+                    continue
+                self._metrics.header_cas.labels("ok").inc()
+                self._metrics.op_writes.labels("header").inc()
+                self._ended(least, ended, timed_out=decision is Decision.EXPIRE)
+                await self._publish(least, ended.state)
+                return decision, ended
+            if decision is Decision.ALREADY:
+                # A retry after a reconnect: the events may not all have been written the first
+                # time (the store failed after the CAS), so write them again. Participants treat
+                # a repeated decision as a no-op.
+                await self._publish(least, header.state)
+            if header.state.terminal:
+                self._forget(least)
+            return decision, header
+        raise CoordinatorError(f"header of ({self.tc_id},{least}) changed {MAX_CAS_ATTEMPTS} times in a row")
+
+    def _may_act(self, header: TxnHeader, principal: str | None) -> bool:
+        return header.owner is None or header.owner == principal or principal in self._config.superusers
+
+    async def _publish(self, least: int, decision: TxnState) -> None:
+        await publish_decision(self._store, self._metrics, self.tc_id, least, decision)
+
+    # -- timeouts --------------------------------------------------------------------------------
+
+    def _track(self, least: int, deadline_ms: int) -> None:
+        self._open[least] = deadline_ms
+        heapq.heappush(self._deadlines, (deadline_ms, least))
+
+    def _forget(self, least: int) -> None:
+        if self._open.pop(least, None) is not None:
+            self._metrics.active.labels(**self._labels).set(len(self._open))
+
+    def _ended(self, least: int, header: TxnHeader, timed_out: bool) -> None:
+        self._forget(least)
+        if header.state is TxnState.COMMITTED:
+            self._metrics.committed.labels(**self._labels).inc()
+        else:
+            self._metrics.aborted.labels(**self._labels).inc()
+            if timed_out:
+                self._metrics.timed_out.labels(**self._labels).inc()
+        if header.finalized_ms is not None:
+            latency_s = max(0, header.finalized_ms - header.created_ms) / 1000
+            self._metrics.execution_latency.labels(**self._labels).observe(latency_s)
+
+    def due_timeouts(self, now_ms: int) -> list[int]:
+        """Pop every tracked txn whose deadline has passed (stale heap entries are dropped)."""
+        due = []
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            deadline, least = heapq.heappop(self._deadlines)
+            if self._open.get(least) == deadline:
+                due.append(least)
+        return due
+
+    async def expire(self, least: int) -> None:
+        """Abort one txn whose deadline passed, if it is still OPEN; on a store failure it is
+        queued again so that it is retried."""
+        try:
+            await self._apply(least, Request.TIMEOUT, None, check_owner=False)
+        except TransactionNotFound:
+            self._forget(least)
+        except (StoreError, CoordinatorError, asyncio.TimeoutError) as exc:
+            self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})", error=repr(exc))
+            if least in self._open:
+                self._track(least, self._clock() + TIMEOUT_RETRY_MS)
+
+    async def _run_timeouts(self) -> None:
+        gate = asyncio.Semaphore(TIMEOUT_CONCURRENCY)
+
+        async def one(least: int) -> None:
+            async with gate:
+                await self.expire(least)
+
+        while True:
+            due = self.due_timeouts(self._clock())
+            if due:
+                await asyncio.gather(*(one(least) for least in due))
+            await asyncio.sleep(TIMEOUT_TICK_S)

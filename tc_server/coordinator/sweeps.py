@@ -1,0 +1,67 @@
+"""Garbage collection of ended transactions (design §4, PIP-473's GC sweep).
+
+A terminal header older than the retention is deleted (CAS on its version) once no op records of
+the txn remain. Where op records remain, a participant has not finished applying the decision, so
+the decision is published again instead: GC never deletes op records and never loses a decision
+(lesson from apache/pulsar PR #25693's review). Timeouts are not swept here: each led partition keeps
+its own deadline queue (partition.py), which aborts within a second instead of Pulsar's 60 s sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from tc_server.coordinator import layout
+from tc_server.coordinator.events import publish_decision
+from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.metrics import Metrics
+from tc_server.store.api import BadVersionError, MetadataStore
+
+log = structlog.get_logger("tc_server.gc")
+
+
+@dataclass
+class GcResult:
+    deleted: int = 0
+    republished: int = 0
+    outstanding_ops: int = 0
+
+
+async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, retention_s: int) -> GcResult:
+    """One GC pass over every coordinator's terminal headers older than the retention."""
+    result = GcResult()
+    horizon = layout.pad(max(0, now_ms - retention_s * 1000))
+    for state in (TxnState.COMMITTED, TxnState.ABORTED):
+        started = time.perf_counter()
+        expired = [
+            record
+            async for record in store.scan_index(
+                layout.IDX_TXN_BY_FINAL_STATE, f"{state.value}:", f"{state.value}:{horizon}"
+            )
+        ]
+        metrics.index_query.labels(layout.IDX_TXN_BY_FINAL_STATE).observe(time.perf_counter() - started)
+        for record in expired:
+            try:
+                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+                header = TxnHeader.from_json(record.value)
+            except ValueError as exc:
+                log.warning("skipping unreadable header", key=record.key, error=str(exc))
+                continue
+            ops = await publish_decision(store, metrics, most, least, header.state) if header.state.terminal else 0
+            if ops:
+                result.republished += 1
+                result.outstanding_ops += ops
+                continue
+            try:
+                await store.delete(record.key, expected_version=record.version, partition_key=layout.txn_key(most, least))
+                result.deleted += 1
+            except BadVersionError:
+                pass  # changed since the scan; the next pass looks again
+    metrics.outstanding_ops.set(result.outstanding_ops)
+    if result.deleted or result.republished:
+        log.info("gc pass", deleted=result.deleted, republished=result.republished,
+                 outstanding_ops=result.outstanding_ops)
+    return result

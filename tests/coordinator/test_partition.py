@@ -1,0 +1,269 @@
+"""The coordinator on the memory store: every row of design §4 below the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tc_server.coordinator import layout
+from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.errors import (
+    CoordinatorNotFound,
+    InvalidTxnStatus,
+    NotAllowed,
+    ParallelismMismatch,
+    TransactionNotFound,
+)
+from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
+from tc_server.coordinator.partition import PartitionConfig
+from tc_server.metrics import Metrics
+from tc_server.store.memory import MemoryBackend, MemoryStore
+
+
+class FakeClock:
+    """Test-controlled wall clock (ms); the partitions read time only through it."""
+
+    def __init__(self, now: int = 1_700_000_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def make(store, clock=None, partitions=4, block=10, sweep=False, **partition):
+    config = CoordinatorConfig(
+        partitions=partitions,
+        partition=PartitionConfig(id_block_size=block, **partition),
+        timeout_sweep=sweep,
+        gc_retention_s=900,
+    )
+    return TransactionCoordinator(store, config, Metrics("test"), clock or FakeClock())
+
+
+@pytest.fixture
+async def setup():
+    store = MemoryStore()
+    clock = FakeClock()
+    tc = make(store, clock)
+    await tc.start()
+    yield tc, store, clock
+    await tc.stop()
+    await store.close()
+
+
+async def header(store, most, least) -> TxnHeader:
+    record = await store.get(layout.header_path(most, least))
+    assert record is not None
+    return TxnHeader.from_json(record.value)
+
+
+async def test_new_txn_creates_open_header_indexed_by_deadline(setup):
+    tc, store, clock = setup
+    least = await tc.partition(2).new_txn(5000, None)
+    h = await header(store, 2, least)
+    assert h == TxnHeader(TxnState.OPEN, clock.now, 5000, None, None)
+    found = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+    assert found == [layout.header_path(2, least)]
+
+
+async def test_ttl_zero_means_default_and_above_max_is_refused(setup):
+    tc, store, _ = setup
+    least = await tc.partition(0).new_txn(0, None)
+    assert (await header(store, 0, least)).timeout_ms == 60_000
+    with pytest.raises(NotAllowed, match="3600000"):
+        await tc.partition(0).new_txn(3_600_001, None)
+
+
+async def test_ids_strictly_increase_and_blocks_are_reserved(setup):
+    tc, store, _ = setup
+    ids = [await tc.partition(1).new_txn(1000, None) for _ in range(25)]
+    assert ids == list(range(25))
+    record = await store.get(layout.tc_seq_path(1))
+    assert layout.parse_tc_seq(record.value) >= 25
+
+
+async def test_commit_then_repeat_is_idempotent_and_abort_after_commit_conflicts(setup):
+    tc, store, clock = setup
+    p = tc.partition(0)
+    least = await p.new_txn(10_000, None)
+    clock.now += 5
+    await p.end_txn(least, commit=True, principal=None)
+    h = await header(store, 0, least)
+    assert h.state is TxnState.COMMITTED and h.finalized_ms == clock.now
+    await p.end_txn(least, commit=True, principal=None)  # again: success
+    with pytest.raises(InvalidTxnStatus, match="COMMITTED"):
+        await p.end_txn(least, commit=False, principal=None)
+    final = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, "COMMITTED:", "COMMITTED:~")]
+    assert final == [layout.header_path(0, least)]
+    deadline = [r async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+    assert deadline == []
+
+
+async def test_abort_then_commit_conflicts(setup):
+    tc, _, _ = setup
+    p = tc.partition(0)
+    least = await p.new_txn(10_000, None)
+    await p.end_txn(least, commit=False, principal=None)
+    await p.end_txn(least, commit=False, principal=None)
+    with pytest.raises(InvalidTxnStatus, match="ABORTED"):
+        await p.end_txn(least, commit=True, principal=None)
+
+
+async def test_unknown_txn(setup):
+    tc, _, _ = setup
+    with pytest.raises(TransactionNotFound):
+        await tc.partition(0).end_txn(999, commit=True, principal=None)
+    with pytest.raises(TransactionNotFound):
+        await tc.partition(0).add_participants(999, None)
+
+
+async def test_add_after_end_is_invalid(setup):
+    tc, _, _ = setup
+    p = tc.partition(3)
+    least = await p.new_txn(10_000, None)
+    await p.add_participants(least, None)
+    await p.end_txn(least, commit=True, principal=None)
+    with pytest.raises(InvalidTxnStatus):
+        await p.add_participants(least, None)
+
+
+async def test_commit_after_deadline_aborts_and_answers_timed_out(setup):
+    tc, store, clock = setup
+    p = tc.partition(0)
+    least = await p.new_txn(1000, None)
+    clock.now += 1000
+    with pytest.raises(InvalidTxnStatus, match="timed out"):
+        await p.end_txn(least, commit=True, principal=None)
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+
+
+async def test_timeout_queue_aborts_due_txns(setup):
+    tc, store, clock = setup
+    p = tc.partition(1)
+    short = await p.new_txn(1000, None)
+    long = await p.new_txn(5000, None)
+    clock.now += 1500
+    assert await tc.abort_expired_now() == 1
+    assert (await header(store, 1, short)).state is TxnState.ABORTED
+    assert (await header(store, 1, long)).state is TxnState.OPEN
+
+
+async def test_owner_checks():
+    store = MemoryStore()
+    tc = make(store, superusers=frozenset({"admin"}))
+    await tc.start()
+    p = tc.partition(0)
+    least = await p.new_txn(10_000, "alice")
+    with pytest.raises(TransactionNotFound, match="neither the owner"):
+        await p.end_txn(least, commit=True, principal="mallory")
+    with pytest.raises(TransactionNotFound):
+        await p.add_participants(least, "mallory")
+    with pytest.raises(TransactionNotFound):
+        await p.end_txn(least, commit=True, principal=None)
+    await p.add_participants(least, "alice")
+    await p.end_txn(least, commit=True, principal="admin")
+    await tc.stop()
+
+
+async def test_events_follow_the_decision_one_per_participant(setup):
+    tc, store, _ = setup
+    p = tc.partition(0)
+    least = await p.new_txn(10_000, None)
+    key = layout.txn_key(0, least)
+    ops = [
+        TxnOp(OpKind.WRITE, "persistent://t/n/a", 1, 1),
+        TxnOp(OpKind.WRITE, "persistent://t/n/a", 1, 2),
+        TxnOp(OpKind.WRITE, "persistent://t/n/b", 2, 1),
+        TxnOp(OpKind.ACK, "persistent://t/n/a", 1, 0, subscription="sub"),
+    ]
+    for op in ops:
+        await store.put_sequential(layout.op_prefix(0, least), op.to_json(), partition_key=key,
+                                   secondary_indexes=op.index_entries(0, least))
+    await p.end_txn(least, commit=True, principal=None)
+    seg_a = [r async for r in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
+    assert sorted(r.key.rsplit("-", 1)[0] for r in seg_a) == sorted(
+        [layout.segment_events_prefix("persistent://t/n/a"), layout.segment_events_prefix("persistent://t/n/b")]
+    )
+    assert all(json.loads(r.value) == {"txnId": key, "decision": "COMMITTED"} for r in seg_a)
+    subs = [r async for r in store.scan_prefix(layout.SUBSCRIPTION_EVENTS_PREFIX)]
+    assert [r.key.rsplit("-", 1)[0] for r in subs] == [layout.subscription_events_prefix("persistent://t/n/a", "sub")]
+
+
+async def test_gc_deletes_old_terminal_headers_without_ops_and_republishes_with_ops(setup):
+    tc, store, clock = setup
+    p = tc.partition(0)
+    bare = await p.new_txn(10_000, None)
+    busy = await p.new_txn(10_000, None)
+    op = TxnOp(OpKind.WRITE, "seg", 1, 1)
+    await store.put_sequential(layout.op_prefix(0, busy), op.to_json(), partition_key=layout.txn_key(0, busy),
+                               secondary_indexes=op.index_entries(0, busy))
+    await p.end_txn(bare, commit=True, principal=None)
+    await p.end_txn(busy, commit=False, principal=None)
+    await tc.collect_garbage_now()  # within retention: nothing happens
+    assert await store.get(layout.header_path(0, bare)) is not None
+    clock.now += 901_000
+    await tc.collect_garbage_now()
+    assert await store.get(layout.header_path(0, bare)) is None
+    assert await store.get(layout.header_path(0, busy)) is not None
+    events = [r async for r in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
+    assert len(events) == 2  # once at END_TXN, once more by GC
+
+
+async def test_restart_recovers_open_txns_and_never_reuses_ids():
+    backend = MemoryBackend()
+    clock = FakeClock()
+    store = MemoryStore(backend)
+    tc = make(store, clock)
+    await tc.start()
+    before = [await tc.partition(0).new_txn(1000, None) for _ in range(3)]
+    await tc.stop()
+    await store.close()
+    store2 = MemoryStore(backend)
+    tc2 = make(store2, clock)
+    await tc2.start()
+    assert sorted(tc2.partition(0).open_txns()) == before
+    after = await tc2.partition(0).new_txn(1000, None)
+    assert after > max(before)
+    clock.now += 2000
+    assert await tc2.abort_expired_now() == 4  # the three recovered and the new one
+    await tc2.stop()
+
+
+async def test_parallelism_is_stored_once():
+    backend = MemoryBackend()
+    tc = make(MemoryStore(backend), partitions=4)
+    await tc.start()
+    await tc.stop()
+    other = make(MemoryStore(backend), partitions=8)
+    with pytest.raises(ParallelismMismatch, match="--coordinators 8"):
+        await other.start()
+
+
+async def test_partition_not_led(setup):
+    tc, _, _ = setup
+    with pytest.raises(CoordinatorNotFound, match="does not exist"):
+        tc.partition(4)
+
+
+async def test_two_instances_split_leadership_and_take_over():
+    backend = MemoryBackend()
+    a_store, b_store = MemoryStore(backend), MemoryStore(backend)
+    a = TransactionCoordinator(a_store, CoordinatorConfig(partitions=4, advertised_url="pulsar://a:1"),
+                               Metrics("t"))
+    b = TransactionCoordinator(b_store, CoordinatorConfig(partitions=4, advertised_url="pulsar://b:1"),
+                               Metrics("t"))
+    await a.start()
+    await b.start()
+    assert [a.leads(i) for i in range(4)] == [True] * 4
+    assert [b.leads(i) for i in range(4)] == [False] * 4
+    assert b.leader_url(2) == "pulsar://a:1"
+    await a_store.close()  # a's session ends: its ephemeral leader records go
+    for _ in range(50):
+        if all(b.leads(i) for i in range(4)):
+            break
+        await asyncio.sleep(0.05)
+    assert all(b.leads(i) for i in range(4))
+    assert b.leader_url(0) == "pulsar://b:1"
+    await b.stop()
