@@ -1,0 +1,26 @@
+# Container image checks that need no Docker engine (included by the Makefile).
+#
+#   make image-check  -- build the image's virtualenv exactly as the Dockerfile's builder stage does
+#                        (deploy/install.sh on a copy of the build context), then start that tc-server
+#                        on the memory store and check /healthz, /readyz and /metrics (deploy/smoke.py).
+#
+# A prerequisite of `make test`: it installs the runtime dependencies from PyPI into a fresh venv, about
+# 30 s on the 2-core machine kind (under the 2-minute budget for test prerequisites).
+# tests/deploy/test_install_script.py (marked slow) checks the same steps from pytest.
+.PHONY: image-check
+TEST_DEPS += image-check
+
+# The paths .dockerignore admits into the build context; tests/deploy checks the two agree.
+IMAGE_CONTEXT := pyproject.toml README.md LICENSE tc_server deploy/install.sh
+
+image-check:
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$$tmp/src"; \
+	for path in $(IMAGE_CONTEXT); do \
+	    if [[ -e "$$path" ]]; then cp -R --parents "$$path" "$$tmp/src/"; fi; \
+	done; \
+	find "$$tmp/src" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +; \
+	echo "image-check: deploy/install.sh into $$tmp/venv"; \
+	PYTHON=$(PYTHON) "$$tmp/src/deploy/install.sh" "$$tmp/venv" "$$tmp/src"; \
+	"$$tmp/venv/bin/python" deploy/smoke.py "$$tmp/venv/bin/tc-server"
