@@ -226,7 +226,8 @@ async def test_sequential_requires_partition_key(store: MetadataStore) -> None:
 
 async def test_sequential_rejects_expected_version(store: MetadataStore) -> None:
     with pytest.raises(InvalidOperationError):
-        await store.write_batch([Put("/c/seq/n", b"", partition_key="n", sequential=True, expected_version=-1)])
+        await store.write_batch(
+            [Put("/c/seq/n", b"", partition_key="n", sequential=True, expected_version=EXPECT_ABSENT)])
 
 
 async def test_invalid_batch_applies_nothing(store: MetadataStore) -> None:

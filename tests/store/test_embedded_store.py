@@ -1,0 +1,167 @@
+"""Embedded-store behaviour beyond the conformance suite: durability, crash recovery, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tc_server.store import open_store
+from tc_server.store.api import StoreUnavailableError
+from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    a = await store.put("/r/a", b"A", partition_key="p", secondary_indexes={"n": "1"})
+    seq = await store.put_sequential("/r/s", b"S", partition_key="p")
+    await store.close()
+
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        assert await store.get("/r/a") == a
+        assert await store.get(seq.key) == seq
+        assert [r.key async for r in store.scan_index("n", "0", "2", partition_key="p")] == ["/r/a"]
+        nxt = await store.put_sequential("/r/s", b"", partition_key="p")
+        assert nxt.key.endswith("-00000000000000000002")
+    finally:
+        await store.close()
+
+
+async def test_versions_are_never_reused_across_restarts(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/a", b"")
+    last = await store.put("/r/b", b"")
+    await store.delete("/r/b")  # the highest version is no longer in any record
+    await store.close()
+
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        assert (await store.put("/r/c", b"")).version > last.version
+    finally:
+        await store.close()
+
+
+async def test_ephemeral_records_are_gone_after_reopen(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/e", b"", ephemeral=True)
+    await store.close()
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        assert await store.get("/r/e") is None
+    finally:
+        await store.close()
+
+
+async def test_data_dir_is_exclusive(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        with pytest.raises(StoreUnavailableError, match="in use"):
+            await EmbeddedStore.open(tmp_path)
+    finally:
+        await store.close()
+    # Closing released the lock.
+    await (await EmbeddedStore.open(tmp_path)).close()
+
+
+async def test_concurrent_writes_are_group_committed(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    sizes: list[int] = []
+    store.on_commit = sizes.append
+    try:
+        records = await asyncio.gather(
+            *(store.put(f"/r/{i:03d}", b"", expected_version=-1) for i in range(200)))
+    finally:
+        await store.close()
+    assert len({r.version for r in records}) == 200
+    assert sum(sizes) >= 200  # + the ephemeral cleanup at close
+    assert max(sizes) > 1
+
+
+async def test_scans_page_through_results(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path, scan_page_rows=3)
+    try:
+        children = []
+        for i in range(10):
+            key = f"/r/{i:02d}"
+            children.append(key)
+            await store.put(key, b"", secondary_indexes={"n": f"{i % 4}"})
+            for j in range(5):  # grandchildren that the prefix scan must skip
+                await store.put(f"{key}/{j}", b"")
+        assert [r.key async for r in store.scan_prefix("/r/", partition_key="p")] == children
+        by_index = [r.key async for r in store.scan_index("n", "0", "9", partition_key="p")]
+        assert by_index == sorted(children, key=lambda k: (f"{int(k[3:]) % 4}", k))
+        assert [r.key async for r in store.scan_index("n", "1", "3", partition_key="p")] == [
+            k for k in by_index if int(k[3:]) % 4 in (1, 2)]
+    finally:
+        await store.close()
+
+
+async def test_corrupt_file_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / DB_FILENAME).write_bytes(b"this is not an SQLite database" * 100)
+    with pytest.raises(StoreUnavailableError, match="opening"):
+        await EmbeddedStore.open(tmp_path)
+    (tmp_path / DB_FILENAME).unlink()
+    await (await EmbeddedStore.open(tmp_path)).close()  # the failed open released the lock
+
+
+async def test_failed_commit_is_unavailable_and_the_store_keeps_running(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/a", b"")
+    # The writer is idle (blocked on its queue); pull its connection away as a dying disk would.
+    store._write_conn.close()
+    with pytest.raises(StoreUnavailableError):
+        await store.put("/r/b", b"")
+    with pytest.raises(StoreUnavailableError):
+        await store.put("/r/c", b"")
+    assert await store.get("/r/a") is not None
+    await store.close()
+
+
+async def test_open_store_factory(tmp_path: Path) -> None:
+    embedded = await open_store("embedded", data_dir=str(tmp_path))
+    assert isinstance(embedded, EmbeddedStore)
+    await embedded.close()
+    memory = await open_store("memory", data_dir=str(tmp_path))
+    await memory.close()
+    with pytest.raises(ValueError, match="unknown store kind"):
+        await open_store("zookeeper", data_dir=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("kill_writer.py")), str(tmp_path)],
+                             stdout=subprocess.PIPE, env=env, cwd=REPO)
+    assert child.stdout is not None
+    acknowledged: list[str] = []
+    try:
+        assert child.stdout.readline() == b"ephemeral\n"
+        while len(acknowledged) < 2000:
+            line = child.stdout.readline()
+            assert line.endswith(b"\n"), "the writer stopped before it was killed"
+            acknowledged.append(line.decode().strip())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate()
+    assert child.returncode == -signal.SIGKILL
+    # Lines written before the kill were acknowledged too; a torn last line was not.
+    acknowledged += [line.decode() for line in rest.split(b"\n")[:-1]]
+
+    async def check() -> None:
+        store = await EmbeddedStore.open(tmp_path)
+        try:
+            missing = [key for key in acknowledged if await store.get(key) is None]
+            assert missing == []
+            assert await store.get("/k/ephemeral") is None  # its session died with the process
+        finally:
+            await store.close()
+
+    asyncio.run(check())
