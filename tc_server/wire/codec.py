@@ -306,9 +306,7 @@ def _decode_lookup_response(base: pb.BaseCommand) -> Command:
 def _decode_tc_assignment(m: pb.TcAssignment, code: int) -> TcAssignment:
     if not m.HasField("tc_id"):
         raise _missing(code, "assignments.tc_id")
-    return TcAssignment(
-        m.tc_id, _opt_text(m, "broker_service_url"), _opt_text(m, "broker_service_url_tls")
-    )
+    return TcAssignment(m.tc_id, _opt_text(m, "broker_service_url"), _opt_text(m, "broker_service_url_tls"))
 
 
 @_decodes(_Base.WATCH_TC_ASSIGNMENTS)
@@ -428,9 +426,7 @@ def _decode_end_txn(base: pb.BaseCommand) -> Command:
         if bad is None:
             raise _missing(_Base.END_TXN, "txn_action", request_id)
         raise MalformedCommand(f"END_TXN (56) with unsupported txn_action {bad}", request_id)
-    return EndTxn(
-        request_id, m.txnid_most_bits, m.txnid_least_bits, _TXN_ACTIONS[m.txn_action], m.scalable
-    )
+    return EndTxn(request_id, m.txnid_most_bits, m.txnid_least_bits, _TXN_ACTIONS[m.txn_action], m.scalable)
 
 
 _R = TypeVar("_R", bound=_TxnOpResponse)
