@@ -1,0 +1,140 @@
+"""``tc-server``: ``run`` the coordinator, ``export`` a snapshot of the store for the audit job.
+
+Every setting of tc_server.config.Settings is a flag of ``run`` (``--data-dir``), an environment
+variable (``TC_SERVER_DATA_DIR``) and a key of the TOML file given by ``--config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from tc_server.config import ENV_PREFIX, ConfigError, Settings, load_settings
+
+HELP = {
+    "listen": "HOST:PORT for Pulsar clients",
+    "admin_listen": "HOST:PORT for /metrics, /healthz, /readyz and /admin/v3/transactions",
+    "advertised_url": "pulsar://HOST:PORT handed to clients in LOOKUP answers (default: from --listen)",
+    "store": "metadata store: memory (tests only), embedded (SQLite in --data-dir) or oxia",
+    "data_dir": "directory of the embedded store",
+    "coordinators": "number of coordinator partitions (stored once; every instance must agree)",
+    "default_txn_timeout_ms": "timeout of a txn whose client asks for 0",
+    "max_txn_timeout_ms": "largest timeout a client may ask for (larger: NotAllowedError)",
+    "gc_retention_s": "how long ended txn headers are kept before GC deletes them",
+    "gc_interval_s": "how often the GC pass runs (on the leader of coordinator 0)",
+    "timeout_sweep": "abort open txns at their deadline (disable only to inspect stuck txns)",
+    "id_block_size": "txn ids reserved per store round trip",
+    "keepalive_s": "PING idle clients this often; drop those that do not answer by the next tick",
+    "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",
+    "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
+    "cluster": "value of the cluster label on metrics",
+    "oxia_address": "HOST:PORT of the Oxia server (--store oxia)",
+    "oxia_namespace": "Oxia namespace",
+    "oxia_session_timeout_ms": "Oxia session timeout; bounds failover time of leadership",
+    "log_format": "auto (console on a TTY, else JSON), json or console",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = Settings()
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        default = getattr(defaults, f.name)
+        text = f"{HELP.get(f.name, f.name)} [env {env}; default {default!r}]"
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.split("_")[-1].upper(), help=text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tc-server", description="Apache Pulsar transaction coordinator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the coordinator")
+    run.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
+    _add_setting_flags(run)
+    export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
+    export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")
+    export.add_argument("--store", dest="store", default=None, help="memory, embedded or oxia")
+    export.add_argument("--data-dir", dest="data_dir", default=None)
+    export.add_argument("--oxia-address", dest="oxia_address", default=None)
+    export.add_argument("--oxia-namespace", dest="oxia_namespace", default=None)
+    export.add_argument("--out", required=True, type=Path, help="output directory of the snapshot")
+    export.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress line on stderr (default: when stderr is a TTY)")
+    return parser
+
+
+def _settings(args: argparse.Namespace, names: list[str]) -> Settings:
+    flags: dict[str, Any] = {name: getattr(args, name, None) for name in names}
+    return load_settings(flags=flags, config_file=args.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    return _export(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = _settings(args, [f.name for f in fields(Settings)])
+    except ConfigError as exc:
+        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from tc_server.app import serve
+    from tc_server.coordinator.errors import ParallelismMismatch
+    from tc_server.logs import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        _run_loop(serve(settings))
+    except ParallelismMismatch as exc:
+        print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"tc-server: cannot start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _run_loop(coro: Any) -> Any:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        settings = _settings(args, ["store", "data_dir", "oxia_address", "oxia_namespace"])
+    except ConfigError as exc:
+        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from tc_server.app import open_configured_store
+    from tc_server.audit.export import export_snapshot
+
+    async def go() -> dict[str, int]:
+        store = await open_configured_store(settings)
+        try:
+            return await export_snapshot(store, args.out, source=settings.store, show_progress=args.progress)
+        finally:
+            await store.close()
+
+    counts = _run_loop(go())
+    print(", ".join(f"{name}: {count}" for name, count in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

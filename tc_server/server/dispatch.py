@@ -1,0 +1,171 @@
+"""Requests to answers: routes each typed command to the coordinator and turns every failure into
+the typed error response, in exactly one place (:func:`to_server_error`).
+
+The transport (connection.py) knows nothing of transactions and the coordinator knows nothing of
+commands; this module is the seam between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from tc_server.coordinator.coordinator import TransactionCoordinator
+from tc_server.coordinator.errors import CoordinatorError
+from tc_server.metrics import Metrics
+from tc_server.server import discovery
+from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
+from tc_server.wire import (
+    AddPartitionToTxn,
+    AddPartitionToTxnResponse,
+    AddSubscriptionToTxn,
+    AddSubscriptionToTxnResponse,
+    Command,
+    EndTxn,
+    EndTxnResponse,
+    LookupResponse,
+    LookupType,
+    NewTxn,
+    NewTxnResponse,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+    ServerError,
+    TcClientConnect,
+    TcClientConnectResponse,
+    TxnAction,
+)
+from tc_server.wire import Lookup as LookupRequest
+
+log = structlog.get_logger("tc_server.dispatch")
+
+TxnRequest = NewTxn | AddPartitionToTxn | AddSubscriptionToTxn | EndTxn
+TxnResponse = NewTxnResponse | AddPartitionToTxnResponse | AddSubscriptionToTxnResponse | EndTxnResponse
+
+
+def to_server_error(exc: BaseException, command: str) -> tuple[ServerError, str]:
+    """The one mapping from an exception to a Pulsar error code and message."""
+    if isinstance(exc, CoordinatorError):
+        return ServerError[exc.server_error], str(exc) or type(exc).__name__
+    if isinstance(exc, StoreUnavailableError | StoreClosedError | asyncio.TimeoutError | TimeoutError):
+        # The Java client retries exactly this code with a fresh lookup, inside its op timeout
+        # (TransactionMetaStoreHandler.checkIfNeedRetryByError); the request is idempotent for
+        # END_TXN and harmless for NEW_TXN (a leaked id times out).
+        return ServerError.TransactionCoordinatorNotFound, f"metadata store unavailable: {exc!r}"
+    if isinstance(exc, StoreError):
+        return ServerError.MetadataError, f"metadata store error: {exc}"
+    log.error("unexpected error", command=command, exc_info=exc)
+    return ServerError.UnknownError, f"internal error: {type(exc).__name__}"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        coordinator: TransactionCoordinator,
+        metrics: Metrics,
+        request_timeout_s: float,
+    ) -> None:
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self._observe = {
+            name: metrics.request_seconds.labels(name).observe
+            for name in ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
+        }
+
+    # -- discovery (answered synchronously) ----------------------------------------------------
+
+    def partitioned_metadata(self, cmd: PartitionedMetadata) -> PartitionedMetadataResponse:
+        if discovery.is_assign_topic(cmd.topic):
+            return PartitionedMetadataResponse(cmd.request_id, partitions=self.coordinator.num_partitions)
+        if discovery.assign_partition(cmd.topic) is not None:
+            return PartitionedMetadataResponse(cmd.request_id, partitions=0)  # a partition is not partitioned
+        return PartitionedMetadataResponse(
+            cmd.request_id, error=ServerError.TopicNotFound, message=f"{cmd.topic}: {discovery.NOT_SERVED}"
+        )
+
+    def lookup(self, cmd: LookupRequest) -> LookupResponse:
+        tc_id = discovery.assign_partition(cmd.topic)
+        if tc_id is None or tc_id >= self.coordinator.num_partitions:
+            return LookupResponse(
+                cmd.request_id, LookupType.FAILED, error=ServerError.TopicNotFound,
+                message=f"{cmd.topic}: {discovery.NOT_SERVED}",
+            )
+        url = self.coordinator.leader_url(tc_id)
+        if url is None:
+            return LookupResponse(
+                cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
+                message=f"transaction coordinator {tc_id} has no leader yet; retry",
+            )
+        return LookupResponse(cmd.request_id, LookupType.CONNECT, broker_service_url=url, authoritative=True)
+
+    def tc_client_connect(self, cmd: TcClientConnect) -> TcClientConnectResponse:
+        if self.coordinator.leads(cmd.tc_id):
+            return TcClientConnectResponse(cmd.request_id)
+        leader = self.coordinator.leader_url(cmd.tc_id)
+        where = f"; its leader is {leader}" if leader else ""
+        return TcClientConnectResponse(
+            cmd.request_id,
+            error=ServerError.TransactionCoordinatorNotFound,
+            message=f"transaction coordinator {cmd.tc_id} is not led by this instance{where}",
+        )
+
+    # -- transaction requests (awaited; many in flight per connection) -------------------------
+
+    async def transaction(self, cmd: TxnRequest, principal: str | None) -> TxnResponse:
+        """Serve one txn request; never raises. The response always carries txnid_most_bits = tcId,
+        errors included: the Java client routes responses by it and closes the connection on an
+        unknown one (pulsar-protocol.md §3, Routing)."""
+        started = time.perf_counter()
+        if isinstance(cmd, NewTxn):
+            name, most = "NEW_TXN", cmd.tc_id
+            work: Callable[[], Awaitable[int]] = lambda: self._new_txn(cmd, principal)  # noqa: E731
+        elif isinstance(cmd, EndTxn):
+            name, most = "END_TXN", cmd.most
+            work = lambda: self._end_txn(cmd, principal)  # noqa: E731
+        elif isinstance(cmd, AddPartitionToTxn):
+            name, most = "ADD_PARTITION_TO_TXN", cmd.most
+            work = lambda: self._add(cmd.most, cmd.least, principal)  # noqa: E731
+        else:
+            name, most = "ADD_SUBSCRIPTION_TO_TXN", cmd.most
+            work = lambda: self._add(cmd.most, cmd.least, principal)  # noqa: E731
+        least = 0 if isinstance(cmd, NewTxn) else cmd.least
+        error: ServerError | None = None
+        message: str | None = None
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                least = await work()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a typed answer
+            error, message = to_server_error(exc, name)
+            self.metrics.request_errors.labels(name, error.name).inc()
+            log.info("request failed", command=name, request_id=cmd.request_id,
+                     txn=f"({most},{least})", error=error.name, message=message)
+        self._observe[name](time.perf_counter() - started)
+        response_type = _RESPONSES[type(cmd)]
+        return response_type(cmd.request_id, most, least, error, message)
+
+    async def _new_txn(self, cmd: NewTxn, principal: str | None) -> int:
+        return await self.coordinator.partition(cmd.tc_id).new_txn(cmd.ttl_ms, principal)
+
+    async def _end_txn(self, cmd: EndTxn, principal: str | None) -> int:
+        partition = self.coordinator.partition(cmd.most)
+        await partition.end_txn(cmd.least, commit=cmd.action is TxnAction.COMMIT, principal=principal)
+        return cmd.least
+
+    async def _add(self, most: int, least: int, principal: str | None) -> int:
+        await self.coordinator.partition(most).add_participants(least, principal)
+        return least
+
+
+_RESPONSES: dict[type, type[TxnResponse]] = {
+    NewTxn: NewTxnResponse,
+    AddPartitionToTxn: AddPartitionToTxnResponse,
+    AddSubscriptionToTxn: AddSubscriptionToTxnResponse,
+    EndTxn: EndTxnResponse,
+}
+
+
+def is_txn_request(cmd: Command) -> bool:
+    return type(cmd) in _RESPONSES
