@@ -1,0 +1,254 @@
+"""Change notifications: one ``GetNotifications`` stream per shard, fanned out to subscribers
+(oxia.md §2 "Notifications").
+
+Oxia has no per-range watch: a client reads every change of every shard. The pump starts with the
+store, so that it knows each shard's commit offset before anyone subscribes. The server sends one
+batch per committed write batch, with the commit offset; a stream that breaks is re-opened from
+the last offset received (``start_offset_exclusive``), so nothing is lost or repeated across a
+reconnect as long as the server still retains it (1 h by default).
+
+"Changes committed after the call" (the Protocol's promise) is kept by an offset snapshot taken
+when a subscriber is created: per shard, the highest of the last batch offset the pump received and
+the highest version id this client's own puts got back. Oxia's version id of a write is the commit
+offset of its batch (not run against a real server; the stand-in does the same), so a batch at or
+below the snapshot was committed before the call and is not delivered. Batches above it that were
+in fact committed just before the call (by other clients, or own deletes, which return no version)
+can still arrive: a subscriber may see slightly more, never less.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server.store.api import Notification, NotificationType, StoreError, StoreUnavailableError
+from tc_server.store.oxia.backoff import Backoff
+from tc_server.store.oxia.connections import ConnectionPool
+from tc_server.store.oxia.routing import ShardMap
+
+log = structlog.get_logger(__name__)
+
+# Same bound as the in-process backends (tc_server/store/notify.py): a subscriber further behind
+# is told to resynchronise instead of growing without bound.
+SUBSCRIBER_QUEUE_LIMIT = 10_000
+
+_TYPES = {
+    pb.KEY_CREATED: NotificationType.CREATED,
+    pb.KEY_MODIFIED: NotificationType.MODIFIED,
+    pb.KEY_DELETED: NotificationType.DELETED,
+}
+
+
+def convert(batch: pb.NotificationBatch) -> list[Notification]:
+    """The Protocol's notifications for one batch. ``KEY_RANGE_DELETED`` has no equivalent (this
+    client never deletes ranges) and is dropped with a log line."""
+    out: list[Notification] = []
+    for entry in batch.notifications:
+        kind = _TYPES.get(entry.value.type)
+        if kind is None:
+            log.warning("oxia_notification_ignored", shard=batch.shard, key=entry.key,
+                        type=pb.NotificationType.Name(entry.value.type))
+            continue
+        version = entry.value.version_id if entry.value.HasField("version_id") else -1
+        out.append(Notification(kind, entry.key, version))
+    return out
+
+
+class OxiaSubscription:
+    """One subscriber's stream of :class:`Notification`.
+
+    Ends (``StopAsyncIteration``) when the store closes. Raises :class:`StoreUnavailableError` once,
+    after what is queued, if it fell more than :data:`SUBSCRIBER_QUEUE_LIMIT` behind.
+    """
+
+    def __init__(self, pump: NotificationPump, snapshot: dict[int, int], limit: int) -> None:
+        self._pump = pump
+        self._snapshot = snapshot
+        self._limit = limit
+        self._items: deque[Notification] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._error: StoreError | None = None
+
+    def __aiter__(self) -> OxiaSubscription:
+        return self
+
+    async def __anext__(self) -> Notification:
+        while not self._items:
+            if self._ended:
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    async def aclose(self) -> None:
+        """Stop receiving; what is still queued is discarded."""
+        self._items.clear()
+        self._end(None)
+
+    def _push(self, shard: int, offset: int, items: list[Notification]) -> None:
+        if self._ended or offset <= self._snapshot.get(shard, -2):
+            return
+        if len(self._items) + len(items) > self._limit:
+            log.warning("oxia_notification_subscriber_lagging", queued=len(self._items), limit=self._limit)
+            self._end(StoreUnavailableError(
+                f"notification subscriber fell more than {self._limit} notifications behind; "
+                "re-read the state and subscribe again"))
+            return
+        self._items.extend(items)
+        self._wake()
+
+    def _end(self, error: StoreError | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        self._pump._subscribers.discard(self)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class NotificationPump:
+    """The per-shard notification streams of one store and their subscribers.
+
+    ``shard_map()`` returns the current assignments (it may raise :class:`StoreUnavailableError`
+    while there are none); each stream asks it for the shard's leader on every (re)connect.
+    """
+
+    def __init__(self, pool: ConnectionPool, shard_map: Callable[[], ShardMap],
+                 *, limit: int = SUBSCRIBER_QUEUE_LIMIT) -> None:
+        self._pool = pool
+        self._shard_map = shard_map
+        self._limit = limit
+        self._offsets: dict[int, int] = {}
+        self._own_offsets: dict[int, int] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._first: dict[int, asyncio.Event] = {}
+        self._subscribers: set[OxiaSubscription] = set()
+        # Set after every batch, for drain() to re-check its condition.
+        self._progress = asyncio.Event()
+        # Keys whose deletion drain() waits for.
+        self._awaited_deletes: set[str] = set()
+        # Counted for tests: how many times a shard's stream was (re)opened with a start offset.
+        self.resumed_from: list[tuple[int, int]] = []
+
+    def update(self, shards: ShardMap) -> None:
+        """Follow the shard set of a new assignment: start streams for new shards, stop removed."""
+        wanted = {s.shard for s in shards.shards}
+        for shard in wanted - self._tasks.keys():
+            self._first[shard] = asyncio.Event()
+            self._tasks[shard] = asyncio.get_running_loop().create_task(
+                self._run(shard), name=f"oxia-notifications-{shard}")
+        for shard in self._tasks.keys() - wanted:
+            self._tasks.pop(shard).cancel()
+
+    def note_own_offset(self, shard: int, offset: int) -> None:
+        """Record the commit offset of one of this client's own writes (its version id)."""
+        if offset > self._own_offsets.get(shard, -1):
+            self._own_offsets[shard] = offset
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every shard's stream delivered its first batch; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                for event in list(self._first.values()):
+                    await event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def subscribe(self) -> OxiaSubscription:
+        snapshot = dict(self._offsets)
+        for shard, offset in self._own_offsets.items():
+            snapshot[shard] = max(offset, snapshot.get(shard, offset))
+        sub = OxiaSubscription(self, snapshot, self._limit)
+        self._subscribers.add(sub)
+        return sub
+
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
+    def expect_deletes(self, keys: set[str]) -> None:
+        """Make :meth:`drain` also wait for the deletion of ``keys`` (the ephemeral records of a
+        session about to close, whose commit offset the client never learns). Called before the
+        session is closed, so that a deletion arriving at once is not missed."""
+        self._awaited_deletes = set(keys)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every shard's stream has passed this client's own last put and the deletions
+        named by :meth:`expect_deletes` were seen. False if that took longer than ``timeout_s``."""
+
+        def caught_up() -> bool:
+            return not self._awaited_deletes and all(
+                self._offsets.get(shard, -1) >= offset for shard, offset in self._own_offsets.items())
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not caught_up():
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            log.warning("oxia_notifications_drain_timeout", missing_deletes=len(self._awaited_deletes))
+            return False
+        finally:
+            self._awaited_deletes = set()
+        return True
+
+    async def close(self) -> None:
+        """Stop the streams and end every subscription (after what is already queued)."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sub in list(self._subscribers):
+            sub._end(None)
+
+    async def _run(self, shard: int) -> None:
+        backoff = Backoff()
+        while True:
+            request = pb.NotificationsRequest(shard=shard)
+            if shard in self._offsets:
+                request.start_offset_exclusive = self._offsets[shard]
+                self.resumed_from.append((shard, self._offsets[shard]))
+            try:
+                info = self._shard_map().get(shard)
+                if info is None:
+                    return
+                async for batch in self._pool.stub(info.leader).GetNotifications(request):
+                    backoff.reset()
+                    self._first[shard].set()
+                    last = self._offsets.get(shard)
+                    if last is not None and batch.offset <= last:
+                        continue
+                    self._offsets[shard] = batch.offset
+                    items = convert(batch)
+                    if items:
+                        for sub in list(self._subscribers):
+                            sub._push(shard, batch.offset, items)
+                        if self._awaited_deletes:
+                            self._awaited_deletes.difference_update(
+                                n.key for n in items if n.type is NotificationType.DELETED)
+                    self._progress.set()
+                error = "stream ended"
+            except grpc.aio.AioRpcError as e:
+                error = f"{e.code().name}: {e.details()}"
+            except StoreUnavailableError as e:
+                error = str(e)
+            log.info("oxia_notifications_reconnect", shard=shard, error=error)
+            await asyncio.sleep(backoff.next_delay())

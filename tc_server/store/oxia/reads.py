@@ -1,0 +1,97 @@
+"""Reads on one shard: point gets (``Read``) and range scans (``RangeScan``), oxia.md §2.
+
+Each function takes the stub of the shard's leader and applies the request timeout: the whole
+unary-stream call for a get, and every message of a scan (a scan of many records may take long in
+total but must never stall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
+from tc_server.store.api import Record, StoreUnavailableError
+
+
+def to_record(key: str, response: pb.GetResponse) -> Record:
+    """A :class:`Record` from a ``GetResponse`` (its ``key`` field wins when set: scans and index
+    lookups report the primary key there)."""
+    version = response.version
+    return Record(
+        key=response.key if response.HasField("key") else key,
+        value=response.value,
+        version=version.version_id,
+        created_ms=version.created_timestamp,
+        modified_ms=version.modified_timestamp,
+    )
+
+
+def unavailable(what: str, error: BaseException) -> StoreUnavailableError:
+    """The typed error for a failed or timed-out RPC."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        detail = f"{error.code().name}: {error.details()}"
+    elif isinstance(error, TimeoutError):
+        detail = "timed out"
+    else:
+        detail = repr(error)
+    return StoreUnavailableError(f"{what}: {detail}")
+
+
+async def get(stub: pb_grpc.OxiaClientStub, shard: int, key: str, timeout_s: float) -> Record | None:
+    """The record at ``key`` on ``shard``, or None. Raises :class:`StoreUnavailableError` when the
+    call fails or does not finish within ``timeout_s``."""
+    request = pb.ReadRequest(shard=shard, gets=[pb.GetRequest(key=key, include_value=True)])
+    try:
+        async with asyncio.timeout(timeout_s):
+            call = stub.Read(request)
+            try:
+                async for response in call:
+                    for got in response.gets:
+                        if got.status == pb.KEY_NOT_FOUND:
+                            return None
+                        if got.status != pb.OK:
+                            raise StoreUnavailableError(
+                                f"get {key!r} on shard {shard}: status {pb.Status.Name(got.status)}")
+                        return to_record(key, got)
+            finally:
+                call.cancel()
+    except (grpc.RpcError, TimeoutError) as e:
+        raise unavailable(f"get {key!r} on shard {shard}", e) from e
+    raise StoreUnavailableError(f"get {key!r} on shard {shard}: the server sent no answer")
+
+
+async def range_scan(
+    stub: pb_grpc.OxiaClientStub,
+    shard: int,
+    start_inclusive: str,
+    end_exclusive: str,
+    timeout_s: float,
+    *,
+    secondary_index_name: str | None = None,
+) -> AsyncIterator[Record]:
+    """Every record of ``shard`` in ``[start_inclusive, end_exclusive)`` (of the secondary keys of
+    ``secondary_index_name`` when given), in the server's order. Raises
+    :class:`StoreUnavailableError` when the call fails or a message takes longer than ``timeout_s``.
+    """
+    request = pb.RangeScanRequest(shard=shard, start_inclusive=start_inclusive, end_exclusive=end_exclusive)
+    if secondary_index_name is not None:
+        request.secondary_index_name = secondary_index_name
+    call = stub.RangeScan(request)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    response = await call.read()
+            except (grpc.RpcError, TimeoutError) as e:
+                raise unavailable(f"range scan on shard {shard}", e) from e
+            if response is grpc.aio.EOF:
+                return
+            for got in response.records:
+                if got.status == pb.OK:
+                    yield to_record(got.key, got)
+    finally:
+        call.cancel()

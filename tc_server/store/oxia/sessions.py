@@ -1,0 +1,145 @@
+"""Per-shard client sessions for ephemeral records (oxia.md §2 ``CreateSession``/``KeepAlive``).
+
+An ephemeral put carries the session id of its shard; the session is created on the first such
+put, kept alive every ``timeout / 10`` (the Go client's period, oxia.md §5) and closed by
+:meth:`SessionManager.close`, which makes the server delete the session's records. A session the
+server no longer knows (it expired while this process was stalled or partitioned) is forgotten, so
+the next ephemeral put starts a new one; its records are gone, which is what "ephemeral" promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server.store.api import StoreUnavailableError
+from tc_server.store.oxia.connections import ConnectionPool
+from tc_server.store.oxia.reads import unavailable
+
+log = structlog.get_logger(__name__)
+
+# Oxia refuses session timeouts outside [2 s, 5 min] (common/constant/constants.go, oxia.md §2).
+MIN_SESSION_TIMEOUT_MS = 2_000
+MAX_SESSION_TIMEOUT_MS = 300_000
+
+LeaderOf = Callable[[int], str]
+
+
+@dataclass(slots=True)
+class _Session:
+    shard: int
+    session_id: int
+    keepalive: asyncio.Task[None] | None = None
+
+
+def default_client_identity() -> str:
+    """Recorded by Oxia on ephemeral records, to tell which process holds them."""
+    return f"tc-server@{socket.gethostname()}:{os.getpid()}"
+
+
+class SessionManager:
+    """Sessions of one store, one per shard that holds ephemeral records.
+
+    ``leader_of(shard)`` gives the shard's current leader; it is asked on every call, so keepalives
+    follow a leader change (sessions are replicated state in Oxia, not tied to a connection).
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        leader_of: LeaderOf,
+        *,
+        session_timeout_ms: int,
+        request_timeout_s: float,
+        client_identity: str,
+    ) -> None:
+        if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+            raise ValueError(
+                f"session_timeout_ms must be within [{MIN_SESSION_TIMEOUT_MS}, {MAX_SESSION_TIMEOUT_MS}]")
+        self._pool = pool
+        self._leader_of = leader_of
+        self._timeout_ms = session_timeout_ms
+        self._request_timeout = request_timeout_s
+        self.client_identity = client_identity
+        self._sessions: dict[int, _Session] = {}
+        self._creating: dict[int, asyncio.Lock] = {}
+
+    async def session_for(self, shard: int) -> int:
+        """The session id to put ephemeral records on ``shard`` with, creating the session first if
+        needed. Raises :class:`StoreUnavailableError` if it cannot be created in time."""
+        session = self._sessions.get(shard)
+        if session is not None:
+            return session.session_id
+        lock = self._creating.setdefault(shard, asyncio.Lock())
+        async with lock:
+            session = self._sessions.get(shard)
+            if session is not None:
+                return session.session_id
+            request = pb.CreateSessionRequest(
+                shard=shard, session_timeout_ms=self._timeout_ms, client_identity=self.client_identity)
+            try:
+                async with asyncio.timeout(self._request_timeout):
+                    response = await self._pool.stub(self._leader_of(shard)).CreateSession(request)
+            except (grpc.RpcError, TimeoutError) as e:
+                raise unavailable(f"create session on shard {shard}", e) from e
+            session = _Session(shard, response.session_id)
+            session.keepalive = asyncio.get_running_loop().create_task(
+                self._keep_alive(session), name=f"oxia-session-{shard}")
+            self._sessions[shard] = session
+            log.info("oxia_session_created", shard=shard, session_id=session.session_id)
+            return session.session_id
+
+    def forget(self, shard: int, session_id: int) -> None:
+        """Drop a session the server reported as gone (``SESSION_DOES_NOT_EXIST``)."""
+        session = self._sessions.get(shard)
+        if session is not None and session.session_id == session_id:
+            del self._sessions[shard]
+            if session.keepalive is not None:
+                session.keepalive.cancel()
+            log.warning("oxia_session_lost", shard=shard, session_id=session_id)
+
+    async def close(self) -> None:
+        """Close every session; the server deletes their ephemeral records. Best effort: a session
+        that cannot be closed expires by itself after the session timeout."""
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            if session.keepalive is not None:
+                session.keepalive.cancel()
+        await asyncio.gather(*(self._close_one(s) for s in sessions))
+
+    async def _close_one(self, session: _Session) -> None:
+        request = pb.CloseSessionRequest(shard=session.shard, session_id=session.session_id)
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await self._pool.stub(self._leader_of(session.shard)).CloseSession(request)
+        except (grpc.RpcError, TimeoutError, StoreUnavailableError) as e:
+            log.warning("oxia_session_close_failed", shard=session.shard,
+                        session_id=session.session_id, error=str(unavailable("close session", e)))
+
+    async def _keep_alive(self, session: _Session) -> None:
+        period = self._timeout_ms / 10 / 1000
+        heartbeat = pb.SessionHeartbeat(shard=session.shard, session_id=session.session_id)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                async with asyncio.timeout(max(period, 0.1)):
+                    await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
+            except grpc.aio.AioRpcError as e:
+                # The server answers an unknown session with an error status (custom code up to
+                # v0.16, NOT_FOUND-like from v0.17); any answer of that kind means it is gone. A
+                # transport error is retried on the next beat: the session survives until its timeout.
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    grpc.StatusCode.CANCELLED):
+                    self.forget(session.shard, session.session_id)
+                    return
+                log.info("oxia_session_keepalive_failed", shard=session.shard, error=e.code().name)
+            except (TimeoutError, StoreUnavailableError):
+                log.info("oxia_session_keepalive_timeout", shard=session.shard)

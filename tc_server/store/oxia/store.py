@@ -1,0 +1,397 @@
+"""``OxiaStore``: the :class:`~tc_server.store.api.MetadataStore` on an Oxia cluster (design §5).
+
+How the Protocol maps onto Oxia (oxia.md §2, §4):
+
+* ``expected_version=EXPECT_ABSENT`` is Oxia's ``expected_version_id = -1``. ``UNEXPECTED_VERSION_ID``
+  (also what Oxia answers for a version on a missing key) becomes :class:`BadVersionError` for single
+  operations and ``Outcome.BAD_VERSION`` in :meth:`OxiaStore.write_batch`; ``KEY_NOT_FOUND`` on a
+  delete is ``False`` / ``Outcome.NOT_FOUND``.
+* Sequential puts are ``sequence_key_delta=[1]`` with the partition key; the key comes back in
+  ``PutResponse.key``.
+* Ephemeral puts carry the session id of their shard (:mod:`.sessions`).
+* ``created_ms``/``modified_ms`` are ``Version.created_timestamp``/``modified_timestamp`` (ms).
+* Every request is bounded by ``request_timeout_s``; running out of it, or any transport failure,
+  raises :class:`StoreUnavailableError`.
+
+**Children of a path** (``scan_prefix``). Pulsar lists the children of ``p`` with
+``[p + "/", p + "//")`` (oxia.md §4), which is right only under the segment-wise hierarchical
+order of Oxia's ``CompareWithSlash`` (a key with no further ``/`` sorts before any deeper one with
+the same leading segments). Newer Oxia documents hierarchical sorting as "fewer ``/`` first, then
+bytes", where that range would also take in same-depth keys of other parents, and a namespace may
+use natural (byte) order. This client therefore scans ``[prefix, prefix + U+10FFFF)``: under all
+three orders it holds every key that starts with ``prefix`` and has no further ``/`` (a child's
+next character is always below U+10FFFF), and under the hierarchical ones nothing deeper. A client
+side filter then drops anything that is not a direct child (deeper keys under natural order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import structlog
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server.store.api import (
+    BadVersionError,
+    Delete,
+    Outcome,
+    Put,
+    Record,
+    StoreClosedError,
+    StoreError,
+    StoreUnavailableError,
+    WriteResult,
+    validate_put,
+)
+from tc_server.store.oxia import reads
+from tc_server.store.oxia.assignments import AssignmentWatcher
+from tc_server.store.oxia.connections import ConnectionPool
+from tc_server.store.oxia.notifications import NotificationPump, OxiaSubscription
+from tc_server.store.oxia.routing import ShardInfo, ShardMap
+from tc_server.store.oxia.sessions import SessionManager, default_client_identity
+from tc_server.store.oxia.write_stream import ShardWriter
+
+log = structlog.get_logger(__name__)
+
+# Above every character a key can continue with (see the module docstring).
+_MAX_CHAR = "\U0010ffff"
+
+
+def children_range(prefix: str) -> tuple[str, str]:
+    """The ``[start, end)`` key range that holds every child of ``prefix`` (see module docstring)."""
+    return prefix, prefix + _MAX_CHAR
+
+
+def is_child(key: str, prefix: str) -> bool:
+    return key.startswith(prefix) and "/" not in key[len(prefix):]
+
+
+class OxiaStore:
+    """A :class:`~tc_server.store.api.MetadataStore` session on one Oxia namespace. Open it with
+    :func:`connect`.
+
+    Every method raises :class:`StoreClosedError` after :meth:`close`, and
+    :class:`StoreUnavailableError` when the cluster cannot be reached or does not answer within the
+    request timeout (for writes the outcome is then unknown).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        namespace: str = "default",
+        session_timeout_ms: int = 15_000,
+        request_timeout_s: float = 10.0,
+        client_identity: str | None = None,
+    ) -> None:
+        self.address = address
+        self.namespace = namespace
+        self._timeout = request_timeout_s
+        self._pool = ConnectionPool()
+        self._assignments = AssignmentWatcher(self._pool, address, namespace)
+        self._sessions = SessionManager(
+            self._pool, self._leader_of, session_timeout_ms=session_timeout_ms,
+            request_timeout_s=request_timeout_s, client_identity=client_identity or default_client_identity())
+        self._pump = NotificationPump(self._pool, lambda: self._assignments.current)
+        self._writers: dict[int, ShardWriter] = {}
+        # Ephemeral keys this session wrote and still owns, so that close() can wait for the
+        # notifications of their deletion (the Protocol: a closing stream ends after them).
+        self._ephemeral: set[str] = set()
+        self._closed = False
+
+    async def _start(self) -> None:
+        self._assignments.add_listener(self._on_assignments)
+        self._assignments.start()
+        shards = await self._assignments.wait_ready(self._timeout)
+        self._pump.update(shards)
+        # Knowing every shard's commit offset before returning is what lets notifications() promise
+        # "changes after the call" (notifications.py).
+        if not await self._pump.wait_ready(self._timeout):
+            log.warning("oxia_notifications_not_ready", address=self.address)
+
+    # -- routing and plumbing -----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the Oxia store is closed")
+
+    def _on_assignments(self, shards: ShardMap) -> None:
+        self._pump.update(shards)
+        for shard, writer in list(self._writers.items()):
+            info = shards.get(shard)
+            if info is None or info.leader != writer.leader:
+                # The old leader will not take writes any more; what was sent to it has an unknown
+                # outcome, and the next write opens a stream to the new leader.
+                del self._writers[shard]
+                asyncio.get_running_loop().create_task(writer.close(StoreUnavailableError(
+                    f"shard {shard}: leader moved from {writer.leader}")))
+
+    def _leader_of(self, shard: int) -> str:
+        info = self._assignments.current.get(shard)
+        if info is None:
+            raise StoreUnavailableError(f"shard {shard} is not in the current assignments")
+        return info.leader
+
+    def _route(self, key: str, partition_key: str | None) -> ShardInfo:
+        info = self._assignments.current.shard_for(key, partition_key)
+        if info is None:
+            raise StoreUnavailableError(f"no shard covers the hash of {partition_key or key!r}")
+        return info
+
+    def _shards(self, partition_key: str | None) -> list[ShardInfo]:
+        if partition_key is not None:
+            return [self._route(partition_key, partition_key)]
+        return self._assignments.current.shards
+
+    def _writer(self, info: ShardInfo) -> ShardWriter:
+        writer = self._writers.get(info.shard)
+        if writer is None:
+            writer = self._writers[info.shard] = ShardWriter(
+                self._pool, shard=info.shard, leader=info.leader, namespace=self.namespace,
+                request_timeout_s=self._timeout, on_offset=self._pump.note_own_offset)
+        return writer
+
+    @property
+    def writers(self) -> dict[int, ShardWriter]:
+        """The shard writers (for tests and the benchmark's batch counters)."""
+        return dict(self._writers)
+
+    # -- MetadataStore ------------------------------------------------------------------------
+
+    async def get(self, key: str, *, partition_key: str | None = None) -> Record | None:
+        """The record at ``key``, or None."""
+        self._check_open()
+        info = self._route(key, partition_key)
+        return await reads.get(self._pool.stub(info.leader), info.shard, key, self._timeout)
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+        ephemeral: bool = False,
+    ) -> Record:
+        """Write ``key``. Raises :class:`BadVersionError` when ``expected_version`` does not match,
+        :class:`InvalidOperationError` for an index name Oxia would refuse."""
+        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
+                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
+        return await self._single_put(op)
+
+    async def put_sequential(
+        self,
+        prefix: str,
+        value: bytes,
+        *,
+        partition_key: str,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> Record:
+        """Write ``prefix-%020d`` with the next number. Raises :class:`InvalidOperationError`
+        without a partition key (Oxia would end the write stream)."""
+        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
+                 sequential=True)
+        return await self._single_put(op)
+
+    async def _single_put(self, op: Put) -> Record:
+        self._check_open()
+        validate_put(op)
+        (response,) = await self._send([op])
+        assert isinstance(response, pb.PutResponse)
+        if response.status != pb.OK:
+            raise BadVersionError(op.key, op.expected_version if op.expected_version is not None else -1)
+        return self._record(op, response)
+
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
+    ) -> bool:
+        """Delete ``key``; False if it did not exist. Raises :class:`BadVersionError` when
+        ``expected_version`` does not match (a version on a missing key does not match)."""
+        self._check_open()
+        (response,) = await self._send([Delete(key, expected_version=expected_version,
+                                               partition_key=partition_key)])
+        if response.status == pb.UNEXPECTED_VERSION_ID:
+            raise BadVersionError(key, expected_version if expected_version is not None else -1)
+        return response.status == pb.OK
+
+    async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        """Send every operation at once: operations of one shard submitted together travel in one
+        ``WriteRequest`` (up to the batch limits). Raises :class:`InvalidOperationError` before
+        sending anything if an operation is malformed."""
+        self._check_open()
+        for op in ops:
+            if isinstance(op, Put):
+                validate_put(op)
+        if not ops:
+            return []
+        responses = await self._send(ops)
+        results: list[WriteResult] = []
+        for op, response in zip(ops, responses, strict=True):
+            if isinstance(op, Put):
+                assert isinstance(response, pb.PutResponse)
+                if response.status == pb.OK:
+                    record = self._record(op, response)
+                    results.append(WriteResult(Outcome.OK, record.key, record.version))
+                else:
+                    results.append(WriteResult(Outcome.BAD_VERSION, op.key))
+            elif response.status == pb.OK:
+                results.append(WriteResult(Outcome.OK, op.key))
+            elif response.status == pb.KEY_NOT_FOUND:
+                results.append(WriteResult(Outcome.NOT_FOUND, op.key))
+            else:
+                results.append(WriteResult(Outcome.BAD_VERSION, op.key))
+        return results
+
+    async def _send(self, ops: Sequence[Put | Delete]) -> list[pb.PutResponse | pb.DeleteResponse]:
+        """Route, submit all (one event-loop step, so they batch together), then wait for all.
+
+        Raises :class:`StoreUnavailableError` if any of them failed or timed out (the others'
+        outcomes are then reported through that error only: unknown)."""
+        routed = [(op, self._route(op.key, op.partition_key)) for op in ops]
+        # Sessions first, so that no await separates the submissions below.
+        sessions: dict[int, int] = {}
+        for op, info in routed:
+            if isinstance(op, Put) and op.ephemeral and info.shard not in sessions:
+                sessions[info.shard] = await self._sessions.session_for(info.shard)
+        self._check_open()
+        futures = []
+        for op, info in routed:
+            writer = self._writer(info)
+            if isinstance(op, Put):
+                futures.append(writer.put(self._put_request(op, sessions.get(info.shard))))
+            else:
+                request = pb.DeleteRequest(key=op.key)
+                if op.expected_version is not None:
+                    request.expected_version_id = op.expected_version
+                if op.partition_key is not None:
+                    request.partition_key = op.partition_key
+                futures.append(writer.delete(request))
+        try:
+            async with asyncio.timeout(self._timeout):
+                done = await asyncio.gather(*futures, return_exceptions=True)
+        except TimeoutError:
+            raise StoreUnavailableError(f"write of {len(ops)} operation(s): no answer within "
+                                        f"{self._timeout}s") from None
+        out: list[pb.PutResponse | pb.DeleteResponse] = []
+        for (op, info), result in zip(routed, done, strict=True):
+            if isinstance(result, StoreError):
+                raise result
+            if isinstance(result, BaseException):
+                raise StoreUnavailableError(f"write failed: {result!r}") from result
+            if isinstance(result, pb.PutResponse) and result.status == pb.SESSION_DOES_NOT_EXIST:
+                self._sessions.forget(info.shard, sessions.get(info.shard, -1))
+                raise StoreUnavailableError(f"shard {info.shard}: the session expired; retry")
+            if isinstance(op, Put) and isinstance(result, pb.PutResponse) and result.status == pb.OK:
+                key = result.key if result.HasField("key") else op.key
+                if op.ephemeral:
+                    self._ephemeral.add(key)
+                else:
+                    self._ephemeral.discard(key)
+            elif isinstance(op, Delete) and result.status == pb.OK:
+                self._ephemeral.discard(op.key)
+            out.append(result)
+        return out
+
+    def _put_request(self, op: Put, session_id: int | None) -> pb.PutRequest:
+        request = pb.PutRequest(key=op.key, value=op.value)
+        if op.expected_version is not None:
+            request.expected_version_id = op.expected_version
+        if op.partition_key is not None:
+            request.partition_key = op.partition_key
+        if op.sequential:
+            request.sequence_key_delta.append(1)
+        if session_id is not None:
+            request.session_id = session_id
+            request.client_identity = self._sessions.client_identity
+        for name, secondary in op.secondary_indexes.items():
+            request.secondary_indexes.add(index_name=name, secondary_key=secondary)
+        return request
+
+    @staticmethod
+    def _record(op: Put, response: pb.PutResponse) -> Record:
+        version = response.version
+        return Record(
+            key=response.key if response.HasField("key") else op.key,
+            value=bytes(op.value),
+            version=version.version_id,
+            created_ms=version.created_timestamp,
+            modified_ms=version.modified_timestamp,
+        )
+
+    def scan_prefix(self, prefix: str, *, partition_key: str | None = None) -> AsyncIterator[Record]:
+        """The children of ``prefix`` (see the module docstring for the key range). With a partition
+        key: one shard, in key order; without: every shard, one after the other."""
+        self._check_open()
+        return self._scan(*children_range(prefix), partition_key, None, prefix)
+
+    def scan_index(
+        self,
+        index_name: str,
+        start_inclusive: str,
+        end_exclusive: str,
+        *,
+        partition_key: str | None = None,
+    ) -> AsyncIterator[Record]:
+        """Records by secondary key in ``[start_inclusive, end_exclusive)``. Oxia's indexes are per
+        shard (oxia.md §2), so without a partition key every shard is scanned."""
+        self._check_open()
+        return self._scan(start_inclusive, end_exclusive, partition_key, index_name, None)
+
+    async def _scan(self, start: str, end: str, partition_key: str | None, index_name: str | None,
+                    children_of: str | None) -> AsyncIterator[Record]:
+        for info in self._shards(partition_key):
+            self._check_open()
+            async for record in reads.range_scan(self._pool.stub(info.leader), info.shard, start, end,
+                                                 self._timeout, secondary_index_name=index_name):
+                if children_of is None or is_child(record.key, children_of):
+                    yield record
+
+    def notifications(self) -> OxiaSubscription:
+        """Changes committed after the call on every shard (notifications.py says how exactly)."""
+        self._check_open()
+        return self._pump.subscribe()
+
+    async def close(self) -> None:
+        """Close the sessions (Oxia deletes their ephemeral records), deliver the notifications of
+        this session's own writes and of those deletes to open subscriptions (waiting at most the
+        request timeout), then end the subscriptions and release every connection. Never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        draining = self._pump.has_subscribers
+        if draining:
+            self._pump.expect_deletes(self._ephemeral)
+        await self._sessions.close()
+        if draining:
+            await self._pump.drain(self._timeout)
+        for writer in list(self._writers.values()):
+            await writer.close()
+        self._writers.clear()
+        await self._pump.close()
+        await self._assignments.close()
+        await self._pool.close()
+
+
+async def connect(
+    address: str,
+    *,
+    namespace: str = "default",
+    session_timeout_ms: int = 15_000,
+    request_timeout_s: float = 10.0,
+) -> OxiaStore:
+    """Open a store session on the Oxia cluster reachable at ``address`` (``host:port`` of any
+    server; it tells where each shard's leader is).
+
+    Raises :class:`StoreUnavailableError` when no shard assignment for ``namespace`` arrives within
+    ``request_timeout_s``, :class:`ValueError` for a session timeout Oxia would refuse (outside
+    [2 s, 5 min])."""
+    store = OxiaStore(address, namespace=namespace, session_timeout_ms=session_timeout_ms,
+                      request_timeout_s=request_timeout_s)
+    try:
+        await store._start()
+    except BaseException:
+        await store.close()
+        raise
+    return store
