@@ -1,0 +1,459 @@
+"""STAND-IN Oxia server: a Python imitation of Oxia's client API, for tests only.
+
+This is NOT Oxia. It exists because the real server cannot be installed on the machines these tests
+were written on (the Go module proxy refuses every version of github.com/oxia-db/oxia), and a mock
+is used "only where the real thing cannot run here". It implements the subset of the client API in
+protocol/oxia_client.proto that tc_server's client uses, with the semantics docs/oxia.md §2 records
+for the real server; what it cannot tell us is whether those notes are right. Everything proven
+against it still has to be proven against a real ``oxia standalone`` (see tests/oxia/README or the
+final report of the task that added it).
+
+Semantics imitated (oxia.md §1-§2):
+
+* ``N`` shards with ids ``0..N-1`` splitting ``[0, 2^32-1]`` evenly; every leader is this server's
+  address. Like real Oxia it checks no placement: a write sent with ``shard-id: 2`` lands on shard 2.
+* One commit offset counter per shard; a record's version id is the offset of the batch that wrote
+  it; ``modifications_count`` starts at 0.
+* A ``WriteRequest`` is one batch: puts, then deletes, each with its own status (CAS failures do not
+  abort the batch). Request-level errors (a sequence put without partition key, with an expected
+  version, with a first delta of 0) end the whole stream, as do missing ``shard-id``/``namespace``
+  metadata on ``WriteStream``.
+* Sequence keys ``prefix-%020d`` (one delta per put only: the client never sends more).
+* Secondary indexes are per-record entries ``__oxia/idx/<name>/<secondary>\\x01<escaped primary>``
+  in the record's shard; index scans compare those keys.
+* Keys sort hierarchically (``CompareWithSlash``: segment by segment, a key with no further ``/``
+  before any deeper one).
+* One notification batch per committed write batch with at least one visible change; at most one
+  entry per key (the last change wins) sorted by key, like Oxia's map-shaped batches. Without a
+  start offset a subscriber first gets an empty batch at the current commit offset.
+* Sessions: timeout within [2 s, 5 min]; expiry or ``CloseSession`` deletes the session's records
+  in one batch; a non-ephemeral put makes an ephemeral record persistent.
+
+Test hooks: request counters, ``hold_writes``/``release_writes`` (keep write batches in flight),
+``break_write_streams`` (kill every write stream), ``stop``/``start`` on the same port (data kept,
+as a durable server restart would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import time
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
+
+HASH_MAX = 0xFFFF_FFFF
+SEQUENCE_FORMAT = "{}-{:020d}"
+INDEX_PREFIX = "__oxia/idx/"
+SCAN_CHUNK = 100
+MIN_SESSION_MS, MAX_SESSION_MS = 2_000, 300_000
+NOTIFICATION_RETENTION = 100_000
+
+
+def compare_with_slash(a: str, b: str) -> int:
+    """Oxia's hierarchical key order (segment-wise CompareWithSlash)."""
+    while a and b:
+        ia, ib = a.find("/"), b.find("/")
+        if ia < 0 and ib < 0:
+            return (a > b) - (a < b)
+        if ia < 0:
+            return -1
+        if ib < 0:
+            return 1
+        sa, sb = a[:ia], b[:ib]
+        if sa != sb:
+            return (sa > sb) - (sa < sb)
+        a, b = a[ia + 1:], b[ib + 1:]
+    return (len(a) > len(b)) - (len(a) < len(b))
+
+
+hierarchical = functools.cmp_to_key(compare_with_slash)
+
+
+def in_range(key: str, start: str, end: str) -> bool:
+    return compare_with_slash(start, key) <= 0 and compare_with_slash(key, end) < 0
+
+
+def path_escape(key: str) -> str:
+    # Go's url.PathEscape keeps unreserved characters and these sub-delimiters.
+    return urllib.parse.quote(key, safe="-._~!$&'()*+,;=:@")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Entry:
+    value: bytes
+    version_id: int
+    modifications: int
+    created: int
+    modified: int
+    session_id: int | None
+    indexes: list[tuple[str, str]]
+
+    def version(self) -> pb.Version:
+        v = pb.Version(version_id=self.version_id, modifications_count=self.modifications,
+                       created_timestamp=self.created, modified_timestamp=self.modified)
+        if self.session_id is not None:
+            v.session_id = self.session_id
+        return v
+
+
+@dataclass(slots=True)
+class Session:
+    shard: int
+    timeout_ms: int
+    identity: str
+    last_beat: float
+
+
+class RequestError(Exception):
+    """A request-level error: ends the stream, as in Oxia."""
+
+
+@dataclass
+class Shard:
+    id: int
+    min_hash: int
+    max_hash: int
+    kv: dict[str, Entry] = field(default_factory=dict)
+    commit_offset: int = -1
+    batches: list[pb.NotificationBatch] = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def _check_version(self, existing: Entry | None, expected: int | None) -> bool:
+        if expected is None:
+            return True
+        if existing is None:
+            return expected == -1
+        return existing.version_id == expected
+
+    def _highest_sequence(self, prefix: str) -> int:
+        head = prefix + "-"
+        best = 0
+        for key in self.kv:
+            digits = key[len(head):]
+            if key.startswith(head) and len(digits) == 20 and digits.isdigit():
+                best = max(best, int(digits))
+        return best
+
+    def apply(self, request: pb.WriteRequest, sessions: dict[int, Session]) -> pb.WriteResponse:
+        for put in request.puts:
+            if put.sequence_key_delta:
+                if not put.HasField("partition_key"):
+                    raise RequestError("sequence keys require a partition key")
+                if put.HasField("expected_version_id"):
+                    raise RequestError("sequence keys cannot have an expected version")
+                if put.sequence_key_delta[0] == 0 or len(put.sequence_key_delta) != 1:
+                    raise RequestError("the stand-in takes exactly one non-zero sequence delta")
+        offset = self.commit_offset + 1
+        now = now_ms()
+        notes: dict[str, pb.Notification] = {}
+        response = pb.WriteResponse()
+        for put in request.puts:
+            result = response.puts.add()
+            if put.HasField("session_id") and put.session_id not in sessions:
+                result.status = pb.SESSION_DOES_NOT_EXIST
+                continue
+            key = put.key
+            if put.sequence_key_delta:
+                number = self._highest_sequence(put.key) + put.sequence_key_delta[0]
+                key = SEQUENCE_FORMAT.format(put.key, number)
+                result.key = key
+            existing = self.kv.get(key)
+            expected = put.expected_version_id if put.HasField("expected_version_id") else None
+            if not self._check_version(existing, expected):
+                result.status = pb.UNEXPECTED_VERSION_ID
+                continue
+            entry = Entry(
+                value=put.value, version_id=offset,
+                modifications=existing.modifications + 1 if existing else 0,
+                created=existing.created if existing else now, modified=now,
+                session_id=put.session_id if put.HasField("session_id") else None,
+                indexes=[(i.index_name, i.secondary_key) for i in put.secondary_indexes])
+            self.kv[key] = entry
+            result.status = pb.OK
+            result.version.CopyFrom(entry.version())
+            notes[key] = pb.Notification(
+                type=pb.KEY_MODIFIED if entry.modifications else pb.KEY_CREATED, version_id=offset)
+        for delete in request.deletes:
+            result = response.deletes.add()
+            existing = self.kv.get(delete.key)
+            expected = delete.expected_version_id if delete.HasField("expected_version_id") else None
+            if not self._check_version(existing, expected):
+                result.status = pb.UNEXPECTED_VERSION_ID
+            elif existing is None:
+                result.status = pb.KEY_NOT_FOUND
+            else:
+                del self.kv[delete.key]
+                result.status = pb.OK
+                notes[delete.key] = pb.Notification(type=pb.KEY_DELETED)
+        self._commit(offset, notes)
+        return response
+
+    def delete_session_records(self, session_id: int) -> None:
+        owned = sorted(k for k, e in self.kv.items() if e.session_id == session_id)
+        if not owned:
+            return
+        for key in owned:
+            del self.kv[key]
+        self._commit(self.commit_offset + 1, {k: pb.Notification(type=pb.KEY_DELETED) for k in owned})
+
+    def _commit(self, offset: int, notes: dict[str, pb.Notification]) -> None:
+        self.commit_offset = offset
+        if notes:
+            batch = pb.NotificationBatch(shard=self.id, offset=offset, timestamp=now_ms())
+            for key in sorted(notes):
+                batch.notifications.add(key=key, value=notes[key])
+            self.batches.append(batch)
+            del self.batches[:-NOTIFICATION_RETENTION]
+        asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def scan(self, start: str, end: str, index: str | None) -> list[tuple[str, Entry]]:
+        if index is None:
+            hits = [(k, e) for k, e in self.kv.items() if in_range(k, start, end)]
+            return sorted(hits, key=lambda h: hierarchical(h[0]))
+        low, high = f"{INDEX_PREFIX}{index}/{start}", f"{INDEX_PREFIX}{index}/{end}"
+        found: list[tuple[str, str, Entry]] = []
+        for key, entry in self.kv.items():
+            for name, secondary in entry.indexes:
+                internal = f"{INDEX_PREFIX}{name}/{secondary}\x01{path_escape(key)}"
+                if name == index and in_range(internal, low, high):
+                    found.append((internal, key, entry))
+        found.sort(key=lambda f: hierarchical(f[0]))
+        return [(key, entry) for _, key, entry in found]
+
+
+class StandinOxia:
+    """The stand-in server (see the module docstring). ``await start()``, use ``address``,
+    ``await stop()``; ``start()`` again comes back on the same port with the same data."""
+
+    def __init__(self, shards: int = 1, namespace: str = "default") -> None:
+        self.namespace = namespace
+        span = (HASH_MAX + 1) // shards
+        self.shards = [
+            Shard(i, i * span, HASH_MAX if i == shards - 1 else (i + 1) * span - 1) for i in range(shards)]
+        self.sessions: dict[int, Session] = {}
+        self._session_ids = itertools.count(1)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        # Test hooks and counters.
+        self.write_requests = 0
+        self.write_ops = 0
+        self.write_streams_opened = 0
+        self.notification_requests: list[pb.NotificationsRequest] = []
+        self._writes_released = asyncio.Event()
+        self._writes_released.set()
+        self._kill_streams = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_OxiaClientServicer_to_server(_Servicer(self), server)
+        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await server.start()
+        self._server = server
+        for session in self.sessions.values():
+            session.last_beat = time.monotonic()
+        self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        if self._server is not None:
+            await self._server.stop(grace=None)
+            self._server = None
+
+    def hold_writes(self) -> None:
+        """Keep received write batches unanswered (in flight) until :meth:`release_writes`."""
+        self._writes_released.clear()
+
+    def release_writes(self) -> None:
+        self._writes_released.set()
+
+    def break_write_streams(self) -> None:
+        """End every open WriteStream with UNAVAILABLE (the batches they hold are not applied)."""
+        self._kill_streams.set()
+        self._kill_streams = asyncio.Event()
+
+    def shard(self, shard_id: int) -> Shard:
+        return self.shards[shard_id]
+
+    def visible_keys(self) -> set[str]:
+        return {k for s in self.shards for k in s.kv}
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.monotonic()
+            for session_id, session in list(self.sessions.items()):
+                if now - session.last_beat > session.timeout_ms / 1000:
+                    self.close_session(session_id)
+
+    def close_session(self, session_id: int) -> None:
+        session = self.sessions.pop(session_id)
+        self.shards[session.shard].delete_session_records(session_id)
+
+
+class _Servicer(pb_grpc.OxiaClientServicer):
+    def __init__(self, oxia: StandinOxia) -> None:
+        self.oxia = oxia
+
+    def _shard(self, shard_id: int) -> Shard:
+        if not 0 <= shard_id < len(self.oxia.shards):
+            raise RequestError(f"no shard {shard_id}")
+        return self.oxia.shards[shard_id]
+
+    async def GetShardAssignments(self, request, context):  # type: ignore[no-untyped-def]
+        if request.namespace != self.oxia.namespace:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"namespace {request.namespace!r} not found")
+        message = pb.ShardAssignments()
+        ns = message.namespaces[self.oxia.namespace]
+        ns.shard_key_router = pb.XXHASH3
+        for shard in self.oxia.shards:
+            a = ns.assignments.add(shard=shard.id, leader=self.oxia.address)
+            a.int32_hash_range.min_hash_inclusive = shard.min_hash
+            a.int32_hash_range.max_hash_inclusive = shard.max_hash
+        yield message
+        await asyncio.Event().wait()  # the stream stays open, as the real one does
+
+    async def WriteStream(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        metadata = dict(context.invocation_metadata())
+        if "shard-id" not in metadata or "namespace" not in metadata:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing shard-id or namespace metadata")
+        if metadata["namespace"] != self.oxia.namespace:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "namespace not found")
+        try:
+            shard = self._shard(int(metadata["shard-id"]))
+        except (ValueError, RequestError) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.oxia.write_streams_opened += 1
+        kill = self.oxia._kill_streams
+        requests = aiter(request_iterator)
+        while True:
+            killed = asyncio.ensure_future(kill.wait())
+            received = asyncio.ensure_future(anext(requests, None))
+            await asyncio.wait([killed, received], return_when=asyncio.FIRST_COMPLETED)
+            if killed.done():
+                received.cancel()
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: write stream broken")
+            killed.cancel()
+            request = received.result()
+            if request is None:
+                return
+            self.oxia.write_requests += 1
+            self.oxia.write_ops += len(request.puts) + len(request.deletes)
+            released = asyncio.ensure_future(self.oxia._writes_released.wait())
+            killed = asyncio.ensure_future(kill.wait())
+            await asyncio.wait([released, killed], return_when=asyncio.FIRST_COMPLETED)
+            released.cancel()
+            if killed.done():
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: write stream broken")
+            killed.cancel()
+            try:
+                yield shard.apply(request, self.oxia.sessions)
+            except RequestError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def Read(self, request, context):  # type: ignore[no-untyped-def]
+        shard = self.oxia.shards[request.shard]
+        response = pb.ReadResponse()
+        for get in request.gets:
+            result = response.gets.add()
+            entry = shard.kv.get(get.key)
+            if entry is None or get.comparison_type != pb.EQUAL or get.HasField("secondary_index_name"):
+                result.status = pb.KEY_NOT_FOUND
+                continue
+            result.status = pb.OK
+            result.version.CopyFrom(entry.version())
+            if get.include_value:
+                result.value = entry.value
+        yield response
+
+    async def List(self, request, context):  # type: ignore[no-untyped-def]
+        shard = self.oxia.shards[request.shard]
+        index = request.secondary_index_name if request.HasField("secondary_index_name") else None
+        keys = [k for k, _ in shard.scan(request.start_inclusive, request.end_exclusive, index)]
+        for i in range(0, len(keys), SCAN_CHUNK):
+            yield pb.ListResponse(keys=keys[i:i + SCAN_CHUNK])
+
+    async def RangeScan(self, request, context):  # type: ignore[no-untyped-def]
+        shard = self.oxia.shards[request.shard]
+        index = request.secondary_index_name if request.HasField("secondary_index_name") else None
+        hits = shard.scan(request.start_inclusive, request.end_exclusive, index)
+        for i in range(0, len(hits), SCAN_CHUNK):
+            response = pb.RangeScanResponse()
+            for key, entry in hits[i:i + SCAN_CHUNK]:
+                response.records.add(status=pb.OK, key=key, value=entry.value, version=entry.version())
+            yield response
+
+    async def GetNotifications(self, request, context):  # type: ignore[no-untyped-def]
+        self.oxia.notification_requests.append(request)
+        shard = self.oxia.shards[request.shard]
+        if request.HasField("start_offset_exclusive"):
+            last = request.start_offset_exclusive
+        else:
+            last = shard.commit_offset
+            yield pb.NotificationBatch(shard=shard.id, offset=last, timestamp=now_ms())
+        while True:
+            pending = [b for b in shard.batches if b.offset > last]
+            for batch in pending:
+                yield batch
+                last = batch.offset
+            async with shard.changed:
+                if not [b for b in shard.batches if b.offset > last]:
+                    await shard.changed.wait()
+
+    async def CreateSession(self, request, context):  # type: ignore[no-untyped-def]
+        self._shard(request.shard)
+        if not MIN_SESSION_MS <= request.session_timeout_ms <= MAX_SESSION_MS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid session timeout")
+        session_id = next(self.oxia._session_ids)
+        self.oxia.sessions[session_id] = Session(
+            request.shard, request.session_timeout_ms, request.client_identity, time.monotonic())
+        return pb.CreateSessionResponse(session_id=session_id)
+
+    async def KeepAlive(self, request, context):  # type: ignore[no-untyped-def]
+        session = self.oxia.sessions.get(request.session_id)
+        if session is None or session.shard != request.shard:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")
+        session.last_beat = time.monotonic()
+        return pb.KeepAliveResponse()
+
+    async def CloseSession(self, request, context):  # type: ignore[no-untyped-def]
+        session = self.oxia.sessions.get(request.session_id)
+        if session is None or session.shard != request.shard:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")
+        self.oxia.close_session(request.session_id)
+        return pb.CloseSessionResponse()
+
+
+@contextlib.asynccontextmanager
+async def serve(shards: int = 1) -> AsyncIterator[StandinOxia]:
+    """``async with serve(3) as oxia:`` runs a stand-in with 3 shards for the block."""
+    oxia = StandinOxia(shards)
+    await oxia.start()
+    try:
+        yield oxia
+    finally:
+        await oxia.stop()
