@@ -15,6 +15,7 @@ import pytest
 from tc_server.store.api import MetadataStore
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
+from tests.store.oxia_backends import OXIA_BACKENDS, stop_standin
 
 OpenSession = Callable[[], Awaitable[MetadataStore]]
 
@@ -33,6 +34,7 @@ async def _open_embedded(path: Path) -> MetadataStore:
 BACKENDS: dict[str, Callable[[Path], Awaitable[MetadataStore]]] = {
     "memory": _open_memory,
     "embedded": _open_embedded,
+    **OXIA_BACKENDS,
 }
 
 
@@ -56,6 +58,7 @@ async def open_session(backend_name: str, tmp_path: Path) -> AsyncIterator[OpenS
     for store in reversed(opened):
         await store.close()
     _memory_backends.pop(tmp_path, None)
+    await stop_standin(tmp_path)
 
 
 @pytest.fixture
