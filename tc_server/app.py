@@ -44,6 +44,12 @@ class App:
         log.info("stopped")
 
 
+def advertised_url_for(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"pulsar://{host}:{port}"
+
+
 async def open_configured_store(settings: Settings) -> MetadataStore:
     if settings.store == "oxia":
         return await open_store(
@@ -59,9 +65,22 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
     metrics = Metrics(settings.cluster)
     store = store if store is not None else await open_configured_store(settings)
     try:
+        host, port = parse_hostport(settings.listen)
+        # The context's dispatcher is set once the coordinator exists; nothing is accepted before.
+        context = ServerContext(
+            dispatcher=None,  # type: ignore[arg-type]
+            metrics=metrics,
+            authenticator=NoAuthentication(),
+            keepalive_s=settings.keepalive_s,
+            max_message_size=settings.max_message_size,
+            max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
+        )
+        listener = PulsarListener(context, host, port)
+        bound = listener.bind()
+        advertised = settings.advertised_url or advertised_url_for(host, bound)
         config = CoordinatorConfig(
             partitions=settings.coordinators,
-            advertised_url=settings.effective_advertised_url,
+            advertised_url=advertised,
             partition=PartitionConfig(
                 default_timeout_ms=settings.default_txn_timeout_ms,
                 max_timeout_ms=settings.max_txn_timeout_ms,
@@ -73,16 +92,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         )
         coordinator = TransactionCoordinator(store, config, metrics)
         await coordinator.start()
-        context = ServerContext(
-            dispatcher=Dispatcher(coordinator, metrics, settings.request_timeout_s),
-            metrics=metrics,
-            authenticator=NoAuthentication(),
-            keepalive_s=settings.keepalive_s,
-            max_message_size=settings.max_message_size,
-            max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
-        )
-        host, port = parse_hostport(settings.listen)
-        listener = PulsarListener(context, host, port)
+        context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s)
         await listener.start()
         admin_host, admin_port = parse_hostport(settings.admin_listen)
         admin = HttpServer(AdminRoutes(coordinator, metrics), admin_host, admin_port)
@@ -90,8 +100,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
     except BaseException:
         await store.close()
         raise
-    log.info("started", store=settings.store, coordinators=settings.coordinators,
-             advertised_url=settings.effective_advertised_url)
+    log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised)
     return App(settings, store, coordinator, listener, admin, metrics)
 
 

@@ -88,15 +88,6 @@ class Settings:
               "must be debug, info, warning or error")
         return self
 
-    @property
-    def effective_advertised_url(self) -> str:
-        if self.advertised_url:
-            return self.advertised_url
-        host, port = parse_hostport(self.listen)
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        return f"pulsar://{host}:{port}"
-
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
 ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}

@@ -7,6 +7,7 @@ then close every connection.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import structlog
 
@@ -21,18 +22,35 @@ class PulsarListener:
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
+        self._socket: socket.socket | None = None
+
+    def bind(self) -> int:
+        """Bind the port now (before the coordinator campaigns, which needs the advertised URL, so
+        port 0 works); returns the bound port. Raises OSError (e.g. address in use)."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._host, self._port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        return self.port
 
     async def start(self) -> None:
+        if self._socket is None:
+            self.bind()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.context), self._host, self._port, reuse_address=True, backlog=1024
+            lambda: ClientConnection(self.context), sock=self._socket, backlog=1024
         )
         log.info("listening", address=f"{self._host}:{self.port}")
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._socket is not None
+        return int(self._socket.getsockname()[1])
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
         if self._server is None:

@@ -1,0 +1,103 @@
+"""Bad input never crashes the server or touches another connection (design §3).
+
+Each case opens a victim connection and a bystander; after the bad input the bystander still
+completes a transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from tc_server.bench.client import TcClient, connect
+from tc_server.wire import ServerError, Unknown, encode_command, encode_frame
+from tc_server.wire import NewTxn as NewTxnCmd
+
+
+async def bystander_still_works(app, bystander: TcClient) -> None:
+    t = await bystander.new_txn(tc_id=1)
+    assert t.error is None
+    assert (await bystander.end_txn(1, t.least, commit=True)).error is None
+    fresh = await connect("127.0.0.1", app.listener.port)
+    assert (await fresh.new_txn(tc_id=2)).error is None
+    fresh.close()
+
+
+async def closed_within(c: TcClient, seconds: float = 5) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.shield(c.closed), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.fixture
+async def bystander(app):
+    c = await connect("127.0.0.1", app.listener.port)
+    yield c
+    c.close()
+
+
+async def test_truncated_frame_then_disconnect(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    frame = encode_command(NewTxnCmd(1, 0, 0))
+    victim.send_raw(frame[: len(frame) - 3])  # the peer dies mid-frame
+    victim.close()
+    await bystander_still_works(app, bystander)
+
+
+async def test_command_size_larger_than_frame(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    victim.send_raw(struct.pack(">II", 10, 50) + b"\x00" * 6)
+    assert await closed_within(victim)
+    await bystander_still_works(app, bystander)
+
+
+async def test_frame_over_the_limit_closes_at_the_header(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    victim.send_raw(struct.pack(">I", 5_242_880 + 10_240 + 1))  # no body needed to refuse it
+    assert await closed_within(victim)
+    await bystander_still_works(app, bystander)
+
+
+async def test_garbage_protobuf(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    victim.send_raw(encode_frame(b"\xff\xff\xff\xff\xff\xff"))
+    assert await closed_within(victim)
+    await bystander_still_works(app, bystander)
+
+
+async def test_malformed_request_gets_error_with_its_request_id(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    # END_TXN (type 56) with request_id 77 and txn_action 9, which is no TxnAction.
+    body = bytes([0x08, 56, 0xC2, 0x03, 6, 0x08, 77, 0x20, 9, 0x18, 1])
+    victim.send_raw(encode_frame(body))
+    assert await closed_within(victim)
+    assert [(e.request_id, e.error) for e in victim.errors] == [(77, ServerError.UnknownError)]
+    assert "malformed" in victim.errors[0].message
+    await bystander_still_works(app, bystander)
+
+
+async def test_request_before_connect(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port, handshake=False)
+    victim.send(NewTxnCmd(5, 0, 0))
+    assert await closed_within(victim)
+    assert [(e.request_id, e.error) for e in victim.errors] == [(5, ServerError.NotAllowedError)]
+    await bystander_still_works(app, bystander)
+
+
+async def test_unknown_command_keeps_the_connection(app, bystander):
+    victim = await connect("127.0.0.1", app.listener.port)
+    victim.send(Unknown(type_code=4, request_id=None))  # SUBSCRIBE without its message: no request id
+    rid = 31
+    # END_TXN_ON_PARTITION (58) is for participant brokers, not a TC: BaseCommand{type=58,
+    # endTxnOnPartition(field 58)={request_id=31}}.
+    victim.send_raw(encode_frame(bytes([0x08, 58, 0xD2, 0x03, 2, 0x08, rid])))
+    t = await victim.new_txn(tc_id=0)
+    assert t.error is None  # still served on the same connection
+    codes = sorted((e.request_id, e.error) for e in victim.errors)
+    assert codes == [(-1, ServerError.NotAllowedError), (rid, ServerError.NotAllowedError)]
+    assert all("not served by a transaction coordinator" in e.message for e in victim.errors)
+    victim.close()
+    await bystander_still_works(app, bystander)
