@@ -100,6 +100,15 @@ def run_server(command: Sequence[str], extra_args: Sequence[str] = (),
             process.stdout.close()
 
 
+def check_endpoints(running: Running) -> None:
+    """/healthz and /readyz answer 200 and /metrics has the coordinator series. Raises RuntimeError."""
+    wait_for(running, "/healthz")
+    wait_for(running, "/readyz")
+    status, body = get(running.admin_url + "/metrics")
+    if status != 200 or b"pulsar_txn_active_count" not in body:
+        raise RuntimeError(f"/metrics answered {status} without pulsar_txn_active_count")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tc_server", help="path of the tc-server console script to check")
@@ -107,11 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     subprocess.run([ns.tc_server, "--help"], check=True, stdout=subprocess.DEVNULL)
     with run_server([ns.tc_server]) as running:
         try:
-            wait_for(running, "/healthz")
-            wait_for(running, "/readyz")
-            status, body = get(running.admin_url + "/metrics")
-            if status != 200 or b"pulsar_txn_active_count" not in body:
-                raise RuntimeError(f"/metrics answered {status} without pulsar_txn_active_count")
+            check_endpoints(running)
         except RuntimeError as exc:
             running.process.send_signal(signal.SIGTERM)
             out = running.process.communicate(timeout=STOP_TIMEOUT_S)[0]
