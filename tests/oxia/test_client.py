@@ -1,0 +1,273 @@
+"""The Oxia client against the STAND-IN server (tests/oxia_standin): a Python imitation of Oxia's
+client API, used because the real server cannot be installed here. What these tests prove is the
+client's own behaviour (batching, matching, failure handling) against oxia.md's description of the
+server, not the server's behaviour itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from tc_server._proto import oxia_client_pb2 as pb
+from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
+from tc_server.store.api import (
+    EXPECT_ABSENT,
+    BadVersionError,
+    Delete,
+    InvalidOperationError,
+    NotificationType,
+    Outcome,
+    Put,
+    StoreUnavailableError,
+)
+from tc_server.store.oxia import OxiaStore, connect
+from tc_server.store.oxia.routing import key_hash
+from tc_server.store.oxia.store import children_range, is_child
+from tests.oxia_standin.server import StandinOxia, compare_with_slash
+
+# Only a bound so that a broken test fails instead of hanging; nothing asserts on durations.
+WAIT = 10.0
+
+
+async def eventually(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(WAIT):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_concurrent_puts_are_batched(store: OxiaStore, oxia: StandinOxia) -> None:
+    before = oxia.write_requests
+    records = await asyncio.gather(*(store.put(f"/b/{i}", str(i).encode()) for i in range(1000)))
+    assert [r.key for r in records] == [f"/b/{i}" for i in range(1000)]
+    # 1000 operations submitted in one event-loop step: at most one batch of 1000 (plus none).
+    assert oxia.write_requests - before <= 2
+    assert oxia.write_ops >= 1000
+
+
+async def test_batch_limit_of_1000_ops(store: OxiaStore, oxia: StandinOxia) -> None:
+    before = oxia.write_requests
+    await store.write_batch([Put(f"/l/{i}", b"") for i in range(2500)])
+    assert oxia.write_requests - before == 3
+
+
+async def test_batch_byte_limit(store: OxiaStore, oxia: StandinOxia) -> None:
+    before = oxia.write_requests
+    await store.write_batch([Put(f"/big/{i}", b"x" * 40_000) for i in range(10)])
+    # 128 KiB per batch: three 40 kB values fit, a fourth does not.
+    assert oxia.write_requests - before == 4
+
+
+async def test_responses_matched_in_order(store: OxiaStore) -> None:
+    a = await store.put("/m/a", b"1")
+    results = await store.write_batch([
+        Put("/m/a", b"2", expected_version=a.version + 1000),
+        Put("/m/b", b"b", expected_version=EXPECT_ABSENT),
+        Delete("/m/none"),
+        Put("/m/a", b"3", expected_version=a.version),
+        Delete("/m/b"),
+    ])
+    assert [(r.outcome, r.key) for r in results] == [
+        (Outcome.BAD_VERSION, "/m/a"), (Outcome.OK, "/m/b"), (Outcome.NOT_FOUND, "/m/none"),
+        (Outcome.OK, "/m/a"), (Outcome.OK, "/m/b")]
+    values = await asyncio.gather(*(store.put(f"/m/v{i}", bytes([i])) for i in range(200)))
+    for i, record in enumerate(values):
+        assert (record.key, record.value) == (f"/m/v{i}", bytes([i]))
+        got = await store.get(record.key)
+        assert got is not None
+        assert got.version == record.version
+
+
+async def test_put_after_delete_of_same_key_keeps_order(store: OxiaStore) -> None:
+    await store.put("/o/k", b"1")
+    results = await store.write_batch([Delete("/o/k"), Put("/o/k", b"2", expected_version=EXPECT_ABSENT)])
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+
+
+async def test_write_stream_requires_metadata(oxia: StandinOxia) -> None:
+    async with grpc.aio.insecure_channel(oxia.address) as channel:
+        stub = pb_grpc.OxiaClientStub(channel)
+        call = stub.WriteStream()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.write(pb.WriteRequest(shard=0, puts=[pb.PutRequest(key="/x", value=b"")]))
+            await call.read()
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert oxia.visible_keys() == set()
+
+
+async def test_invalid_operations_never_reach_the_server(store: OxiaStore, oxia: StandinOxia) -> None:
+    before = oxia.write_requests
+    with pytest.raises(InvalidOperationError):
+        await store.put_sequential("/s/x", b"", partition_key="")
+    with pytest.raises(InvalidOperationError):
+        await store.write_batch([Put("/s/x", b"", sequential=True, partition_key="p", expected_version=1)])
+    with pytest.raises(InvalidOperationError):
+        await store.put("/s/y", b"", secondary_indexes={"a/b": "1"})
+    assert oxia.write_requests == before
+    # The stream is still the one opened before: nothing broke it.
+    await store.put("/s/z", b"")
+    assert oxia.write_streams_opened <= 1
+
+
+async def test_broken_stream_fails_in_flight_then_recovers(store: OxiaStore, oxia: StandinOxia) -> None:
+    await store.put("/f/warm", b"")
+    oxia.hold_writes()
+    before = oxia.write_requests
+    pending = [asyncio.ensure_future(store.put(f"/f/{i}", b"")) for i in range(10)]
+    await eventually(lambda: oxia.write_requests > before, "the batch reached the server")
+    oxia.break_write_streams()
+    oxia.release_writes()
+    outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(o, StoreUnavailableError) for o in outcomes), outcomes
+    # The next write opens a new stream by itself.
+    record = await store.put("/f/after", b"ok")
+    assert await store.get("/f/after") == record
+    assert oxia.write_streams_opened == 2
+
+
+async def test_unanswered_write_times_out_typed(oxia: StandinOxia) -> None:
+    store = await connect(oxia.address, request_timeout_s=0.3)
+    try:
+        oxia.hold_writes()
+        with pytest.raises(StoreUnavailableError):
+            await store.put("/t/k", b"")
+        oxia.release_writes()
+        await store.put("/t/k2", b"")
+    finally:
+        await store.close()
+
+
+async def test_outage_fails_typed_then_recovers_by_itself(oxia: StandinOxia) -> None:
+    store = await connect(oxia.address, request_timeout_s=1.0)
+    try:
+        await store.put("/r/before", b"1")
+        await oxia.stop()
+        with pytest.raises(StoreUnavailableError):
+            await store.put("/r/during", b"")
+        with pytest.raises(StoreUnavailableError):
+            await store.get("/r/before")
+        with pytest.raises(StoreUnavailableError):
+            [r async for r in store.scan_prefix("/r/")]
+        await oxia.start()
+        async with asyncio.timeout(WAIT):
+            while True:
+                try:
+                    await store.put("/r/after", b"2")
+                    break
+                except StoreUnavailableError:
+                    await asyncio.sleep(0.05)
+        record = await store.get("/r/before")
+        assert record is not None
+        assert record.value == b"1"
+    finally:
+        await store.close()
+
+
+async def test_connect_to_nothing_fails_typed() -> None:
+    with pytest.raises(StoreUnavailableError):
+        await connect("127.0.0.1:1", request_timeout_s=0.5)
+
+
+async def test_bad_session_timeout() -> None:
+    with pytest.raises(ValueError, match="session_timeout_ms"):
+        await connect("127.0.0.1:1", session_timeout_ms=1000, request_timeout_s=0.5)
+
+
+async def test_three_shard_fan_out(oxia3: StandinOxia) -> None:
+    store = await connect(oxia3.address)
+    try:
+        keys = {f"/i/{pk}": pk for pk in (f"p{i}" for i in range(12))}
+        shards_used = {store._route(k, pk).shard for k, pk in keys.items()}
+        assert len(shards_used) == 3
+        for key, pk in keys.items():
+            await store.put(key, b"", partition_key=pk, secondary_indexes={"n": key[-2:]})
+        found = [r.key async for r in store.scan_index("n", "", "~")]
+        assert sorted(found) == sorted(keys)
+        children = [r.key async for r in store.scan_prefix("/i/")]
+        assert sorted(children) == sorted(keys)
+        # Every shard holds some of them: the data really is spread.
+        assert sum(1 for s in oxia3.shards if s.kv) == 3
+    finally:
+        await store.close()
+
+
+async def test_routing_matches_the_servers_shard(oxia3: StandinOxia) -> None:
+    store = await connect(oxia3.address)
+    try:
+        await store.put("foo", b"")
+        (holder,) = [s for s in oxia3.shards if "foo" in s.kv]
+        assert holder.min_hash <= key_hash("foo") <= holder.max_hash
+    finally:
+        await store.close()
+
+
+async def test_notifications_resume_after_reconnect(oxia: StandinOxia) -> None:
+    store = await connect(oxia.address, request_timeout_s=1.0)
+    try:
+        stream = store.notifications()
+        await store.put("/n/1", b"")
+        first = await asyncio.wait_for(anext(stream), WAIT)
+        assert first.key == "/n/1"
+        await oxia.stop()
+        await oxia.start()
+        async with asyncio.timeout(WAIT):
+            while True:
+                try:
+                    await store.put("/n/2", b"")
+                    break
+                except StoreUnavailableError:
+                    await asyncio.sleep(0.05)
+        await store.put("/n/3", b"")
+        got = [await asyncio.wait_for(anext(stream), WAIT) for _ in range(2)]
+        assert [(n.type, n.key) for n in got] == [
+            (NotificationType.CREATED, "/n/2"), (NotificationType.CREATED, "/n/3")]
+        resumed = [r for r in oxia.notification_requests if r.HasField("start_offset_exclusive")]
+        assert resumed, "the stream was re-opened from the last offset"
+    finally:
+        await store.close()
+
+
+async def test_ephemeral_records_removed_on_close(oxia3: StandinOxia) -> None:
+    owner = await connect(oxia3.address)
+    other = await connect(oxia3.address)
+    try:
+        for i in range(6):
+            await owner.put(f"/e/{i}", b"", ephemeral=True)
+        assert len(oxia3.sessions) >= 2  # one session per shard that holds ephemeral records
+        assert await other.get("/e/0") is not None
+        stream = other.notifications()
+        await owner.close()
+        assert oxia3.sessions == {}
+        for i in range(6):
+            assert await other.get(f"/e/{i}") is None
+        deleted = {(await asyncio.wait_for(anext(stream), WAIT)).key for _ in range(6)}
+        assert deleted == {f"/e/{i}" for i in range(6)}
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_bad_version_maps(store: OxiaStore) -> None:
+    with pytest.raises(BadVersionError):
+        await store.put("/v/k", b"", expected_version=5)
+    await store.put("/v/k", b"")
+    with pytest.raises(BadVersionError):
+        await store.put("/v/k", b"", expected_version=EXPECT_ABSENT)
+    assert await store.delete("/v/none") is False
+
+
+@pytest.mark.parametrize("prefix", ["/a/", "/a/b-", "/"])
+def test_children_range_holds_children_under_every_order(prefix: str) -> None:
+    start, end = children_range(prefix)
+    keys = [prefix + s for s in ("", "x", "b-1", "zz", "~~", "x/y", "x/y/z")]
+    keys += ["/a", "/a0", "/b/x", "/a/c/d", "/a/b-/x"]
+    for key in keys:
+        in_hierarchical = compare_with_slash(start, key) <= 0 < compare_with_slash(end, key)
+        if is_child(key, prefix):
+            # natural (byte) order and segment-wise hierarchical order (Oxia's CompareWithSlash)
+            assert start <= key < end
+            assert in_hierarchical
+        else:
+            # Hierarchical order leaves out deeper keys and other parents' children.
+            assert not in_hierarchical, key
