@@ -46,7 +46,7 @@ class Settings:
     # 0 disables the timeout sweep (used by the audit end-to-end test to leave a txn stuck).
     timeout_sweep: bool = True
     id_block_size: int = 1000
-    keepalive_s: int = 30
+    keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
     cluster: str = "standalone"
