@@ -8,7 +8,9 @@ dashboard panel that stays empty on a fresh instance: report it, do not drop it 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .manifests import ROOT, dashboard, dashboard_exprs, metric_names
+from .manifests import ROOT, dashboard, dashboard_exprs, dockerfile_stages, metric_names
 
 _spec = importlib.util.spec_from_file_location("deploy_smoke", ROOT / "deploy" / "smoke.py")
 assert _spec is not None and _spec.loader is not None
@@ -80,3 +82,16 @@ def test_coordinator_series_carry_cluster_and_coordinator_id(server: object) -> 
                           and not n.endswith("_created")]
     for name in coordinator_series:
         assert {"cluster", "coordinator_id"} <= seen[name], name
+
+
+def test_the_image_healthcheck_command_passes(server: object) -> None:
+    """The Dockerfile's HEALTHCHECK, run as Docker would (exec form), with the admin port from the env."""
+    (check,) = dockerfile_stages()[-1].args("HEALTHCHECK")
+    argv = json.loads(check[check.index("CMD") + len("CMD"):].strip())
+    assert argv[0] == "python"
+    admin_listen = f"127.0.0.1:{server.admin_port}"  # type: ignore[attr-defined]
+    env = {**os.environ, "TC_SERVER_ADMIN_LISTEN": admin_listen}
+    assert subprocess.run([sys.executable, *argv[1:]], env=env, timeout=10).returncode == 0
+    env["TC_SERVER_ADMIN_LISTEN"] = f"127.0.0.1:{smoke.free_port()}"  # nothing listens there
+    assert subprocess.run([sys.executable, *argv[1:]], env=env, timeout=10,
+                          capture_output=True).returncode != 0
