@@ -1,0 +1,34 @@
+# Interop harnesses: the official Java and Go Pulsar clients, run against tc-server by tests/interop/.
+#   make interop-java   -- tests/interop/java/target/tc-interop.jar (+ target/lib/)
+#   make interop-go     -- tests/interop/go/bin/tc-interop-go
+#   make test-interop   -- build both and run only the interop tests
+# Each harness is rebuilt only when one of its sources is newer than the built file, so a second
+# `make test` runs neither Maven nor Go. A missing toolchain is an error, never a skip (docs/style.md §5).
+
+INTEROP_JAVA_DIR := tests/interop/java
+INTEROP_JAVA_JAR := $(INTEROP_JAVA_DIR)/target/tc-interop.jar
+INTEROP_JAVA_SRC := $(INTEROP_JAVA_DIR)/pom.xml $(shell find $(INTEROP_JAVA_DIR)/src -type f 2>/dev/null)
+INTEROP_GO_DIR := tests/interop/go
+INTEROP_GO_BIN := $(INTEROP_GO_DIR)/bin/tc-interop-go
+INTEROP_GO_SRC := $(INTEROP_GO_DIR)/go.mod $(INTEROP_GO_DIR)/go.sum $(wildcard $(INTEROP_GO_DIR)/*.go)
+
+.PHONY: interop-java interop-go test-interop
+interop-java: $(INTEROP_JAVA_JAR)
+interop-go: $(INTEROP_GO_BIN)
+TEST_DEPS += interop-java interop-go
+
+$(INTEROP_JAVA_JAR): $(INTEROP_JAVA_SRC)
+	@command -v java >/dev/null || { echo "error: java not found; the interop tests need a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found; the interop tests need Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
+	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
+	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "error: java is version '$$v'; the interop harness needs Java 17+" >&2; exit 1; }
+	cd $(INTEROP_JAVA_DIR) && mvn -q -B package
+	@touch $@
+
+$(INTEROP_GO_BIN): $(INTEROP_GO_SRC)
+	@command -v go >/dev/null || { echo "error: go not found; the interop tests need Go (https://go.dev/dl/, the version in $(INTEROP_GO_DIR)/go.mod)" >&2; exit 1; }
+	cd $(INTEROP_GO_DIR) && go build -mod=readonly -o bin/tc-interop-go .
+	@touch $@
+
+test-interop: setup interop-java interop-go
+	$(PY) -m pytest tests/interop $(PYTEST_ARGS)

@@ -1,0 +1,328 @@
+"""Real Pulsar clients against tc-server running as a subprocess.
+
+The server is started exactly as an operator would (``tc-server run`` on free ports, embedded store in a
+temporary directory), so SIGKILL and restart on the same data directory are real. The Java and Go
+harnesses are built by ``make interop-java`` / ``make interop-go``; a missing harness or toolchain fails
+the test with the command to run, it never skips (docs/style.md, point 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TC_SERVER = REPO / ".venv" / "bin" / "tc-server"
+JAVA_JAR = REPO / "tests" / "interop" / "java" / "target" / "tc-interop.jar"
+GO_BIN = REPO / "tests" / "interop" / "go" / "bin" / "tc-interop-go"
+# C1 only and the serial collector: each harness run is a short-lived JVM on a 2-core machine, where
+# start-up time matters more than peak throughput.
+JVM_OPTS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
+COORDINATORS = 16
+READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TcServer:
+    """One ``tc-server run`` subprocess; ``kill()`` + ``start()`` restarts it on the same ports and data."""
+
+    data_dir: Path
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        if not TC_SERVER.exists():
+            pytest.fail(f"{TC_SERVER} is missing: run `make setup`")
+        args = [
+            str(TC_SERVER), "run",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--advertised-url", self.url,
+            "--store", "embedded",
+            "--data-dir", str(self.data_dir),
+            "--coordinators", str(COORDINATORS),
+            "--log-format", "json",
+            *self.extra_args,
+        ]
+        env = {**os.environ, **self.env}
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start {' '.join(args)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=env, start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"tc-server exited with {self.proc.returncode} during start\n{self.log_tail()}")
+            if self.admin_status("/readyz") == 200:
+                return
+            time.sleep(0.1)
+        pytest.fail(f"tc-server not ready after {READY_TIMEOUT_S}s\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: nothing acknowledged may be lost."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM, the graceful stop; SIGKILL if it takes longer than 15 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            pytest.fail(f"tc-server ignored SIGTERM for 15 s\n{self.log_tail()}")
+
+    def admin_status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except OSError:
+            return 0
+
+    def admin_get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=10) as r:
+                return int(r.status), json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return int(e.code), None
+
+    def txn(self, most: int, least: int) -> tuple[int, Any]:
+        return self.admin_get(f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+
+    def wait_status(self, most: int, least: int, want: str, timeout_s: float = 10.0) -> str | None:
+        """Poll the header until it has ``want``; returns the last status seen (None: 404)."""
+        deadline = time.monotonic() + timeout_s
+        status: str | None = None
+        while True:
+            code, body = self.txn(most, least)
+            status = body.get("status") if code == 200 and body else None
+            if status == want or time.monotonic() > deadline:
+                return status
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no server log)"
+        return "---- tc-server log (tail) ----\n" + "\n".join(text[-lines:])
+
+
+@pytest.fixture
+def tc_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Make servers (not started) that are torn down after the test; each has its own data dir."""
+    servers: list[TcServer] = []
+
+    def make(**kwargs: Any) -> TcServer:
+        base = tmp_path_factory.mktemp("tc-server")
+        server = TcServer(data_dir=base / "data", log_path=base / "server.log", **kwargs)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def tc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcServer]:
+    """One running server shared by the tests of a module that do not need their own."""
+    base = tmp_path_factory.mktemp("tc-server-shared")
+    server = TcServer(data_dir=base / "data", log_path=base / "server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+# ---- harnesses ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HarnessRun:
+    returncode: int
+    lines: list[dict[str, Any]]
+    stderr: str
+
+    @property
+    def result(self) -> dict[str, Any]:
+        results = [line for line in self.lines if line.get("event") in ("result", "fatal")]
+        assert results, f"harness printed no result line (exit {self.returncode})\n{self.stderr_tail()}"
+        assert results[-1]["event"] == "result", f"harness failed: {results[-1]}\n{self.stderr_tail()}"
+        return results[-1]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines if line.get("event") == name]
+
+    def stderr_tail(self, lines: int = 30) -> str:
+        return "---- harness stderr (tail) ----\n" + "\n".join(self.stderr.splitlines()[-lines:])
+
+
+def _parse_lines(stdout: str) -> list[dict[str, Any]]:
+    out = []
+    for raw in stdout.splitlines():
+        raw = raw.strip()
+        if raw.startswith("{"):
+            out.append(json.loads(raw))
+    return out
+
+
+@dataclass
+class Harness:
+    """One of the built harnesses; ``run`` waits for it, ``spawn`` leaves it running (commit-loop)."""
+
+    name: str
+    argv: list[str]
+    # The Java harness takes --key value, the Go one -key value.
+    flag_prefix: str
+
+    def command(self, scenario: str, **options: Any) -> list[str]:
+        cmd = [*self.argv, scenario]
+        for key, value in options.items():
+            cmd += [self.flag_prefix + key.replace("_", "-"), str(value)]
+        return cmd
+
+    def run(self, scenario: str, timeout_s: float = 90, **options: Any) -> HarnessRun:
+        try:
+            proc = subprocess.run(self.command(scenario, **options), capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as e:
+            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            pytest.fail(f"{self.name} {scenario} did not finish in {timeout_s}s\n{stderr[-3000:]}")
+        run = HarnessRun(proc.returncode, _parse_lines(proc.stdout), proc.stderr)
+        sys.stderr.write(run.stderr_tail(15) + "\n")
+        return run
+
+    def spawn(self, scenario: str, **options: Any) -> RunningHarness:
+        proc = subprocess.Popen(self.command(scenario, **options), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return RunningHarness(proc)
+
+
+class RunningHarness:
+    """A harness whose stdout lines are collected by a thread while the test does other things."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, Any]] = []
+        self._new: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stderr: list[str] = []
+        self._out_thread = threading.Thread(target=self._read_stdout, daemon=True)
+        self._err_thread = threading.Thread(target=self._read_stderr, daemon=True)
+        self._out_thread.start()
+        self._err_thread.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            if raw.startswith("{"):
+                line = json.loads(raw)
+                self.lines.append(line)
+                self._new.put(line)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            self._stderr.append(raw.rstrip("\n"))
+
+    def wait_for(self, event: str, count: int, timeout_s: float, after: int = 0) -> list[dict[str, Any]]:
+        """Wait until ``count`` lines of ``event`` have arrived at or after index ``after`` of ``lines``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = [line for line in self.lines[after:] if line.get("event") == event]
+            if len(got) >= count:
+                return got
+            if self.proc.poll() is not None and self._new.empty():
+                self._out_thread.join(5)
+                got = [line for line in self.lines[after:] if line.get("event") == event]
+                if len(got) >= count:
+                    return got
+                pytest.fail(f"harness exited ({self.proc.returncode}) after {len(got)}/{count} {event} lines"
+                            f"\n{self.stderr_tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"only {len(got)}/{count} {event} lines in {timeout_s}s\n{self.stderr_tail()}")
+            try:
+                self._new.get(timeout=0.2)
+            except queue.Empty:
+                pass
+
+    def finish(self, timeout_s: float = 30) -> int:
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.terminate()
+            pytest.fail(f"harness did not stop within {timeout_s}s\n{self.stderr_tail()}")
+        self._out_thread.join(5)
+        self._err_thread.join(5)
+        return code
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stderr_tail(self, lines: int = 30) -> str:
+        return "---- harness stderr (tail) ----\n" + "\n".join(self._stderr[-lines:])
+
+
+@pytest.fixture(scope="session")
+def java_harness() -> Harness:
+    java = shutil.which("java")
+    if java is None:
+        pytest.fail("java not found on PATH: the interop tests need a Java 17+ JDK (see mk/interop.mk)")
+    if not JAVA_JAR.exists() or not (JAVA_JAR.parent / "lib").is_dir():
+        pytest.fail(f"{JAVA_JAR.relative_to(REPO)} is missing: run `make interop-java`")
+    return Harness("java", [java, *JVM_OPTS, "-jar", str(JAVA_JAR)], "--")
+
+
+@pytest.fixture(scope="session")
+def go_harness() -> Harness:
+    if not GO_BIN.exists():
+        pytest.fail(f"{GO_BIN.relative_to(REPO)} is missing: run `make interop-go`")
+    return Harness("go", [str(GO_BIN)], "-")
+
+
+@pytest.fixture
+def harness_process() -> Iterator[list[RunningHarness]]:
+    """Spawned harnesses registered here are killed when the test ends, pass or fail."""
+    running: list[RunningHarness] = []
+    yield running
+    for r in running:
+        r.terminate()
