@@ -79,18 +79,20 @@ class FrameDecoder:
         buf = self._buf
         pos = self._pos
         avail = len(buf) - pos
-        if avail < _SIZE_FIELD:
+        if avail >= _HEADER.size:
+            total, cmd_size = _HEADER.unpack_from(buf, pos)
+        elif avail >= _SIZE_FIELD:
+            total, cmd_size = _U32.unpack_from(buf, pos)[0], None
+        else:
             return None
-        total = _U32.unpack_from(buf, pos)[0]
         if total > self.max_frame_size:
             raise FrameError(f"frame of {total} bytes exceeds the limit of {self.max_frame_size}")
         if total <= 4:
             # Not even room for cmdSize and one command byte: reject now rather than read the next
             # frame's bytes as this one's cmdSize.
             raise FrameError(f"frame of {total} bytes cannot hold a command")
-        if avail < _HEADER.size:
+        if cmd_size is None:
             return None
-        cmd_size = _HEADER.unpack_from(buf, pos)[1]
         if cmd_size == 0:
             raise FrameError("frame with an empty command (cmdSize 0)")
         if cmd_size > total - 4:

@@ -4,12 +4,15 @@ survives any chunking and any field values."""
 import dataclasses
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tc_server.wire import (
     AddPartitionToTxn,
+    AddPartitionToTxnResponse,
     AddSubscriptionToTxn,
+    AddSubscriptionToTxnResponse,
     Command,
     EndTxn,
     EndTxnResponse,
@@ -24,9 +27,12 @@ from tc_server.wire import (
     decode_command,
     encode_command,
 )
+from tc_server.wire.codec import _encode_with_protobuf
 from tc_server.wire.commands import _TxnOpResponse
 
 from .test_wire_roundtrip import CASES
+
+TxnOpResponse = NewTxnResponse | AddPartitionToTxnResponse | AddSubscriptionToTxnResponse | EndTxnResponse
 
 # Moderate example counts: the whole suite has to stay fast on a 2-core machine.
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,3 +156,34 @@ def test_txn_commands_round_trip(cmd: Command) -> None:
         # An error always goes out with a message: its name, when none was given.
         cmd = dataclasses.replace(cmd, message=cmd.error.name)
     assert decoded == cmd
+
+
+TXN_RESPONSE_CLASSES: list[type[_TxnOpResponse]] = [
+    NewTxnResponse,
+    AddPartitionToTxnResponse,
+    AddSubscriptionToTxnResponse,
+    EndTxnResponse,
+]
+txn_responses = st.sampled_from(TXN_RESPONSE_CLASSES).flatmap(
+    lambda cls: st.builds(
+        cls,
+        request_ids,
+        u64,
+        u64,
+        errors,
+        st.none() | st.text(max_size=200),  # past 127 bytes the length takes two varint bytes
+    )
+)
+
+
+@FUZZ
+@given(cmd=txn_responses)
+def test_fast_txn_response_encoder_matches_protobuf(cmd: TxnOpResponse) -> None:
+    assert encode_command(cmd) == _encode_with_protobuf(cmd)
+
+
+@pytest.mark.parametrize(("most", "least"), [(-1, 0), (0, -1), (1 << 64, 0), (0, 1 << 64)])
+def test_fast_txn_response_encoder_rejects_out_of_range(most: int, least: int) -> None:
+    for encode in (encode_command, _encode_with_protobuf):
+        with pytest.raises(ValueError):
+            encode(NewTxnResponse(1, most, least))
