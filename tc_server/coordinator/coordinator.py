@@ -53,12 +53,17 @@ class TransactionCoordinator:
         for tc_id in range(config.partitions):
             metrics.leader.labels(str(tc_id)).set(0)
             metrics.active.labels(**metrics.tc(tc_id)).set(0)
-            for counter in (metrics.created, metrics.committed, metrics.aborted, metrics.timed_out):
-                counter.labels(**metrics.tc(tc_id))
+            for family in (metrics.created, metrics.committed, metrics.aborted, metrics.timed_out,
+                           metrics.execution_latency):
+                family.labels(**metrics.tc(tc_id))
+        # Create every bounded label set up front so that a fresh scrape shows each family (a
+        # dashboard query on a missing series shows "no data" rather than 0).
         for result in ("ok", "conflict", "reject"):
             metrics.header_cas.labels(result)
         for kind in ("header", "event"):
             metrics.op_writes.labels(kind)
+        for index in (layout.IDX_OPS_BY_TXN, layout.IDX_TXN_BY_FINAL_STATE):
+            metrics.index_query.labels(index)
 
     @property
     def num_partitions(self) -> int:

@@ -75,7 +75,18 @@ class CoordinatorPartition:
         self._clock = clock
         self._sweep_timeouts = sweep_timeouts
         self._ids = IdAllocator(store, tc_id, config.id_block_size)
-        self._labels = metrics.tc(tc_id)
+        # Resolve labelled children once: prometheus_client's labels() costs microseconds per call.
+        labels = metrics.tc(tc_id)
+        self._created = metrics.created.labels(**labels)
+        self._committed = metrics.committed.labels(**labels)
+        self._aborted = metrics.aborted.labels(**labels)
+        self._timed_out = metrics.timed_out.labels(**labels)
+        self._active = metrics.active.labels(**labels)
+        self._latency = metrics.execution_latency.labels(**labels)
+        self._cas_ok = metrics.header_cas.labels("ok")
+        self._cas_conflict = metrics.header_cas.labels("conflict")
+        self._cas_reject = metrics.header_cas.labels("reject")
+        self._header_writes = metrics.op_writes.labels("header")
         # least -> when to look at it next (its deadline, or a retry time after a failed abort), for
         # the OPEN txns opened or recovered here.
         self._open: dict[int, int] = {}
@@ -89,7 +100,7 @@ class CoordinatorPartition:
         """Begin leading: load the OPEN txns found in the deadline index and start the sweeper."""
         for least, header in open_txns:
             self._track(least, header.deadline_ms)
-        self._metrics.active.labels(**self._labels).set(len(self._open))
+        self._active.set(len(self._open))
         if self._sweep_timeouts:
             self._sweeper = asyncio.create_task(self._run_timeouts(), name=f"timeouts-{self.tc_id}")
 
@@ -134,10 +145,10 @@ class CoordinatorPartition:
         except BadVersionError:
             # Only possible if someone else wrote a header under an id reserved by our CAS.
             raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
-        self._metrics.op_writes.labels("header").inc()
-        self._metrics.created.labels(**self._labels).inc()
+        self._header_writes.inc()
+        self._created.inc()
         self._track(least, header.deadline_ms)
-        self._metrics.active.labels(**self._labels).set(len(self._open))
+        self._active.set(len(self._open))
         return least
 
     async def add_participants(self, least: int, principal: str | None) -> None:
@@ -156,7 +167,7 @@ class CoordinatorPartition:
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
         if decision is Decision.CONFLICT:
-            self._metrics.header_cas.labels("reject").inc()
+            self._cas_reject.inc()
             raise InvalidTxnStatus(
                 f"cannot {request.value} transaction ({self.tc_id},{least}): it is already {header.state.value}"
             )
@@ -214,10 +225,10 @@ class CoordinatorPartition:
                         secondary_indexes=ended.index_entries(),
                     )
                 except BadVersionError:
-                    self._metrics.header_cas.labels("conflict").inc()
+                    self._cas_conflict.inc()
                     continue
-                self._metrics.header_cas.labels("ok").inc()
-                self._metrics.op_writes.labels("header").inc()
+                self._cas_ok.inc()
+                self._header_writes.inc()
                 self._ended(least, ended, timed_out=decision is Decision.EXPIRE)
                 await self._publish(least, ended.state)
                 return decision, ended
@@ -245,19 +256,19 @@ class CoordinatorPartition:
 
     def _forget(self, least: int) -> None:
         if self._open.pop(least, None) is not None:
-            self._metrics.active.labels(**self._labels).set(len(self._open))
+            self._active.set(len(self._open))
 
     def _ended(self, least: int, header: TxnHeader, timed_out: bool) -> None:
         self._forget(least)
         if header.state is TxnState.COMMITTED:
-            self._metrics.committed.labels(**self._labels).inc()
+            self._committed.inc()
         else:
-            self._metrics.aborted.labels(**self._labels).inc()
+            self._aborted.inc()
             if timed_out:
-                self._metrics.timed_out.labels(**self._labels).inc()
+                self._timed_out.inc()
         if header.finalized_ms is not None:
             latency_s = max(0, header.finalized_ms - header.created_ms) / 1000
-            self._metrics.execution_latency.labels(**self._labels).observe(latency_s)
+            self._latency.observe(latency_s)
 
     def due_timeouts(self, now_ms: int) -> list[int]:
         """Pop every tracked txn whose deadline has passed (stale heap entries are dropped)."""

@@ -41,6 +41,16 @@ from tc_server.wire import Lookup as LookupRequest
 
 log = structlog.get_logger("tc_server.dispatch")
 
+# The codes a txn request can be answered with; their series exist from the start.
+EXPECTED_ERRORS = (
+    ServerError.TransactionCoordinatorNotFound,
+    ServerError.TransactionNotFound,
+    ServerError.InvalidTxnStatus,
+    ServerError.NotAllowedError,
+    ServerError.MetadataError,
+    ServerError.UnknownError,
+)
+
 TxnRequest = NewTxn | AddPartitionToTxn | AddSubscriptionToTxn | EndTxn
 TxnResponse = NewTxnResponse | AddPartitionToTxnResponse | AddSubscriptionToTxnResponse | EndTxnResponse
 
@@ -70,10 +80,11 @@ class Dispatcher:
         self.coordinator = coordinator
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
-        self._observe = {
-            name: metrics.request_seconds.labels(name).observe
-            for name in ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
-        }
+        commands = ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
+        self._observe = {name: metrics.request_seconds.labels(name).observe for name in commands}
+        for name in commands:
+            for error in EXPECTED_ERRORS:
+                metrics.request_errors.labels(name, error.name)
 
     # -- discovery (answered synchronously) ----------------------------------------------------
 
