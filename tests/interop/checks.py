@@ -74,4 +74,4 @@ def kill_restart(harness: Harness, server: TcServer, running: list[RunningHarnes
     assert not lost, f"{len(lost)} acknowledged commits not COMMITTED after SIGKILL: {lost[:5]}"
     errors = [line for line in loop.lines if line["event"] == "error"]
     return {"committed": len(committed), "before_kill": len(before), "after_restart": len(after),
-            "errors": len(errors), "error_classes": sorted({e["error"]["class"] for e in errors})}
+            "errors": len(errors), "first_errors": [(e["stage"], e["error"]) for e in errors[:3]]}

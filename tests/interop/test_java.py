@@ -70,7 +70,8 @@ def test_kill_restart_client_reconnects(java_harness: Harness, tc_server_factory
 
 def test_build_fails_without_server_then_succeeds(java_harness: Harness, tc_server_factory) -> None:
     port = free_port()
-    failed = java_harness.run("build-only", service_url=f"pulsar://127.0.0.1:{port}", op_timeout_ms=3000).result
+    nowhere = f"pulsar://127.0.0.1:{port}"
+    failed = java_harness.run("build-only", service_url=nowhere, op_timeout_ms=3000).result
     assert failed["ok"] is False
     assert failed["error"]["class"] == "org.apache.pulsar.client.api.PulsarClientException", failed
     # Retries until operationTimeout, plus the client's own start-up cost on a slow machine.
