@@ -1,0 +1,262 @@
+"""The audit's findings (design §7) as pure DataFrame transforms: DataFrames and parameters in, one
+DataFrame out, no I/O, no actions. The job decides what to cache, write and count.
+
+Times are epoch milliseconds throughout; ``now_ms`` is the snapshot's ``taken_at_ms`` unless the
+operator says otherwise.
+
+Op-based findings take the ops already joined to their headers (:func:`annotate_ops`): that join is
+the one expensive step (every op against every header), so the job does it once and shares it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from tc_server.audit.schema import KNOWN_STATES, TERMINAL_STATES
+
+TXN_ID = ["txn_most", "txn_least"]
+OP_COLUMNS = [
+    "txn_most", "txn_least", "seq", "kind", "segment", "subscription", "ledger_id", "entry_id", "created_ms"
+]
+# percentile_approx accuracy: relative error 1/10000, exact enough for a latency report and cheap
+# at any size (an exact percentile sorts every row).
+_PERCENTILE_ACCURACY = 10_000
+LATENCY_PERCENTILES = (0.5, 0.9, 0.99, 0.999)
+MINUTE_MS = 60_000
+
+
+def _is_terminal(state: Column) -> Column:
+    return state.isin(*TERMINAL_STATES)
+
+
+def annotate_ops(headers: DataFrame, ops: DataFrame) -> DataFrame:
+    """Every op with its header's presence, state and times (``h_*`` columns; null without a header)."""
+    h = headers.select(
+        *TXN_ID,
+        F.lit(True).alias("h_present"),
+        F.col("state").alias("h_state"),
+        F.col("created_ms").alias("h_created_ms"),
+        F.col("finalized_ms").alias("h_finalized_ms"),
+    )
+    return ops.join(h, on=TXN_ID, how="left")
+
+
+# -- violations ---------------------------------------------------------------------------------
+
+
+def open_past_deadline(headers: DataFrame, *, now_ms: int, grace_ms: int) -> DataFrame:
+    """OPEN txns whose deadline passed more than ``grace_ms`` ago: the timeout sweep is behind
+    (the coordinator aborts within 1 s of the deadline, design §4)."""
+    overdue = (F.col("state") == "OPEN") & (F.col("deadline_ms") + F.lit(grace_ms) < F.lit(now_ms))
+    return headers.where(overdue).select(
+        *TXN_ID,
+        "coordinator_id",
+        "created_ms",
+        "timeout_ms",
+        "deadline_ms",
+        "owner",
+        (F.lit(now_ms) - F.col("deadline_ms")).alias("overdue_ms"),
+    )
+
+
+def gc_backlog(headers: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
+    """Terminal txns finalized longer than ``retention_ms`` ago: GC should have removed them (or is
+    waiting for their op records to go, see :func:`gc_backlog_ops`)."""
+    return headers.where(
+        _is_terminal(F.col("state")) & (F.col("finalized_ms") < F.lit(now_ms - retention_ms))
+    ).select(
+        *TXN_ID,
+        "coordinator_id",
+        "state",
+        "created_ms",
+        "finalized_ms",
+        (F.lit(now_ms) - F.col("finalized_ms")).alias("age_ms"),
+    )
+
+
+def gc_backlog_ops(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
+    """Per segment, the op records of GC-backlog txns (what keeps GC from deleting their headers:
+    design §4 deletes a header only once no op records remain). Its violation count is the sum of
+    ``op_records``."""
+    return (
+        annotated_ops.where(
+            _is_terminal(F.col("h_state")) & (F.col("h_finalized_ms") < F.lit(now_ms - retention_ms))
+        )
+        .groupBy("segment")
+        .agg(
+            F.count(F.lit(1)).alias("op_records"),
+            F.count_distinct(*TXN_ID).alias("txns"),
+            F.min("h_finalized_ms").alias("oldest_finalized_ms"),
+        )
+        .withColumn("oldest_age_ms", F.lit(now_ms) - F.col("oldest_finalized_ms"))
+    )
+
+
+def orphan_ops(annotated_ops: DataFrame) -> DataFrame:
+    """Op records whose txn has no header (written for an unknown txn, or left behind by a GC that
+    deleted the header first)."""
+    return annotated_ops.where(F.col("h_present").isNull()).select(*OP_COLUMNS)
+
+
+def late_ops(annotated_ops: DataFrame) -> DataFrame:
+    """Op records the store created after their txn was finalized: a participant kept writing for
+    a decided txn. Ops with an unknown create time (0) cannot be judged and are skipped."""
+    return annotated_ops.where(
+        (F.col("created_ms") > 0)
+        & F.col("h_finalized_ms").isNotNull()
+        & (F.col("created_ms") > F.col("h_finalized_ms"))
+    ).select(
+        *OP_COLUMNS,
+        F.col("h_state").alias("state"),
+        F.col("h_finalized_ms").alias("finalized_ms"),
+        (F.col("created_ms") - F.col("h_finalized_ms")).alias("late_by_ms"),
+    )
+
+
+def id_reuse_risk(headers: DataFrame, tc_seq: DataFrame) -> DataFrame:
+    """Headers whose id is at or above their coordinator's reserved ``next`` (or whose coordinator
+    has no tc-seq record): a leader starting from ``next`` would hand the id out again (design §4).
+    The coordinator is the id's most bits (TxnId.mostSigBits = tcId), not the ``coordinator_id``
+    column, which :func:`illegal_headers` checks separately."""
+    seq = tc_seq.select(F.col("coordinator_id").alias("seq_coordinator"), F.col("next"))
+    joined = headers.join(F.broadcast(seq), headers["txn_most"] == seq["seq_coordinator"], "left")
+    return joined.where(F.col("next").isNull() | (F.col("txn_least") >= F.col("next"))).select(
+        *TXN_ID,
+        "coordinator_id",
+        "state",
+        "created_ms",
+        "next",
+        F.when(F.col("next").isNull(), F.lit("no_tc_seq"))
+        .otherwise(F.lit("at_or_above_next"))
+        .alias("reason"),
+    )
+
+
+def illegal_headers(headers: DataFrame) -> DataFrame:
+    """Headers no correct coordinator writes, with every problem found in ``problems``."""
+    state = F.col("state")
+    finalized = F.col("finalized_ms")
+    checks = [
+        (~state.isin(*KNOWN_STATES), "unknown_state"),
+        ((state == "OPEN") & finalized.isNotNull(), "open_with_finalized"),
+        (_is_terminal(state) & finalized.isNull(), "terminal_without_finalized"),
+        (finalized.isNotNull() & (finalized < F.col("created_ms")), "finalized_before_created"),
+        (F.col("timeout_ms") <= 0, "non_positive_timeout"),
+        (F.col("coordinator_id").cast("long") != F.col("txn_most"), "coordinator_id_mismatch"),
+    ]
+    problems = F.array_compact(F.array(*(F.when(cond, F.lit(name)) for cond, name in checks)))
+    return (
+        headers.withColumn("problems", problems)
+        .where(F.size("problems") > 0)
+        .select(*TXN_ID, "coordinator_id", "state", "created_ms", "timeout_ms", "finalized_ms", "problems")
+    )
+
+
+# -- informational ------------------------------------------------------------------------------
+
+
+def pinning(annotated_ops: DataFrame, *, now_ms: int) -> DataFrame:
+    """Per segment with ops of OPEN txns: the lowest (ledger_id, entry_id) they hold, which pins the
+    segment's read horizon (readers cannot pass an undecided write), the txn holding it, and the
+    oldest OPEN txn with ops there and its age. Not a violation: an open txn is normal."""
+    open_ops = annotated_ops.where(F.col("h_state") == "OPEN")
+    return (
+        open_ops.groupBy("segment")
+        .agg(
+            F.min(F.struct("ledger_id", "entry_id", "txn_most", "txn_least")).alias("pin"),
+            F.min(F.struct(F.col("h_created_ms").alias("created_ms"), *TXN_ID)).alias("oldest"),
+            F.count_distinct(*TXN_ID).alias("open_txns"),
+        )
+        .select(
+            "segment",
+            "open_txns",
+            F.col("pin.ledger_id").alias("pin_ledger_id"),
+            F.col("pin.entry_id").alias("pin_entry_id"),
+            F.col("pin.txn_most").alias("pin_txn_most"),
+            F.col("pin.txn_least").alias("pin_txn_least"),
+            F.col("oldest.txn_most").alias("oldest_txn_most"),
+            F.col("oldest.txn_least").alias("oldest_txn_least"),
+            F.col("oldest.created_ms").alias("oldest_created_ms"),
+            (F.lit(now_ms) - F.col("oldest.created_ms")).alias("oldest_age_ms"),
+        )
+    )
+
+
+def counts_by_state(headers: DataFrame) -> DataFrame:
+    """Headers per (coordinator_id, state)."""
+    return headers.groupBy("coordinator_id", "state").agg(F.count(F.lit(1)).alias("txns"))
+
+
+def _latencies(headers: DataFrame) -> DataFrame:
+    # Only headers that can have a latency; illegal ones (finalized before created) are reported
+    # by illegal_headers and would only distort the distribution.
+    return headers.where(
+        _is_terminal(F.col("state"))
+        & F.col("finalized_ms").isNotNull()
+        & (F.col("finalized_ms") >= F.col("created_ms"))
+    ).select("state", (F.col("finalized_ms") - F.col("created_ms")).alias("latency_ms"))
+
+
+def latency_percentiles(headers: DataFrame) -> DataFrame:
+    """Per terminal state: count, approximate p50/p90/p99/p99.9 and max of finalized - created (ms)."""
+    pct = F.percentile_approx("latency_ms", list(LATENCY_PERCENTILES), _PERCENTILE_ACCURACY)
+    return (
+        _latencies(headers)
+        .groupBy("state")
+        .agg(F.count(F.lit(1)).alias("txns"), pct.alias("pct"), F.max("latency_ms").alias("max_ms"))
+        .select(
+            "state",
+            "txns",
+            *(F.col("pct")[i].alias(percentile_column(p)) for i, p in enumerate(LATENCY_PERCENTILES)),
+            "max_ms",
+        )
+    )
+
+
+def percentile_column(p: float) -> str:
+    """0.5 → p50_ms, 0.999 → p99_9_ms."""
+    return "p" + f"{p * 100:g}".replace(".", "_") + "_ms"
+
+
+def latency_histogram(headers: DataFrame) -> DataFrame:
+    """Per terminal state, txns per power-of-two latency bucket ``[lower_ms, upper_ms)``
+    (bucket 0 is [0, 1) ms)."""
+    bucket = F.when(F.col("latency_ms") < 1, F.lit(0)).otherwise(
+        F.floor(F.log2(F.col("latency_ms").cast("double"))).cast("int") + 1
+    )
+    return (
+        _latencies(headers)
+        .withColumn("bucket", bucket)
+        .groupBy("state", "bucket")
+        .agg(F.count(F.lit(1)).alias("txns"))
+        .withColumn(
+            "lower_ms",
+            F.when(F.col("bucket") == 0, F.lit(0))
+            .otherwise(F.pow(F.lit(2), F.col("bucket") - 1))
+            .cast("long"),
+        )
+        .withColumn("upper_ms", F.pow(F.lit(2), F.col("bucket")).cast("long"))
+    )
+
+
+def throughput(headers: DataFrame) -> DataFrame:
+    """Per minute (``minute_ms``, the minute's start): txns created, committed and aborted."""
+    created = (
+        headers.select((F.floor(F.col("created_ms") / MINUTE_MS) * MINUTE_MS).cast("long").alias("minute_ms"))
+        .groupBy("minute_ms")
+        .agg(F.count(F.lit(1)).alias("created"))
+    )
+    finalized = (
+        headers.where(_is_terminal(F.col("state")) & F.col("finalized_ms").isNotNull())
+        .select(
+            (F.floor(F.col("finalized_ms") / MINUTE_MS) * MINUTE_MS).cast("long").alias("minute_ms"),
+            "state",
+        )
+        .groupBy("minute_ms")
+        .agg(
+            F.sum(F.when(F.col("state") == "COMMITTED", 1).otherwise(0)).cast("long").alias("committed"),
+            F.sum(F.when(F.col("state") == "ABORTED", 1).otherwise(0)).cast("long").alias("aborted"),
+        )
+    )
+    return created.join(finalized, on="minute_ms", how="full_outer").na.fill(0).orderBy("minute_ms")

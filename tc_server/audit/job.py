@@ -1,0 +1,454 @@
+"""The audit job: read a snapshot, compute every finding, write Parquet tables, summary.json and
+report.html, and exit 0 (clean), 1 (violations), 2 (bad input) or 3 (the job itself failed).
+
+Runs as ``tc-audit``, ``python -m tc_server.audit`` or ``spark-submit tc_server/audit/job.py``
+(then ``--master`` and ``--driver-memory`` belong to spark-submit). All the work is DataFrame
+operations in the JVM (no Python UDFs), so a cluster's executors need no Python packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+if __package__ in (None, ""):
+    # Run as a file (spark-submit tc_server/audit/job.py): make the package importable from the
+    # checkout this file sits in, as `python -m` would.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tc_server.audit import findings as fx  # noqa: E402
+from tc_server.audit import report  # noqa: E402
+from tc_server.audit.schema import (  # noqa: E402
+    ARROW_SCHEMAS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    KNOWN_STATES,
+    REJECTS_JSONL,
+    SNAPSHOT_JSON,
+    TABLES,
+    spark_schema,
+)
+
+EXIT_OK = 0
+EXIT_VIOLATIONS = 1
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 3
+
+DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (design §4)
+DEFAULT_GRACE_S = 60  # Pulsar's own sweep runs every 60 s; later than that is "behind"
+# Violations in the order the summary and report list them.
+VIOLATIONS = (
+    "open_past_deadline",
+    "gc_backlog",
+    "gc_backlog_ops",
+    "orphan_ops",
+    "late_ops",
+    "id_reuse_risk",
+    "illegal_headers",
+)
+INFO_TABLES = ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput")
+_SAMPLE_ROWS = 20
+_PINNING_ROWS = 20
+
+
+class BadInputError(Exception):
+    """The input is not a readable snapshot; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class AuditParams:
+    now_ms: int | None = None  # None: the snapshot's taken_at_ms
+    retention_s: int = DEFAULT_RETENTION_S
+    grace_s: int = DEFAULT_GRACE_S
+
+
+# -- input validation ---------------------------------------------------------------------------
+
+
+def _local_path(location: str) -> Path | None:
+    """The local path of ``location``, or None for a URI of another file system (hdfs://, s3a://)."""
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else location)
+    if len(parsed.scheme) == 1:  # a Windows drive letter
+        return Path(location)
+    return None
+
+
+def check_snapshot_doc(doc: Any, where: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise BadInputError(f"{where}: not a JSON object")
+    if doc.get("format") != FORMAT_NAME:
+        raise BadInputError(f"{where}: format is {doc.get('format')!r}, expected {FORMAT_NAME!r}")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise BadInputError(
+            f"{where}: format_version {doc.get('format_version')!r} is not supported "
+            f"(this job reads {FORMAT_VERSION})"
+        )
+    taken = doc.get("taken_at_ms")
+    if isinstance(taken, bool) or not isinstance(taken, int):
+        raise BadInputError(f"{where}: taken_at_ms is not an integer: {taken!r}")
+    return doc
+
+
+def _check_arrow_schema(table: str, file: Path, actual: Any) -> None:
+    expected = ARROW_SCHEMAS[table]
+    for f in expected:
+        idx = actual.get_field_index(f.name)
+        if idx < 0:
+            raise BadInputError(f"{file}: missing column {f.name!r} ({f.type}) of table {table!r}")
+        got = actual.field(idx).type
+        if got != f.type:
+            raise BadInputError(f"{file}: column {f.name!r} has type {got}, expected {f.type}")
+
+
+def validate_local_snapshot(root: Path) -> dict[str, Any]:
+    """Check a snapshot directory without Spark: snapshot.json, each table's directory and every
+    Parquet footer (schema). Returns snapshot.json's content. Raises :class:`BadInputError`."""
+    # pyarrow reads only footers here; imported lazily so a driver without it can still run the job
+    # (then the Spark-side checks in :func:`_read_table` are all there is).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not root.exists():
+        raise BadInputError(f"{root}: no such snapshot directory")
+    if not root.is_dir():
+        raise BadInputError(f"{root}: not a directory")
+    meta = root / SNAPSHOT_JSON
+    if not meta.is_file():
+        raise BadInputError(f"{meta}: missing (not a snapshot, or an export that did not finish)")
+    try:
+        doc = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"{meta}: not valid JSON: {exc}") from exc
+    checked = check_snapshot_doc(doc, str(meta))
+    for table in TABLES:
+        directory = root / table
+        if not directory.is_dir():
+            raise BadInputError(f"{directory}: missing table {table!r}")
+        # Spark skips names starting with "." or "_" (_SUCCESS, .crc); so does this check.
+        files = sorted(
+            p for p in directory.iterdir() if p.suffix == ".parquet" and not p.name.startswith((".", "_"))
+        )
+        if not files:
+            raise BadInputError(f"{directory}: table {table!r} has no .parquet files")
+        for file in files:
+            try:
+                schema = pq.read_schema(file)
+            except (pa.ArrowException, OSError) as exc:
+                raise BadInputError(f"{file}: not a readable Parquet file: {exc}") from exc
+            _check_arrow_schema(table, file, schema)
+    return checked
+
+
+def _read_remote_snapshot_doc(spark: Any, root: str) -> dict[str, Any]:
+    where = f"{root.rstrip('/')}/{SNAPSHOT_JSON}"
+    try:
+        rows = spark.read.option("wholetext", True).text(where).collect()
+        doc = json.loads(rows[0][0])
+    except Exception as exc:  # noqa: BLE001 - any failure here means the snapshot is unusable
+        raise BadInputError(f"{where}: cannot read: {str(exc).splitlines()[0]}") from exc
+    checked: dict[str, Any] = check_snapshot_doc(doc, where)
+    return checked
+
+
+def _read_table(spark: Any, root: str, table: str, *, validated: bool) -> Any:
+    location = f"{root.rstrip('/')}/{table}"
+    schema = spark_schema(table)
+    if not validated:
+        # Remote input: let Spark read the footers and compare, since pyarrow could not.
+        try:
+            actual = spark.read.parquet(location).schema
+        except Exception as exc:  # noqa: BLE001 - AnalysisException, SparkException: all bad input
+            reason = str(exc).splitlines()[0]
+            raise BadInputError(f"{location}: cannot read table {table!r}: {reason}") from exc
+        have = {f.name: f.dataType for f in actual.fields}
+        for f in schema.fields:
+            if f.name not in have:
+                raise BadInputError(f"{location}: missing column {f.name!r} of table {table!r}")
+            if have[f.name] != f.dataType:
+                raise BadInputError(
+                    f"{location}: column {f.name!r} has type {have[f.name].simpleString()}, "
+                    f"expected {f.dataType.simpleString()}"
+                )
+    # The explicit schema, not inference: the contract is schema.py, and extra columns are dropped.
+    return spark.read.schema(schema).parquet(location)
+
+
+# -- Spark session ------------------------------------------------------------------------------
+
+
+def default_driver_memory() -> str:
+    """A quarter of the machine's memory, 1..8 GiB: local mode runs every task in the driver JVM."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "2g"
+    gib = max(1, min(8, total // 4 // 2**30))
+    return f"{gib}g"
+
+
+def spark_session(master: str | None = None, driver_memory: str | None = None) -> tuple[Any, bool]:
+    """The active session if there is one (a test's, spark-submit's), else a new one; and whether
+    this call created it (then the caller stops it)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    builder = SparkSession.builder.appName("tc-audit")
+    # Under spark-submit the JVM exists already and --master came with it; otherwise local[*].
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master or not submitted:
+        builder = builder.master(master or "local[*]")
+    if not submitted:
+        builder = builder.config("spark.driver.memory", driver_memory or default_driver_memory())
+    builder = (
+        builder.config("spark.ui.enabled", "false")
+        # The stage progress bar would interleave \r lines with our output.
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.compression.codec", "zstd")
+        # Py4J errors carry Spark's message without the JVM stack trace (it goes nowhere useful).
+        .config("spark.sql.pyspark.jvmStacktrace.enabled", "false")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    configure_for_master(spark)
+    return spark, True
+
+
+def configure_for_master(spark: Any) -> None:
+    if spark.sparkContext.master.startswith("local"):
+        # The default 200 shuffle partitions are 200 tiny tasks per stage on a laptop; a few per
+        # core keep every core busy and AQE coalesces what is left.
+        partitions = max(4, 4 * (os.cpu_count() or 1))
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+
+def _rows(df: Any, limit: int | None = None) -> list[dict[str, Any]]:
+    if limit is not None:
+        df = df.limit(limit)
+    return [row.asDict(recursive=True) for row in df.collect()]
+
+
+def run_audit(
+    spark: Any, input_dir: str, output_dir: str, params: AuditParams = AuditParams()
+) -> dict[str, Any]:
+    """Audit the snapshot at ``input_dir`` into ``output_dir``; returns the summary (also written as
+    summary.json). Raises :class:`BadInputError` for an unusable snapshot."""
+    from pyspark import StorageLevel
+
+    started = time.monotonic()
+    local_in = _local_path(input_dir)
+    if local_in is not None:
+        doc = validate_local_snapshot(local_in)
+    else:
+        doc = _read_remote_snapshot_doc(spark, input_dir)
+    now_ms = params.now_ms if params.now_ms is not None else int(doc["taken_at_ms"])
+    retention_ms = params.retention_s * 1000
+    grace_ms = params.grace_s * 1000
+
+    validated = local_in is not None
+    headers_raw, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
+    # Headers feed ~10 aggregations and ops the one big join; both are read once into memory
+    # (spilling to disk when they do not fit) rather than decoded from Parquet again each time.
+    headers = headers_raw.persist(StorageLevel.MEMORY_AND_DISK)
+    annotated = fx.annotate_ops(headers, ops).persist(StorageLevel.MEMORY_AND_DISK)
+    out = output_dir.rstrip("/")
+
+    def write(name: str, df: Any) -> Any:
+        df.write.mode("overwrite").parquet(f"{out}/{name}")
+        return spark.read.parquet(f"{out}/{name}")
+
+    tables = {
+        "open_past_deadline": fx.open_past_deadline(headers, now_ms=now_ms, grace_ms=grace_ms),
+        "gc_backlog": fx.gc_backlog(headers, now_ms=now_ms, retention_ms=retention_ms),
+        "gc_backlog_ops": fx.gc_backlog_ops(annotated, now_ms=now_ms, retention_ms=retention_ms),
+        "orphan_ops": fx.orphan_ops(annotated),
+        "late_ops": fx.late_ops(annotated),
+        "id_reuse_risk": fx.id_reuse_risk(headers, tc_seq),
+        "illegal_headers": fx.illegal_headers(headers),
+    }
+    violations: dict[str, int] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for name, df in tables.items():
+        written = write(name, df)
+        if name == "gc_backlog_ops":
+            # Counted in op records, not segments: each one is a record GC is waiting for.
+            total = written.agg({"op_records": "sum"}).collect()[0][0]
+            violations[name] = int(total or 0)
+        else:
+            violations[name] = written.count()
+        samples[name] = _rows(written, _SAMPLE_ROWS) if violations[name] else []
+
+    from pyspark.sql import functions as F
+
+    pinning = write("pinning", fx.pinning(annotated, now_ms=now_ms))
+    by_state = write("counts_by_state", fx.counts_by_state(headers).coalesce(1))
+    latency = write("latency_percentiles", fx.latency_percentiles(headers).coalesce(1))
+    histogram = write("latency_histogram", fx.latency_histogram(headers).coalesce(1))
+    throughput = write("throughput", fx.throughput(headers).coalesce(1))
+
+    state_rows = [(int(r["coordinator_id"]), str(r["state"]), int(r["txns"])) for r in _rows(by_state)]
+    counts_by_state = dict.fromkeys(KNOWN_STATES, 0)
+    counts_by_coordinator: dict[str, dict[str, int]] = {}
+    for coordinator, state, n in sorted(state_rows):
+        counts_by_state[state] = counts_by_state.get(state, 0) + n
+        counts_by_coordinator.setdefault(str(coordinator), {})[state] = n
+    latency_ms = {
+        str(r["state"]): {k: (int(v) if v is not None else None) for k, v in r.items() if k != "state"}
+        for r in _rows(latency.orderBy("state"))
+    }
+    pinning_top = _rows(pinning.orderBy(F.desc("oldest_age_ms"), "segment"), _PINNING_ROWS)
+    pinning_stats = pinning.agg(F.count(F.lit(1)), F.max("oldest_age_ms")).collect()[0]
+    total_txns = sum(n for _, _, n in state_rows)
+    total_ops = ops.count()
+
+    snapshot = {
+        "path": input_dir,
+        "source": doc.get("source"),
+        "taken_at_ms": doc["taken_at_ms"],
+        "format_version": doc["format_version"],
+        "row_counts": doc.get("row_counts"),
+    }
+    if "generator" in doc:
+        snapshot["generator"] = doc["generator"]
+    rejects = doc.get("rejects") or {}
+    summary: dict[str, Any] = {
+        "snapshot": snapshot,
+        "params": {
+            "now_ms": now_ms,
+            "now_from": "--now-ms" if params.now_ms is not None else "snapshot taken_at_ms",
+            "retention_s": params.retention_s,
+            "grace_s": params.grace_s,
+            "master": spark.sparkContext.master,
+        },
+        "total_txns": total_txns,
+        "total_ops": total_ops,
+        "counts_by_state": counts_by_state,
+        "counts_by_coordinator": counts_by_coordinator,
+        "violations": {name: violations[name] for name in VIOLATIONS},
+        "violation_total": sum(violations.values()),
+        "latency_ms": latency_ms,
+        "pinning": {"segments": int(pinning_stats[0]), "oldest_age_ms": pinning_stats[1]},
+        "export_rejects": sum(int(v) for v in rejects.values()) if isinstance(rejects, dict) else 0,
+        "rejects_file": REJECTS_JSONL if local_in and (local_in / REJECTS_JSONL).exists() else None,
+        "tables": {name: f"{name}/" for name in (*VIOLATIONS, *INFO_TABLES)},
+        "duration_s": None,
+    }
+    data = report.ReportData(
+        summary=summary,
+        state_by_coordinator=state_rows,
+        latency_histogram=[
+            (str(r["state"]), int(r["lower_ms"]), int(r["upper_ms"]), int(r["txns"]))
+            for r in _rows(histogram)
+        ],
+        throughput=[
+            (int(r["minute_ms"]), int(r["created"]), int(r["committed"]), int(r["aborted"]))
+            for r in _rows(throughput)
+        ],
+        pinning=pinning_top,
+        samples=samples,
+    )
+    annotated.unpersist()
+    headers.unpersist()
+    summary["duration_s"] = round(time.monotonic() - started, 3)
+    _write_text(spark, out, "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    _write_text(spark, out, "report.html", report.render(data))
+    return summary
+
+
+def _write_text(spark: Any, out: str, name: str, text: str) -> None:
+    local = _local_path(out)
+    if local is not None:
+        local.mkdir(parents=True, exist_ok=True)
+        tmp = local / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(local / name)
+        return
+    # A cluster file system: write through Hadoop's FileSystem, as the Parquet tables were.
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{out}/{name}")
+    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Audit a tc-server transaction snapshot. Exit 0: clean; 1: violations; 2: bad input; "
+        "3: the job failed.",
+    )
+    parser.add_argument("--input", required=True, help="snapshot directory (export or generate output)")
+    parser.add_argument("--output", required=True, help="directory for the tables, summary.json, report.html")
+    parser.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--driver-memory", default=None, help="when the job starts Spark itself (default: auto)"
+    )
+    parser.add_argument(
+        "--now-ms", type=int, default=None, help="audit as of this time (default: the snapshot's time)"
+    )
+    parser.add_argument("--retention-s", type=int, default=DEFAULT_RETENTION_S, help="GC retention (900)")
+    parser.add_argument("--grace-s", type=int, default=DEFAULT_GRACE_S, help="timeout sweep grace (60)")
+    parser.add_argument("--verbose", action="store_true", help="print full tracebacks on failure")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
+    args = build_parser(prog).parse_args(argv)
+    if args.retention_s < 0 or args.grace_s < 0:
+        print(f"{prog}: --retention-s and --grace-s must be >= 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    params = AuditParams(now_ms=args.now_ms, retention_s=args.retention_s, grace_s=args.grace_s)
+    local_in = _local_path(args.input)
+    spark = None
+    owned = False
+    try:
+        if local_in is not None:
+            # Fail fast on a bad snapshot, before paying for a JVM.
+            validate_local_snapshot(local_in)
+        spark, owned = spark_session(args.master, args.driver_memory)
+        summary = run_audit(spark, args.input, args.output, params)
+    except BadInputError as exc:
+        print(f"{prog}: bad input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - one line on stderr instead of a Py4J dump, exit 3
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"{prog}: audit failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_FAILED
+    finally:
+        if spark is not None and owned:
+            spark.stop()
+    violations = summary["violations"]
+    found = {k: v for k, v in violations.items() if v}
+    print(
+        f"audited {summary['total_txns']:,} txns and {summary['total_ops']:,} ops "
+        f"in {summary['duration_s']} s; "
+        + (", ".join(f"{k}={v:,}" for k, v in found.items()) if found else "no violations")
+        + f"; report: {args.output.rstrip('/')}/report.html"
+    )
+    return EXIT_VIOLATIONS if found else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="job.py"))
