@@ -1,0 +1,149 @@
+"""Coordinator benchmark: NEW_TXN + END_TXN pairs per second and latency percentiles.
+
+    python -m tc_server.bench [--store memory --store embedded] [--pairs N] [--connections C]
+                              [--concurrency K] [--warmup N]
+
+tc-server runs as its own process (as in production, so the load generator does not share its
+core) on free loopback ports; the generator keeps C connections x K pairs in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tc_server.bench.client import TcClient, connect
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentiles(samples: list[float], points: tuple[float, ...] = (50, 99, 99.9)) -> list[float]:
+    if not samples:
+        return [float("nan")] * len(points)
+    ordered = sorted(samples)
+    return [ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] for p in points]
+
+
+class Server:
+    def __init__(self, store: str, extra: list[str]) -> None:
+        self.store = store
+        self.port = _free_port()
+        self.admin = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"tc-bench-{store}-"))
+        exe = str(Path(sys.executable).with_name("tc-server"))
+        self.proc = subprocess.Popen(
+            [exe, "run", "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin}",
+             "--store", store, "--data-dir", str(self.dir / "data"), "--log-level", "warning",
+             "--log-format", "json", *extra],
+            stdout=subprocess.DEVNULL, stderr=open(self.dir / "server.log", "wb"),  # noqa: SIM115
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/readyz", timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise SystemExit((self.dir / "server.log").read_text()) from None
+                time.sleep(0.1)
+        raise SystemExit("tc-server did not become ready")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def _worker(client: TcClient, tc_ids: int, count: int, new_lat: list[float], end_lat: list[float],
+                  pair_lat: list[float], errors: list[str], offset: int) -> None:
+    for i in range(count):
+        tc_id = (offset + i) % tc_ids
+        t0 = time.perf_counter()
+        created = await client.new_txn(tc_id=tc_id, ttl_ms=60_000)
+        t1 = time.perf_counter()
+        if created.error is not None:
+            errors.append(created.error.name)
+            continue
+        ended = await client.end_txn(created.most, created.least, commit=i % 2 == 0)
+        t2 = time.perf_counter()
+        if ended.error is not None:
+            errors.append(ended.error.name)
+        new_lat.append(t1 - t0)
+        end_lat.append(t2 - t1)
+        pair_lat.append(t2 - t0)
+
+
+async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int) -> dict[str, object]:
+    clients = [await connect("127.0.0.1", port) for _ in range(connections)]
+    per_worker = max(1, pairs // (connections * concurrency))
+    new_lat: list[float] = []
+    end_lat: list[float] = []
+    pair_lat: list[float] = []
+    errors: list[str] = []
+    started = time.perf_counter()
+    await asyncio.gather(*(
+        _worker(c, tc_ids, per_worker, new_lat, end_lat, pair_lat, errors, offset=w)
+        for n, c in enumerate(clients) for w in range(n * concurrency, (n + 1) * concurrency)
+    ))
+    elapsed = time.perf_counter() - started
+    for c in clients:
+        c.close()
+    return {"pairs": len(pair_lat), "seconds": elapsed, "pairs_per_s": len(pair_lat) / elapsed,
+            "new": percentiles(new_lat), "end": percentiles(end_lat), "pair": percentiles(pair_lat),
+            "errors": len(errors)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tc_server.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", action="append", choices=["memory", "embedded", "oxia"])
+    parser.add_argument("--pairs", type=int, default=40_000)
+    parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=64, help="pairs in flight per connection")
+    parser.add_argument("--coordinators", type=int, default=16)
+    parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
+    args = parser.parse_args(argv)
+    stores = args.store or ["memory", "embedded"]
+    import uvloop
+
+    print(f"# tc-server benchmark: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}; {args.connections} connections x {args.concurrency} "
+          f"pairs in flight; {args.pairs} pairs (NEW_TXN then END_TXN, half commit, half abort)")
+    print(f"{'store':<10} {'pairs/s':>9} {'pair p50':>9} {'p99':>8} {'p99.9':>8} {'NEW p50':>8} {'p99':>8} "
+          f"{'END p50':>8} {'p99':>8} {'errors':>6}")
+    for store in stores:
+        server = Server(store, ["--coordinators", str(args.coordinators), *args.server_arg])
+        try:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                if args.warmup:
+                    runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
+                                        args.coordinators))
+                r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
+                                        args.coordinators))
+        finally:
+            server.stop()
+        ms = [f"{x * 1000:.2f}" for x in (*r["pair"], *r["new"][:1], r["new"][1], r["end"][0], r["end"][1])]  # type: ignore[misc]
+        print(f"{store:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
+              f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6}")
+    print("(latencies in ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
