@@ -42,6 +42,7 @@ proto-check: setup
 
 bench: setup
 	$(PY) -m tc_server.bench --store memory --store embedded
+	$(PY) -m tc_server.bench.store --store memory --store embedded
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -96,9 +96,9 @@ ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}
 def _coerce(name: str, raw: Any, source: str) -> Any:
     kind = type(getattr(Settings(), name))
     converters: dict[type, Callable[[Any], Any]] = {int: int, float: float, str: str, bool: _to_bool}
+    if kind in (int, float) and isinstance(raw, bool):
+        raise ConfigError(f"{name} (from {source}): expected a number, got the boolean {raw!r}")
     try:
-        if kind is int and isinstance(raw, bool):
-            raise ValueError("a boolean is not a number")
         return converters[kind](raw)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{name} (from {source}): cannot read {raw!r} as {kind.__name__}: {exc}") from None

@@ -75,7 +75,7 @@ class HttpServer:
                 try:
                     response = await self._handler(request)
                 except Exception as exc:  # noqa: BLE001 - one bad request must not kill the admin port
-                    log.error("admin handler failed", path=request.path, exc_info=exc)
+                    log.exception("admin handler failed", path=request.path)
                     response = Response.json(500, {"reason": f"internal error: {type(exc).__name__}"})
             assert response is not None
             head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",

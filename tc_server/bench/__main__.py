@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tc_server.bench.client import TcClient, connect
 
@@ -88,7 +89,7 @@ async def _worker(client: TcClient, tc_ids: int, count: int, new_lat: list[float
         pair_lat.append(t2 - t0)
 
 
-async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int) -> dict[str, object]:
+async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int) -> dict[str, Any]:
     clients = [await connect("127.0.0.1", port) for _ in range(connections)]
     per_worker = max(1, pairs // (connections * concurrency))
     new_lat: list[float] = []
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                         args.coordinators))
         finally:
             server.stop()
-        ms = [f"{x * 1000:.2f}" for x in (*r["pair"], *r["new"][:1], r["new"][1], r["end"][0], r["end"][1])]  # type: ignore[misc]
+        ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
         print(f"{store:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
               f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6}")
     print("(latencies in ms)")

@@ -195,5 +195,5 @@ class TransactionCoordinator:
                 continue
             try:
                 await collect_garbage(self.store, self.metrics, self._clock(), self.config.gc_retention_s)
-            except (StoreError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, StoreError) as exc:
                 log.warning("gc pass failed", error=repr(exc))

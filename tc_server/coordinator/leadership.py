@@ -158,7 +158,7 @@ class LeaderElection:
                         self.leaders.pop(tc_id, None)
                     await self._check(tc_id)
                 return
-            except (StoreError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, StoreError) as exc:
                 log.warning("leader watch interrupted", error=repr(exc))
                 await asyncio.sleep(RECHECK_INTERVAL_S)
                 iterator = self._store.notifications().__aiter__()
@@ -169,6 +169,6 @@ class LeaderElection:
             for tc_id in range(self._partitions):
                 try:
                     await self._check(tc_id)
-                except (StoreError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, StoreError) as exc:
                     log.warning("leader check failed", coordinator_id=tc_id, error=repr(exc))
                     break

@@ -286,7 +286,7 @@ class CoordinatorPartition:
             await self._apply(least, Request.TIMEOUT, None, check_owner=False)
         except TransactionNotFound:
             self._forget(least)
-        except (StoreError, CoordinatorError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, StoreError, CoordinatorError) as exc:
             self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})", error=repr(exc))
             if least in self._open:
                 self._track(least, self._clock() + TIMEOUT_RETRY_MS)

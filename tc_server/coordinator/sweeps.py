@@ -56,7 +56,9 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
                 result.outstanding_ops += ops
                 continue
             try:
-                await store.delete(record.key, expected_version=record.version, partition_key=layout.txn_key(most, least))
+                await store.delete(
+                    record.key, expected_version=record.version, partition_key=layout.txn_key(most, least)
+                )
                 result.deleted += 1
             except BadVersionError:
                 pass  # changed since the scan; the next pass looks again

@@ -41,6 +41,7 @@ class PulsarListener:
     async def start(self) -> None:
         if self._socket is None:
             self.bind()
+        assert self._socket is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ClientConnection(self.context), sock=self._socket, backlog=1024

@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from tc_server.bench.client import TcClient, connect
-from tc_server.wire import ServerError, Unknown, encode_command, encode_frame
 from tc_server.wire import NewTxn as NewTxnCmd
+from tc_server.wire import ServerError, Unknown, encode_command, encode_frame
 
 
 async def bystander_still_works(app, bystander: TcClient) -> None:
