@@ -129,7 +129,7 @@ def parse_op(record: Record) -> dict[str, Any]:
     """One ops row from ``/txn/op/<most>_<least>-<seq20>``."""
     rest = record.key[len(layout.OP_PREFIX) :]
     txn, sep, seq_text = rest.rpartition("-")
-    if not sep or len(seq_text) != SEQUENCE_DIGITS or not seq_text.isdigit():
+    if not sep or len(seq_text) != SEQUENCE_DIGITS or not (seq_text.isascii() and seq_text.isdigit()):
         raise RejectedRecord(f"op key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
     seq = int(seq_text)
     if seq > _INT64_MAX:
@@ -157,7 +157,7 @@ def parse_op(record: Record) -> dict[str, Any]:
 
 def parse_tc_seq(record: Record) -> dict[str, Any]:
     text = record.key[len(layout.TC_SEQ_PREFIX) :]
-    if not text.isdigit() or int(text) > _INT32_MAX:
+    if not (text.isascii() and text.isdigit()) or int(text) > _INT32_MAX:
         raise RejectedRecord(f"bad coordinator id {text!r}")
     doc = _json_object(record.value)
     next_id = _int64(doc, "next")

@@ -1,0 +1,189 @@
+"""The audit job on generated snapshots: every finding counted exactly, from the generator's spec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tc_server.audit import cli, findings, generate
+from tc_server.audit.job import EXIT_OK, EXIT_VIOLATIONS, VIOLATIONS
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = {
+    "open_past_deadline": 5,
+    "gc_backlog": 4,
+    "orphan_ops": 3,
+    "late_ops": 2,
+    "id_reuse_risk": 5,  # both kinds: at/above next, and no tc-seq record at all
+    "illegal_headers": 12,  # each of the six defects twice
+}
+# What the audit must report, written out from SPEC rather than taken from the generator.
+EXPECTED = {
+    "open_past_deadline": 5,
+    "gc_backlog": 4,
+    "gc_backlog_ops": 4 * generate.GC_BACKLOG_OPS_PER_TXN,
+    "orphan_ops": 3,
+    "late_ops": 2,
+    "id_reuse_risk": 5,
+    "illegal_headers": 12,
+}
+TXNS = 3_000
+
+
+@pytest.fixture(scope="module")
+def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("anomalies")
+    spec = ",".join(f"{k}={v}" for k, v in SPEC.items())
+    assert cli.main(["generate", "--txns", str(TXNS), "--out", str(root / "snap"), "--anomalies", spec]) == 0
+    code = cli.main(["--input", str(root / "snap"), "--output", str(root / "out")])
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    return code, root / "out", summary
+
+
+def test_exact_violation_counts(audited: tuple[int, Path, dict[str, Any]]) -> None:
+    code, _, summary = audited
+    assert code == EXIT_VIOLATIONS
+    assert summary["violations"] == EXPECTED
+    assert list(summary["violations"]) == list(VIOLATIONS)
+    assert summary["total_txns"] == TXNS
+
+
+def test_summary_contents(audited: tuple[int, Path, dict[str, Any]]) -> None:
+    _, _, summary = audited
+    counts = summary["counts_by_state"]
+    assert {"OPEN", "COMMITTED", "ABORTED"} <= set(counts)
+    assert sum(counts.values()) == TXNS
+    assert counts["COMMITTING"] == 2  # the unknown-state illegal headers
+    assert summary["params"] == {
+        "now_ms": generate.DEFAULT_NOW_MS,
+        "now_from": "snapshot taken_at_ms",
+        "retention_s": 900,
+        "grace_s": 60,
+        "master": "local[2]",
+    }
+    for state in ("COMMITTED", "ABORTED"):
+        latency = summary["latency_ms"][state]
+        assert 0 <= latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert summary["pinning"]["segments"] > 0
+    rows = pq.read_table(Path(summary["snapshot"]["path"]) / "ops").num_rows
+    assert summary["total_ops"] == rows
+
+
+def test_finding_tables(audited: tuple[int, Path, dict[str, Any]]) -> None:
+    _, out, _ = audited
+    orphans = pq.read_table(out / "orphan_ops").to_pylist()
+    assert all(row["txn_least"] >= 10**12 for row in orphans)
+    illegal = pq.read_table(out / "illegal_headers").to_pylist()
+    problems = sorted(p for row in illegal for p in row["problems"])
+    assert problems == sorted(
+        [
+            "unknown_state",
+            "open_with_finalized",
+            "terminal_without_finalized",
+            "finalized_before_created",
+            "non_positive_timeout",
+            "coordinator_id_mismatch",
+        ]
+        * 2
+    )
+    reuse = pq.read_table(out / "id_reuse_risk").to_pylist()
+    assert sorted(r["reason"] for r in reuse) == ["at_or_above_next"] * 3 + ["no_tc_seq"] * 2
+    gc_ops = pq.read_table(out / "gc_backlog_ops").to_pylist()
+    assert sum(r["op_records"] for r in gc_ops) == EXPECTED["gc_backlog_ops"]
+    for name in ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput"):
+        assert pq.read_table(out / name).num_rows > 0, name
+
+
+def test_report_has_charts(audited: tuple[int, Path, dict[str, Any]]) -> None:
+    _, out, _ = audited
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") >= 4
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    # Every chart is well-formed XML.
+    start = 0
+    while (start := html.find("<svg", start)) >= 0:
+        end = html.index("</svg>", start) + len("</svg>")
+        ET.fromstring(html[start:end])
+        start = end
+
+
+def test_clean_snapshot_exits_zero(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    generate.generate_snapshot(tmp_path / "snap", txns=1_000, seed=11)
+    code = cli.main(["--input", str(tmp_path / "snap"), "--output", str(tmp_path / "out")])
+    assert code == EXIT_OK
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["violations"] == dict.fromkeys(VIOLATIONS, 0)
+    assert "no violations" in capsys.readouterr().out
+
+
+def test_params_shift_findings(spark: Any, tmp_path: Path) -> None:
+    # An hour later, every normal OPEN txn is past its deadline and every terminal one past retention:
+    # --now-ms is honoured over the snapshot's time.
+    generate.generate_snapshot(tmp_path / "snap", txns=200, seed=5)
+    later = generate.DEFAULT_NOW_MS + 3_600_000
+    code = cli.main(["--input", str(tmp_path / "snap"), "--output", str(tmp_path / "out"), "--now-ms", str(later)])
+    assert code == EXIT_VIOLATIONS
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    counts = summary["counts_by_state"]
+    assert summary["violations"]["open_past_deadline"] == counts["OPEN"]
+    assert summary["violations"]["gc_backlog"] == counts["COMMITTED"] + counts["ABORTED"]
+
+
+def test_boundaries(spark: Any) -> None:
+    """Strict inequalities at each threshold, and an unknown op create time is never "late"."""
+    now, grace, retention = 1_000_000, 60_000, 900_000
+    headers = spark.createDataFrame(
+        [
+            # (most, least, coord, state, created, timeout, deadline, finalized, owner, version)
+            (0, 1, 0, "OPEN", now - 120_000, 60_000, now - grace, None, None, 1),  # exactly at grace
+            (0, 2, 0, "OPEN", now - 120_001, 60_000, now - grace - 1, None, None, 1),  # 1 ms over
+            (0, 3, 0, "COMMITTED", 0, 60_000, 60_000, now - retention, None, 2),  # exactly at retention
+            (0, 4, 0, "ABORTED", 0, 60_000, 60_000, now - retention - 1, None, 2),  # 1 ms over
+        ],
+        schema=_schema("headers"),
+    )
+    ops = spark.createDataFrame(
+        [
+            (0, 3, 1, "WRITE", "s", None, 1, 1, 0),  # created unknown: not judged
+            (0, 3, 2, "WRITE", "s", None, 1, 2, now - retention),  # at finalization: not late
+            (0, 4, 1, "WRITE", "s", None, 1, 3, now - retention),  # after finalization: late
+        ],
+        schema=_schema("ops"),
+    )
+    tc_seq = spark.createDataFrame([(0, 4)], schema=_schema("tc_seq"))
+    annotated = findings.annotate_ops(headers, ops)
+    assert _ids(findings.open_past_deadline(headers, now_ms=now, grace_ms=grace)) == [(0, 2)]
+    assert _ids(findings.gc_backlog(headers, now_ms=now, retention_ms=retention)) == [(0, 4)]
+    assert [(r["txn_least"], r["seq"]) for r in findings.late_ops(annotated).collect()] == [(4, 1)]
+    assert _ids(findings.id_reuse_risk(headers, tc_seq)) == [(0, 4)]  # least == next
+    assert findings.orphan_ops(annotated).count() == 0
+    assert findings.illegal_headers(headers).count() == 0
+
+
+def test_runs_as_a_script() -> None:
+    # spark-submit runs the file, not the module: its imports must work from a bare path.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tc_server" / "audit" / "job.py"), "--help"],
+        cwd="/", capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--retention-s" in result.stdout
+
+
+def _schema(table: str) -> Any:
+    from tc_server.audit.schema import spark_schema
+
+    return spark_schema(table)
+
+
+def _ids(df: Any) -> list[tuple[int, int]]:
+    return sorted((r["txn_most"], r["txn_least"]) for r in df.collect())
