@@ -50,7 +50,7 @@ def test_snapshot_shape(tmp_path: Path) -> None:
     assert doc["row_counts"] == {"headers": 2_000, "ops": ops.num_rows, "tc_seq": generate.DEFAULT_COORDINATORS}
     assert pq.ParquetFile(tmp_path / "s" / "headers" / "part-00000.parquet").metadata.num_row_groups > 1
     # Txn ids are unique; ~3 ops per txn.
-    ids = {(m, least) for m, least in zip(headers["txn_most"].to_pylist(), headers["txn_least"].to_pylist(), strict=True)}
+    ids = set(zip(headers["txn_most"].to_pylist(), headers["txn_least"].to_pylist(), strict=True))
     assert len(ids) == headers.num_rows
     assert 2.5 < ops.num_rows / headers.num_rows < 3.5
     # deadline is always created + timeout.
