@@ -5,8 +5,7 @@ were written on (the Go module proxy refuses every version of github.com/oxia-db
 is used "only where the real thing cannot run here". It implements the subset of the client API in
 protocol/oxia_client.proto that tc_server's client uses, with the semantics docs/oxia.md §2 records
 for the real server; what it cannot tell us is whether those notes are right. Everything proven
-against it still has to be proven against a real ``oxia standalone`` (see tests/oxia/README or the
-final report of the task that added it).
+against it still has to be proven against a real ``oxia standalone``.
 
 Semantics imitated (oxia.md §1-§2):
 
@@ -24,7 +23,8 @@ Semantics imitated (oxia.md §1-§2):
 * Keys sort hierarchically (``CompareWithSlash``: segment by segment, a key with no further ``/``
   before any deeper one).
 * One notification batch per committed write batch with at least one visible change; at most one
-  entry per key (the last change wins) sorted by key, like Oxia's map-shaped batches. Without a
+  entry per key (the last change wins), like Oxia's map-shaped batches; sorted by key as newer
+  servers do (v0.14 sends them in Go map order, i.e. unordered). Without a
   start offset a subscriber first gets an empty batch at the current commit offset.
 * Sessions: timeout within [2 s, 5 min]; expiry or ``CloseSession`` deletes the session's records
   in one batch; a non-ephemeral put makes an ephemeral record persistent.
