@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from tc_server.store.api import MetadataStore
@@ -15,7 +14,7 @@ async def open_store(kind: str, *, data_dir: str, **options: Any) -> MetadataSto
 
     * ``memory``: a fresh in-memory data set (``data_dir`` unused); unit tests only.
     * ``embedded``: the SQLite file in ``data_dir``; ``options`` go to :meth:`EmbeddedStore.open`.
-    * ``oxia``: ``tc_server.store.oxia.open_store(data_dir=..., **options)``.
+    * ``oxia``: :func:`tc_server.store.oxia.connect` with ``options`` (``address`` and the rest).
 
     Raises ValueError for an unknown kind or when the backend's module is not available.
     """
@@ -31,14 +30,10 @@ async def open_store(kind: str, *, data_dir: str, **options: Any) -> MetadataSto
 
         return await EmbeddedStore.open(data_dir, **options)
     if kind == "oxia":
-        # The Oxia backend lives in its own package and exposes
-        # ``async def open_store(*, data_dir: str, **options) -> MetadataStore``.
-        try:
-            oxia = importlib.import_module("tc_server.store.oxia")
-        except ModuleNotFoundError as exc:
-            if exc.name not in ("tc_server.store.oxia",):
-                raise
-            raise ValueError("the oxia store backend is not available in this build") from exc
-        store: MetadataStore = await oxia.open_store(data_dir=data_dir, **options)
-        return store
+        from tc_server.store.oxia import connect
+
+        # data_dir is unused: Oxia holds the data. options: address, namespace, session_timeout_ms,
+        # request_timeout_s (see tc_server.store.oxia.connect).
+        address = options.pop("address", "127.0.0.1:6648")
+        return await connect(address, **options)
     raise ValueError(f"unknown store kind {kind!r}; expected one of {', '.join(STORE_KINDS)}")
