@@ -24,6 +24,9 @@ SEGMENT_EVENTS_PREFIX = "/txn/segment-events/"
 SUBSCRIPTION_EVENTS_PREFIX = "/txn/subscription-events/"
 TC_SEQ_PREFIX = "/txn/tc-seq/"
 LEADER_PREFIX = "/txn/tc/leader/"
+# Ephemeral record per live tc-server instance, so instances can split the coordinators evenly
+# (ours; Pulsar brokers find their peers through their own registry).
+MEMBER_PREFIX = "/txn/tc/members/"
 # Pulsar stores the parallelism once (TxnPaths.TXN_TC_PARALLELISM_PATH) but its exact path was not
 # found (docs/pulsar-protocol.md §5); this is ours.
 PARALLELISM_PATH = "/txn/tc/parallelism"
@@ -105,6 +108,10 @@ def tc_seq_path(tc_id: int) -> str:
 
 def leader_path(tc_id: int) -> str:
     return f"{LEADER_PREFIX}{tc_id}"
+
+
+def member_path(instance_id: str) -> str:
+    return f"{MEMBER_PREFIX}{instance_id}"
 
 
 def exact_index_range(secondary_key: str) -> tuple[str, str]:

@@ -8,6 +8,11 @@ Correctness never depends on this: two instances that both believe they lead sti
 only by CAS and reserve disjoint id blocks. Leadership only decides who answers which clients.
 On the embedded store there is one process, whose ephemeral records from an earlier run are removed
 when the store opens, so it wins every campaign.
+
+Balance: each instance also holds an ephemeral member record. An instance campaigns only while it
+leads fewer than its fair share, ``ceil(partitions / live members)``, and releases its highest
+partitions when it leads more (a newcomer joined), so two instances split 16 coordinators 8/8 and a
+survivor takes all 16 once the other's session has ended.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -71,11 +77,15 @@ class LeaderElection:
         self._versions: dict[int, int] = {}  # version of our own leader record, per led partition
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
+        self.share = partitions  # how many partitions this instance may lead
 
     async def start(self) -> None:
-        """Campaign once for every partition, then keep watching."""
+        """Join, campaign once for every partition (up to the fair share), then keep watching."""
         # Subscribe first so that no deletion between the campaign and the watch is missed.
         notifications = self._store.notifications()
+        await self._store.put(layout.member_path(self.instance_id), leader_value(self._url, self.instance_id),
+                              ephemeral=True)
+        await self._update_share()
         await self.campaign_all()
         self._tasks = [
             asyncio.create_task(self._watch(notifications), name="leader-watch"),
@@ -93,6 +103,26 @@ class LeaderElection:
             with contextlib.suppress(StoreError, asyncio.TimeoutError):
                 await self._store.delete(layout.leader_path(tc_id), expected_version=self._versions.get(tc_id))
         self.led.clear()
+        with contextlib.suppress(StoreError, asyncio.TimeoutError):
+            await self._store.delete(layout.member_path(self.instance_id))
+
+    async def _update_share(self) -> None:
+        members = 0
+        async for _ in self._store.scan_prefix(layout.MEMBER_PREFIX):
+            members += 1
+        self.share = math.ceil(self._partitions / max(1, members))
+
+    async def _release_excess(self) -> None:
+        """Step down from the highest partitions beyond the fair share, so a newcomer gets them."""
+        for tc_id in sorted(self.led, reverse=True)[: max(0, len(self.led) - self.share)]:
+            try:
+                await self._store.delete(layout.leader_path(tc_id), expected_version=self._versions.get(tc_id))
+            except (StoreError, asyncio.TimeoutError) as exc:
+                log.warning("could not release leadership", coordinator_id=tc_id, error=repr(exc))
+                return
+            log.info("released leadership to balance", coordinator_id=tc_id, share=self.share)
+            self.leaders.pop(tc_id, None)
+            await self._lose(tc_id)
 
     async def campaign_all(self) -> None:
         for tc_id in range(self._partitions):
@@ -101,6 +131,14 @@ class LeaderElection:
     async def _campaign(self, tc_id: int) -> None:
         async with self._lock:
             path = layout.leader_path(tc_id)
+            if tc_id not in self.led and len(self.led) >= self.share:
+                # At our share: only learn who leads it.
+                current = await self._store.get(path)
+                if current is not None:
+                    url, _ = parse_leader(current.value)
+                    if url:
+                        self.leaders[tc_id] = url
+                return
             try:
                 record = await self._store.put(
                     path, leader_value(self._url, self.instance_id),
@@ -124,6 +162,8 @@ class LeaderElection:
                 await self._on_elected(tc_id)
 
     async def _lose(self, tc_id: int) -> None:
+        if tc_id not in self.led:
+            return
         self.led.discard(tc_id)
         self._versions.pop(tc_id, None)
         log.warning("lost leadership", coordinator_id=tc_id)
@@ -166,6 +206,12 @@ class LeaderElection:
     async def _recheck(self) -> None:
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
+            try:
+                await self._update_share()
+                await self._release_excess()
+            except (StoreError, asyncio.TimeoutError) as exc:
+                log.warning("membership check failed", error=repr(exc))
+                continue
             for tc_id in range(self._partitions):
                 try:
                     await self._check(tc_id)

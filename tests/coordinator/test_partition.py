@@ -247,6 +247,15 @@ async def test_partition_not_led(setup):
         tc.partition(4)
 
 
+async def eventually(predicate, attempts=100, delay=0.05):
+    """Poll a condition (bounded); the bound is a test timeout, not a timing assertion."""
+    for _ in range(attempts):
+        if predicate():
+            return True
+        await asyncio.sleep(delay)
+    return predicate()
+
+
 async def test_two_instances_split_leadership_and_take_over():
     backend = MemoryBackend()
     a_store, b_store = MemoryStore(backend), MemoryStore(backend)
@@ -255,15 +264,14 @@ async def test_two_instances_split_leadership_and_take_over():
     b = TransactionCoordinator(b_store, CoordinatorConfig(partitions=4, advertised_url="pulsar://b:1"),
                                Metrics("t"))
     await a.start()
-    await b.start()
     assert [a.leads(i) for i in range(4)] == [True] * 4
-    assert [b.leads(i) for i in range(4)] == [False] * 4
-    assert b.leader_url(2) == "pulsar://a:1"
-    await a_store.close()  # a's session ends: its ephemeral leader records go
-    for _ in range(50):
-        if all(b.leads(i) for i in range(4)):
-            break
-        await asyncio.sleep(0.05)
-    assert all(b.leads(i) for i in range(4))
+    await b.start()
+    # a sees a second member, releases its two highest partitions, and b campaigns for them.
+    assert await eventually(lambda: sum(b.leads(i) for i in range(4)) == 2)
+    assert [a.leads(i) for i in range(4)] == [True, True, False, False]
+    assert [b.leads(i) for i in range(4)] == [False, False, True, True]
+    assert b.leader_url(0) == "pulsar://a:1" and a.leader_url(3) == "pulsar://b:1"
+    await a_store.close()  # a's session ends: its ephemeral leader and member records go
+    assert await eventually(lambda: all(b.leads(i) for i in range(4)))
     assert b.leader_url(0) == "pulsar://b:1"
     await b.stop()
