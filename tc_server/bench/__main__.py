@@ -64,6 +64,15 @@ class Server:
                 time.sleep(0.1)
         raise SystemExit("tc-server did not become ready")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux /proc), so the cost per pair
+        can be read even when other processes share the cores."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {platform.python_version()}; {args.connections} connections x {args.concurrency} "
           f"pairs in flight; {args.pairs} pairs (NEW_TXN then END_TXN, half commit, half abort)")
     print(f"{'store':<10} {'pairs/s':>9} {'pair p50':>9} {'p99':>8} {'p99.9':>8} {'NEW p50':>8} {'p99':>8} "
-          f"{'END p50':>8} {'p99':>8} {'errors':>6}")
+          f"{'END p50':>8} {'p99':>8} {'errors':>6} {'server CPU/pair':>16}")
     for store in stores:
         server = Server(store, ["--coordinators", str(args.coordinators), *args.server_arg])
         try:
@@ -135,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.warmup:
                     runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
                                         args.coordinators))
+                cpu_before = server.cpu_seconds()
                 r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
                                         args.coordinators))
+                r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
         finally:
             server.stop()
         ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
         print(f"{store:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
-              f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6}")
+              f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6} {r['cpu_us_per_pair']:>13.0f} us")
     print("(latencies in ms)")
     return 0
 
