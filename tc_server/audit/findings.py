@@ -42,6 +42,20 @@ def annotate_ops(headers: DataFrame, ops: DataFrame) -> DataFrame:
     return ops.join(h, on=TXN_ID, how="left")
 
 
+def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
+    """The annotated ops any op-based finding can select: orphans, ops of OPEN txns, of GC-backlog
+    txns, and late ops; a superset of what :func:`orphan_ops`, :func:`late_ops`,
+    :func:`gc_backlog_ops` and :func:`pinning` keep. In a healthy store this is a small fraction
+    of all ops, so the job keeps this instead of every op joined to its header."""
+    h_state = F.col("h_state")
+    return annotated_ops.where(
+        F.col("h_present").isNull()
+        | (h_state == "OPEN")
+        | (_is_terminal(h_state) & (F.col("h_finalized_ms") < F.lit(now_ms - retention_ms)))
+        | ((F.col("created_ms") > 0) & (F.col("created_ms") > F.col("h_finalized_ms")))
+    )
+
+
 # -- violations ---------------------------------------------------------------------------------
 
 
