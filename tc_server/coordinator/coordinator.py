@@ -48,7 +48,7 @@ class TransactionCoordinator:
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost
         )
-        self._recovered: dict[int, list[tuple[int, TxnHeader]]] | None = None
+        self._recovered: dict[int, list[tuple[int, TxnHeader, int]]] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         for tc_id in range(config.partitions):
             metrics.leader.labels(str(tc_id)).set(0)
@@ -152,8 +152,8 @@ class TransactionCoordinator:
                 "start it with the stored number"
             )
 
-    async def _scan_open_txns(self, only: int | None = None) -> dict[int, list[tuple[int, TxnHeader]]]:
-        found: dict[int, list[tuple[int, TxnHeader]]] = defaultdict(list)
+    async def _scan_open_txns(self, only: int | None = None) -> dict[int, list[tuple[int, TxnHeader, int]]]:
+        found: dict[int, list[tuple[int, TxnHeader, int]]] = defaultdict(list)
         async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END):
             try:
                 most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
@@ -162,7 +162,7 @@ class TransactionCoordinator:
                 log.warning("skipping unreadable header", key=record.key, error=str(exc))
                 continue
             if (only is None or most == only) and header.state is layout.TxnState.OPEN:
-                found[most].append((least, header))
+                found[most].append((least, header, record.version))
         return found
 
     async def _elected(self, tc_id: int) -> None:

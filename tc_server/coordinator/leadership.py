@@ -117,7 +117,7 @@ class LeaderElection:
         for tc_id in sorted(self.led, reverse=True)[: max(0, len(self.led) - self.share)]:
             try:
                 await self._store.delete(layout.leader_path(tc_id), expected_version=self._versions.get(tc_id))
-            except (StoreError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, StoreError) as exc:
                 log.warning("could not release leadership", coordinator_id=tc_id, error=repr(exc))
                 return
             log.info("released leadership to balance", coordinator_id=tc_id, share=self.share)
@@ -209,7 +209,7 @@ class LeaderElection:
             try:
                 await self._update_share()
                 await self._release_excess()
-            except (StoreError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, StoreError) as exc:
                 log.warning("membership check failed", error=repr(exc))
                 continue
             for tc_id in range(self._partitions):

@@ -91,15 +91,21 @@ class CoordinatorPartition:
         # the OPEN txns opened or recovered here.
         self._open: dict[int, int] = {}
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline ms, least); stale entries skipped
+        # Header and store version of each OPEN txn created or recovered here. END_TXN and ADD_*
+        # decide from it and go straight to the CAS, saving a store read per request; a stale entry
+        # (someone else wrote the header) only makes the CAS fail, and then the header is read.
+        self._headers: dict[int, tuple[TxnHeader, int]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._log = log.bind(coordinator_id=tc_id)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, open_txns: Iterable[tuple[int, TxnHeader]]) -> None:
-        """Begin leading: load the OPEN txns found in the deadline index and start the sweeper."""
-        for least, header in open_txns:
+    def start(self, open_txns: Iterable[tuple[int, TxnHeader, int]]) -> None:
+        """Begin leading: load the OPEN txns found in the deadline index (least, header, version)
+        and start the sweeper."""
+        for least, header, version in open_txns:
             self._track(least, header.deadline_ms)
+            self._headers[least] = (header, version)
         self._active.set(len(self._open))
         if self._sweep_timeouts:
             self._sweeper = asyncio.create_task(self._run_timeouts(), name=f"timeouts-{self.tc_id}")
@@ -135,7 +141,7 @@ class CoordinatorPartition:
         header = TxnHeader(TxnState.OPEN, created_ms=self._clock(), timeout_ms=ttl_ms, owner=owner)
         key = layout.txn_key(self.tc_id, least)
         try:
-            await self._store.put(
+            record = await self._store.put(
                 layout.header_path(self.tc_id, least),
                 header.to_json(),
                 expected_version=EXPECT_ABSENT,
@@ -148,6 +154,7 @@ class CoordinatorPartition:
         self._header_writes.inc()
         self._created.inc()
         self._track(least, header.deadline_ms)
+        self._headers[least] = (header, record.version)
         self._active.set(len(self._open))
         return least
 
@@ -199,13 +206,18 @@ class CoordinatorPartition:
         key = layout.txn_key(self.tc_id, least)
         path = layout.header_path(self.tc_id, least)
         for _ in range(MAX_CAS_ATTEMPTS):
-            record = await self._store.get(path, partition_key=key)
-            if record is None:
-                raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
-            try:
-                header = TxnHeader.from_json(record.value)
-            except ValueError as exc:
-                raise CoordinatorError(f"header of ({self.tc_id},{least}) is unreadable: {exc}") from None
+            cached = self._headers.get(least)
+            if cached is not None:
+                header, version = cached
+            else:
+                record = await self._store.get(path, partition_key=key)
+                if record is None:
+                    raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
+                try:
+                    header = TxnHeader.from_json(record.value)
+                except ValueError as exc:
+                    raise CoordinatorError(f"header of ({self.tc_id},{least}) is unreadable: {exc}") from None
+                version = record.version
             if check_owner and not self._may_act(header, principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.
                 raise TransactionNotFound(
@@ -220,12 +232,13 @@ class CoordinatorPartition:
                     await self._store.put(
                         path,
                         ended.to_json(),
-                        expected_version=record.version,
+                        expected_version=version,
                         partition_key=key,
                         secondary_indexes=ended.index_entries(),
                     )
                 except BadVersionError:
                     self._cas_conflict.inc()
+                    self._headers.pop(least, None)  # someone else wrote it: read it next time
                     continue
                 self._cas_ok.inc()
                 self._header_writes.inc()
@@ -255,6 +268,7 @@ class CoordinatorPartition:
         heapq.heappush(self._deadlines, (deadline_ms, least))
 
     def _forget(self, least: int) -> None:
+        self._headers.pop(least, None)
         if self._open.pop(least, None) is not None:
             self._active.set(len(self._open))
 

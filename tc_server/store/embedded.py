@@ -75,6 +75,9 @@ from tc_server.store.notify import NotificationHub, Subscription
 
 log = structlog.get_logger(__name__)
 
+# Rows of a partition-scoped index scan read on the event loop before moving to the reader thread.
+INLINE_SCAN_ROWS = 64
+
 DB_FILENAME: Final = "tc-server.sqlite3"
 LOCK_FILENAME: Final = "tc-server.lock"
 # Oxia's client caps one WriteRequest at 1000 operations (design §5); the same cap bounds how long
@@ -384,11 +387,25 @@ class EmbeddedStore:
         partition_key: str | None = None,
     ) -> AsyncIterator[Record]:
         self._check_open()
-        return self._scan_index(index_name, start_inclusive, end_exclusive)
+        return self._scan_index(index_name, start_inclusive, end_exclusive, inline=partition_key is not None)
 
-    async def _scan_index(self, name: str, start: str, end: str) -> AsyncIterator[Record]:
+    async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
         limit = self._scan_page_rows
         after: tuple[str, str] | None = None
+        if inline:
+            # A scan scoped to one partition key is small (one txn's op records: END_TXN runs one
+            # per request). Its first page is read on the loop, as gets are, because the thread
+            # hop cost more than the query (profiled); a longer scan continues in the reader thread.
+            try:
+                page = _index_page(self._get_conn, name=name, start=start, end=end, after=None,
+                                   limit=INLINE_SCAN_ROWS)
+            except sqlite3.Error as exc:
+                raise _unavailable("scan", exc) from exc
+            for _, record in page:
+                yield record
+            if len(page) < INLINE_SCAN_ROWS:
+                return
+            after = page[-1][0]
         while True:
             page = await self._read(
                 functools.partial(_index_page, name=name, start=start, end=end, after=after, limit=limit))

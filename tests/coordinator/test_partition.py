@@ -275,3 +275,20 @@ async def test_two_instances_split_leadership_and_take_over():
     assert await eventually(lambda: all(b.leads(i) for i in range(4)))
     assert b.leader_url(0) == "pulsar://b:1"
     await b.stop()
+
+
+async def test_a_header_changed_elsewhere_is_never_overwritten(setup):
+    # The partition caches headers it created; another writer (a second instance that also thinks
+    # it leads) ends the txn behind its back. The cached version makes the CAS fail, the header is
+    # re-read, and the other writer's decision stands.
+    tc, store, clock = setup
+    p = tc.partition(0)
+    least = await p.new_txn(10_000, None)
+    record = await store.get(layout.header_path(0, least))
+    theirs = TxnHeader(TxnState.ABORTED, clock.now, 10_000, finalized_ms=clock.now)
+    await store.put(layout.header_path(0, least), theirs.to_json(), expected_version=record.version,
+                    secondary_indexes=theirs.index_entries())
+    with pytest.raises(InvalidTxnStatus, match="ABORTED"):
+        await p.end_txn(least, commit=True, principal=None)
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+    await p.end_txn(least, commit=False, principal=None)  # and aborting again is idempotent
