@@ -37,6 +37,7 @@ as a durable server restart would).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import itertools
@@ -56,6 +57,11 @@ INDEX_PREFIX = "__oxia/idx/"
 SCAN_CHUNK = 100
 MIN_SESSION_MS, MAX_SESSION_MS = 2_000, 300_000
 NOTIFICATION_RETENTION = 100_000
+# gRPC's C core cancels calls that arrive while more than ``grpc.server.max_pending_requests``
+# (default 1000) wait for the Python handler loop to pick them up: a burst of reads from one busy
+# client ended with CANCELLED here, where the real (Go) server just queues them.
+SERVER_OPTIONS = [("grpc.server.max_pending_requests", 1_000_000),
+                  ("grpc.server.max_pending_requests_hard_limit", 1_000_000)]
 
 
 def compare_with_slash(a: str, b: str) -> int:
@@ -121,12 +127,20 @@ class RequestError(Exception):
     """A request-level error: ends the stream, as in Oxia."""
 
 
+def index_entry_key(name: str, secondary: str, primary: str) -> str:
+    return f"{INDEX_PREFIX}{name}/{secondary}\x01{path_escape(primary)}"
+
+
 @dataclass
 class Shard:
     id: int
     min_hash: int
     max_hash: int
     kv: dict[str, Entry] = field(default_factory=dict)
+    # Secondary index entries, kept in hierarchical order so that an index scan is a bisection
+    # (a scan over every record made the coordinator's per-END_TXN index query O(records)).
+    index_keys: list[str] = field(default_factory=list)
+    index_primary: dict[str, str] = field(default_factory=dict)
     commit_offset: int = -1
     batches: list[pb.NotificationBatch] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -137,6 +151,24 @@ class Shard:
         if existing is None:
             return expected == -1
         return existing.version_id == expected
+
+    def _set(self, key: str, entry: Entry | None) -> None:
+        """Replace (or with None delete) the record at ``key``, keeping the index entries in step."""
+        old = self.kv.pop(key, None)
+        for name, secondary in old.indexes if old else ():
+            internal = index_entry_key(name, secondary, key)
+            i = bisect.bisect_left(self.index_keys, hierarchical(internal), key=hierarchical)
+            if i < len(self.index_keys) and self.index_keys[i] == internal:
+                del self.index_keys[i]
+                del self.index_primary[internal]
+        if entry is None:
+            return
+        self.kv[key] = entry
+        for name, secondary in entry.indexes:
+            internal = index_entry_key(name, secondary, key)
+            if internal not in self.index_primary:
+                bisect.insort(self.index_keys, internal, key=hierarchical)
+                self.index_primary[internal] = key
 
     def _highest_sequence(self, prefix: str) -> int:
         head = prefix + "-"
@@ -181,7 +213,7 @@ class Shard:
                 created=existing.created if existing else now, modified=now,
                 session_id=put.session_id if put.HasField("session_id") else None,
                 indexes=[(i.index_name, i.secondary_key) for i in put.secondary_indexes])
-            self.kv[key] = entry
+            self._set(key, entry)
             result.status = pb.OK
             result.version.CopyFrom(entry.version())
             notes[key] = pb.Notification(
@@ -195,7 +227,7 @@ class Shard:
             elif existing is None:
                 result.status = pb.KEY_NOT_FOUND
             else:
-                del self.kv[delete.key]
+                self._set(delete.key, None)
                 result.status = pb.OK
                 notes[delete.key] = pb.Notification(type=pb.KEY_DELETED)
         self._commit(offset, notes)
@@ -206,7 +238,7 @@ class Shard:
         if not owned:
             return
         for key in owned:
-            del self.kv[key]
+            self._set(key, None)
         self._commit(self.commit_offset + 1, {k: pb.Notification(type=pb.KEY_DELETED) for k in owned})
 
     def _commit(self, offset: int, notes: dict[str, pb.Notification]) -> None:
@@ -228,14 +260,13 @@ class Shard:
             hits = [(k, e) for k, e in self.kv.items() if in_range(k, start, end)]
             return sorted(hits, key=lambda h: hierarchical(h[0]))
         low, high = f"{INDEX_PREFIX}{index}/{start}", f"{INDEX_PREFIX}{index}/{end}"
-        found: list[tuple[str, str, Entry]] = []
-        for key, entry in self.kv.items():
-            for name, secondary in entry.indexes:
-                internal = f"{INDEX_PREFIX}{name}/{secondary}\x01{path_escape(key)}"
-                if name == index and in_range(internal, low, high):
-                    found.append((internal, key, entry))
-        found.sort(key=lambda f: hierarchical(f[0]))
-        return [(key, entry) for _, key, entry in found]
+        found: list[tuple[str, Entry]] = []
+        i = bisect.bisect_left(self.index_keys, hierarchical(low), key=hierarchical)
+        while i < len(self.index_keys) and compare_with_slash(self.index_keys[i], high) < 0:
+            key = self.index_primary[self.index_keys[i]]
+            found.append((key, self.kv[key]))
+            i += 1
+        return found
 
 
 class StandinOxia:
@@ -266,7 +297,7 @@ class StandinOxia:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_OxiaClientServicer_to_server(_Servicer(self), server)
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         await server.start()
@@ -416,12 +447,13 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             last = shard.commit_offset
             yield pb.NotificationBatch(shard=shard.id, offset=last, timestamp=now_ms())
         while True:
-            pending = [b for b in shard.batches if b.offset > last]
+            # Batches are in offset order: start after ``last`` instead of filtering all of them.
+            pending = shard.batches[bisect.bisect_right(shard.batches, last, key=lambda b: b.offset):]
             for batch in pending:
                 yield batch
                 last = batch.offset
             async with shard.changed:
-                if not [b for b in shard.batches if b.offset > last]:
+                if not shard.batches or shard.batches[-1].offset <= last:
                     await shard.changed.wait()
 
     async def CreateSession(self, request, context):  # type: ignore[no-untyped-def]
