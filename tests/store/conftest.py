@@ -15,7 +15,7 @@ import pytest
 from tc_server.store.api import MetadataStore
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tests.store.oxia_backends import OXIA_BACKENDS, stop_standin
+from tests.store.oxia_backends import OXIA_BACKENDS, stop_real, stop_standin
 
 OpenSession = Callable[[], Awaitable[MetadataStore]]
 
@@ -59,6 +59,7 @@ async def open_session(backend_name: str, tmp_path: Path) -> AsyncIterator[OpenS
         await store.close()
     _memory_backends.pop(tmp_path, None)
     await stop_standin(tmp_path)
+    await stop_real(tmp_path)
 
 
 @pytest.fixture
