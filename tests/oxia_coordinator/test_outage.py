@@ -1,0 +1,141 @@
+"""An Oxia outage under load, against a real tc-server process. The Oxia server is the STAND-IN
+(tests/oxia_standin, 3 shards, in this test's event loop), because the real one cannot be installed
+on these machines (the Go module proxy refuses github.com/oxia-db/oxia).
+
+While Oxia stalls (takes writes, answers none) or is down, every request is answered with a typed
+error (TransactionCoordinatorNotFound, which the Java client retries with a fresh lookup), never left
+hanging. The stand-in keeps its data
+across ``stop()``/``start()`` on the same port, as a durable server restart does, so after it is back
+the txns decided before the outage are still decided, and service resumes without restarting
+tc-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from tc_server.bench.client import TcClient, connect
+from tc_server.wire import ServerError
+from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
+from tests.oxia_standin.server import StandinOxia
+
+pytestmark = pytest.mark.slow
+
+REQUEST_TIMEOUT_S = 2
+# A request may take the request timeout plus scheduling on a loaded machine; one not answered by
+# this bound is a hang. Not a timing assertion: it only separates "answered" from "never".
+HANG_BOUND_S = 5 * REQUEST_TIMEOUT_S
+TTL_MS = 600_000
+
+
+class Load:
+    """Pairs of NEW_TXN + END_TXN on every coordinator, recording every answer."""
+
+    def __init__(self, client: TcClient) -> None:
+        self.client = client
+        self.ids: list[tuple[int, int]] = []
+        self.decided: dict[tuple[int, int], str] = {}
+        self.errors: collections.Counter[ServerError] = collections.Counter()
+        self.answered = 0
+
+    async def request(self, coro):  # type: ignore[no-untyped-def]
+        response = await asyncio.wait_for(coro, HANG_BOUND_S)  # TimeoutError here = a hang
+        self.answered += 1
+        if response.error is not None:
+            self.errors[response.error] += 1
+        return response
+
+    async def pair(self, tc_id: int, commit: bool) -> bool:
+        created = await self.request(self.client.new_txn(tc_id=tc_id, ttl_ms=TTL_MS))
+        if created.error is not None:
+            return False
+        txn = (created.most, created.least)
+        self.ids.append(txn)
+        ended = await self.request(self.client.end_txn(*txn, commit=commit))
+        if ended.error is None:
+            self.decided[txn] = "COMMITTED" if commit else "ABORTED"
+        return ended.error is None
+
+    async def worker(self, tc_id: int, stop: asyncio.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            if not await self.pair(tc_id, commit=n % 2 == 0):
+                await asyncio.sleep(0.05)
+            n += 1
+
+
+async def test_requests_fail_typed_during_an_outage_and_service_resumes(tmp_path, standin: StandinOxia):
+    server = await start_oxia_server(tmp_path, "tc", standin, "--request-timeout-s", str(REQUEST_TIMEOUT_S))
+    client: TcClient | None = None
+    try:
+        client = await connect("127.0.0.1", server.port)
+        for tc_id in range(16):
+            assert (await client.tc_client_connect(tc_id)).error is None
+
+        # Under load: 16 workers, one per coordinator.
+        before = Load(client)
+        stop = asyncio.Event()
+        workers = [asyncio.create_task(before.worker(tc_id, stop)) for tc_id in range(16)]
+
+        async def loaded() -> bool:
+            return len(before.decided) >= 160
+
+        await poll(loaded, "160 txns decided before the outage")
+        decided_before_stall = len(before.decided)
+
+        async def loaded_again() -> bool:
+            return len(before.decided) >= decided_before_stall + 160
+
+        # A stall first: Oxia takes writes but does not answer them. Requests are answered when the
+        # request timeout runs out, with a typed error; service goes on once Oxia answers again.
+        stop.set()
+        await asyncio.gather(*workers)
+        standin.hold_writes()
+        stalled = Load(client)
+        results = await asyncio.gather(*(stalled.pair(tc_id, commit=True) for tc_id in range(16)))
+        assert not any(results) and stalled.answered == 16, stalled.errors
+        assert set(stalled.errors) == {ServerError.TransactionCoordinatorNotFound}, stalled.errors
+        standin.release_writes()
+
+        async def resumed() -> bool:
+            return await before.pair(1, commit=False)
+
+        await poll(resumed, "a txn succeeds once Oxia answers writes again")
+
+        # The outage: every request sent while Oxia is down gets an answer, and it is a typed error.
+        stop.clear()
+        workers = [asyncio.create_task(before.worker(tc_id, stop)) for tc_id in range(16)]
+        await poll(loaded_again, "txns decided again under load")
+        await standin.stop()
+        stop.set()
+        await asyncio.gather(*workers)
+        during = Load(client)
+        results = await asyncio.gather(*(during.pair(tc_id, commit=True) for tc_id in range(16) for _ in range(4)))
+        assert not any(results), "a txn was decided with Oxia down"
+        assert during.answered == 64 and set(during.errors) == {ServerError.TransactionCoordinatorNotFound}, (
+            during.errors)
+
+        # Oxia is back on the same port with the same data: service resumes without a restart.
+        await standin.start()
+        after = Load(client)
+
+        async def serving() -> bool:
+            return await after.pair(0, commit=True)
+
+        await poll(serving, "a txn succeeds after Oxia is back")
+        outcomes = await asyncio.gather(*(after.pair(tc_id, commit=tc_id % 2 == 0) for tc_id in range(16)
+                                          for _ in range(10)))
+        assert all(outcomes), after.errors
+
+        everything = before.ids + stalled.ids + during.ids + after.ids
+        assert len(set(everything)) == len(everything), "a txn id was handed out twice"
+        for txn, state in {**before.decided, **after.decided}.items():
+            status, doc = await get_json(server, f"/admin/v3/transactions/transactionMetadata/{txn[0]}/{txn[1]}")
+            assert status == 200 and isinstance(doc, dict) and doc["status"] == state, (txn, state, doc)
+    finally:
+        if client is not None:
+            client.close()
+        await asyncio.to_thread(server.stop)
