@@ -25,7 +25,7 @@ run: setup
 
 include $(wildcard mk/*.mk)
 
-test: setup proto-check $(TEST_DEPS)
+test: setup proto-check lint $(TEST_DEPS)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
