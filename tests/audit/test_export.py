@@ -6,13 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tc_server.audit.export import export_snapshot, main
+from tc_server.audit.export import RejectedRecord, export_snapshot, main, parse_header, parse_op, parse_tc_seq
 from tc_server.audit.job import validate_local_snapshot
+from tc_server.audit.schema import HEADERS_SCHEMA, OPS_SCHEMA, TC_SEQ_SCHEMA
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
+from tc_server.store.api import Record
 from tc_server.store.memory import MemoryStore
 
 
@@ -130,3 +135,43 @@ async def test_audit_of_export(spark: Any, tmp_path: Path) -> None:
     assert summary["counts_by_state"] == {"OPEN": 1, "COMMITTED": 1, "ABORTED": 1, "COMMITTING": 1}
     assert summary["violations"]["late_ops"] == 2
     assert sum(summary["violations"].values()) == 3
+
+
+# Keys shaped like the real ones, with any value: a parser may only accept or raise RejectedRecord.
+_KEYS = st.one_of(
+    st.builds(lambda a, b: f"{layout.HEADER_PREFIX}{a}_{b}", st.integers(-5, 2**40), st.integers(-5, 2**70)),
+    st.builds(lambda a, b, s: f"{layout.OP_PREFIX}{a}_{b}-{s}", st.integers(-5, 2**40), st.integers(-5, 2**70),
+              st.text("0123456789²", min_size=18, max_size=22)),
+    st.text(max_size=30).map(lambda t: layout.TC_SEQ_PREFIX + t),
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=8,
+)
+_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        k: _JSON
+        for k in ("state", "createdMs", "timeoutMs", "finalizedMs", "owner", "kind", "segment", "ledgerId",
+                  "entryId", "subscription", "next")
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=_KEYS, value=st.one_of(st.binary(max_size=40), _FIELDS.map(lambda d: json.dumps(d).encode())))
+def test_parsers_never_crash(key: str, value: bytes) -> None:
+    record = Record(key=key, value=value, version=1, created_ms=5)
+    parser = (
+        parse_header if key.startswith(layout.HEADER_PREFIX)
+        else parse_op if key.startswith(layout.OP_PREFIX)
+        else parse_tc_seq
+    )
+    try:
+        row = parser(record)
+    except RejectedRecord:
+        return
+    # Whatever is accepted fits the Parquet schema.
+    schema = HEADERS_SCHEMA if parser is parse_header else OPS_SCHEMA if parser is parse_op else TC_SEQ_SCHEMA
+    pa.Table.from_pylist([row], schema=schema)
