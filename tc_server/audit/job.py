@@ -9,8 +9,10 @@ operations in the JVM (no Python UDFs), so a cluster's executors need no Python 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -197,7 +199,9 @@ def default_driver_memory() -> str:
     return f"{gib}g"
 
 
-def spark_session(master: str | None = None, driver_memory: str | None = None) -> tuple[Any, bool]:
+def spark_session(
+    master: str | None = None, driver_memory: str | None = None, *, verbose: bool = False
+) -> tuple[Any, bool]:
     """The active session if there is one (a test's, spark-submit's), else a new one; and whether
     this call created it (then the caller stops it)."""
     from pyspark.sql import SparkSession
@@ -222,7 +226,9 @@ def spark_session(master: str | None = None, driver_memory: str | None = None) -
         .config("spark.sql.pyspark.jvmStacktrace.enabled", "false")
     )
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    # The job reports failures itself, in one line; Spark's own ERROR lines are multi-page Java stack
+    # traces of the same failure (on stderr). --verbose brings them back.
+    spark.sparkContext.setLogLevel("WARN" if verbose else "FATAL")
     configure_for_master(spark)
     return spark, True
 
@@ -417,6 +423,28 @@ def _write_text(spark: Any, out: str, name: str, text: str) -> None:
         stream.close()
 
 
+# Spark's error class for a file it could not read (corrupt pages behind a valid footer, a file
+# truncated while the job ran): that is bad input, not a failed job.
+_FAILED_READ = re.compile(r"\[FAILED_READ_FILE[A-Z_.]*\][^\n]*?reading file (\S+?)\.?(?:\s|$)")
+_CAUSE = re.compile(r"^Caused by: (.+)$", re.MULTILINE)
+
+
+def bad_input_from_spark(exc: BaseException) -> str | None:
+    """The file and the reason when ``exc`` is Spark failing to read an input file, else None."""
+    text = str(exc)
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        # The JVM may be gone by now; the Python-side text is enough then.
+        with contextlib.suppress(Exception):
+            text += "\n" + str(java.toString())
+    found = _FAILED_READ.search(text)
+    if not found:
+        return None
+    causes = _CAUSE.findall(text)
+    reason = causes[0] if causes else "unreadable Parquet data"
+    return f"{found.group(1)}: not readable: {reason}"
+
+
 # -- command line -------------------------------------------------------------------------------
 
 
@@ -437,7 +465,7 @@ def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
     )
     parser.add_argument("--retention-s", type=int, default=DEFAULT_RETENTION_S, help="GC retention (900)")
     parser.add_argument("--grace-s", type=int, default=DEFAULT_GRACE_S, help="timeout sweep grace (60)")
-    parser.add_argument("--verbose", action="store_true", help="print full tracebacks on failure")
+    parser.add_argument("--verbose", action="store_true", help="Spark's warnings and full tracebacks on failure")
     return parser
 
 
@@ -454,12 +482,16 @@ def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
         if local_in is not None:
             # Fail fast on a bad snapshot, before paying for a JVM.
             validate_local_snapshot(local_in)
-        spark, owned = spark_session(args.master, args.driver_memory)
+        spark, owned = spark_session(args.master, args.driver_memory, verbose=args.verbose)
         summary = run_audit(spark, args.input, args.output, params)
     except BadInputError as exc:
         print(f"{prog}: bad input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - one line on stderr instead of a Py4J dump, exit 3
+        unreadable = bad_input_from_spark(exc)
+        if unreadable:
+            print(f"{prog}: bad input: {unreadable}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"{prog}: audit failed: {type(exc).__name__}: {first}", file=sys.stderr)
         if args.verbose:

@@ -125,6 +125,23 @@ def test_clean_snapshot_exits_zero(spark: Any, tmp_path: Path, capsys: pytest.Ca
     assert "no violations" in capsys.readouterr().out
 
 
+def test_corrupt_pages_behind_a_valid_footer(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The footer (all the pre-Spark check reads) is intact; the data pages are not, so only Spark finds
+    # out, mid-job. Still bad input (2), named, and no Java stack trace on stdout.
+    generate.generate_snapshot(tmp_path / "snap", txns=2_000)
+    part = tmp_path / "snap" / "ops" / "part-00000.parquet"
+    data = bytearray(part.read_bytes())
+    data[200 : len(data) // 2] = b"\xab" * (len(data) // 2 - 200)
+    part.write_bytes(bytes(data))
+    code = cli.main(["--input", str(tmp_path / "snap"), "--output", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "ops/part-00000.parquet: not readable" in captured.err
+    assert captured.out == ""
+
+
 def test_params_shift_findings(spark: Any, tmp_path: Path) -> None:
     # An hour later, every normal OPEN txn is past its deadline and every terminal one past retention:
     # --now-ms is honoured over the snapshot's time.
