@@ -25,6 +25,13 @@ from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, S
 
 log = structlog.get_logger("tc_server.coordinator")
 
+# Safety net behind each partition's in-memory deadline queue: every few seconds the deadline index
+# is scanned for OPEN txns more than a second overdue on partitions led here. It catches what the
+# queue cannot know: headers written by a previous leader just before a hand-over, and creates
+# whose outcome was unknown. Normally the range is empty, so the scan is cheap.
+OVERDUE_SCAN_INTERVAL_S = 5.0
+OVERDUE_GRACE_MS = 1000
+
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
@@ -48,8 +55,9 @@ class TransactionCoordinator:
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost
         )
-        self._recovered: dict[int, list[tuple[int, TxnHeader, int]]] | None = None
+        self._starting = False
         self._gc_task: asyncio.Task[None] | None = None
+        self._overdue_task: asyncio.Task[None] | None = None
         for tc_id in range(config.partitions):
             metrics.leader.labels(str(tc_id)).set(0)
             metrics.active.labels(**metrics.tc(tc_id)).set(0)
@@ -74,18 +82,28 @@ class TransactionCoordinator:
 
         Raises ParallelismMismatch when the store was initialised with another number of coordinators."""
         await self._check_parallelism()
-        # One scan of the deadline index serves every partition won in the first campaign.
-        self._recovered = await self._scan_open_txns()
+        # Campaign first, recover after: a scan taken before winning could miss txns the previous
+        # leader created meanwhile. One scan of the deadline index then serves every partition won
+        # in the first campaign; partitions won later scan for themselves (_elected).
+        self._starting = True
         try:
             await self._election.start()
         finally:
-            self._recovered = None
+            self._starting = False
+        found = await self._scan_open_txns()
+        for tc_id, partition in list(self._partitions.items()):
+            partition.adopt(found.get(tc_id, []))
+            if found.get(tc_id):
+                log.info("recovered open transactions", coordinator_id=tc_id, count=len(found[tc_id]))
         self._gc_task = asyncio.create_task(self._run_gc(), name="gc")
+        if self.config.timeout_sweep:
+            self._overdue_task = asyncio.create_task(self._run_overdue_scan(), name="overdue-scan")
 
     async def stop(self) -> None:
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-            await asyncio.gather(self._gc_task, return_exceptions=True)
+        for task in (self._gc_task, self._overdue_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self._election.stop()
         for tc_id in list(self._partitions):
             await self._lost(tc_id)
@@ -166,15 +184,18 @@ class TransactionCoordinator:
         return found
 
     async def _elected(self, tc_id: int) -> None:
-        if self._recovered is not None:
-            open_txns = self._recovered.get(tc_id, [])
-        else:
-            open_txns = (await self._scan_open_txns(only=tc_id)).get(tc_id, [])
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep,
         )
-        partition.start(open_txns)
+        # Scan only after winning the leader record (see start()); a failure here makes the
+        # election release the record rather than serve without the open txns.
+        open_txns = [] if self._starting else (await self._scan_open_txns(only=tc_id)).get(tc_id, [])
+        stale = self._partitions.pop(tc_id, None)
+        if stale is not None:
+            await stale.stop()
+        partition.start()
+        partition.adopt(open_txns)
         self._partitions[tc_id] = partition
         self.metrics.leader.labels(str(tc_id)).set(1)
         if open_txns:
@@ -186,6 +207,37 @@ class TransactionCoordinator:
         self.metrics.active.labels(**self.metrics.tc(tc_id)).set(0)
         if partition is not None:
             await partition.stop()
+
+    async def abort_overdue(self) -> int:
+        """Abort every OPEN txn of a led partition found overdue in the deadline index."""
+        horizon = layout.pad(max(0, self._clock() - OVERDUE_GRACE_MS))
+        overdue = []
+        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), horizon):
+            try:
+                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+            except ValueError:
+                continue
+            if self.leads(most):
+                overdue.append((most, least))
+        for most, least in overdue:
+            partition = self._partitions.get(most)
+            if partition is not None:
+                await partition.expire(least)
+        return len(overdue)
+
+    async def _run_overdue_scan(self) -> None:
+        while True:
+            await asyncio.sleep(OVERDUE_SCAN_INTERVAL_S)
+            try:
+                found = await self.abort_overdue()
+            except (StoreError, TimeoutError) as exc:
+                log.warning("overdue scan failed", error=repr(exc))
+                continue
+            except Exception:  # noqa: BLE001 - the safety net must not die of one bad record
+                log.exception("overdue scan failed")
+                continue
+            if found:
+                log.warning("aborted overdue transactions missed by the deadline queue", count=found)
 
     async def _run_gc(self) -> None:
         while True:

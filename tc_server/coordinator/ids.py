@@ -32,6 +32,13 @@ class IdAllocator:
         """The exclusive end of everything this allocator has reserved so far."""
         return self._blocks[-1][1] if self._blocks else self._end
 
+    async def close(self) -> None:
+        """Stop a prefetch in flight (the partition is no longer led)."""
+        if self._refill is not None:
+            self._refill.cancel()
+            await asyncio.gather(self._refill, return_exceptions=True)
+            self._refill = None
+
     async def next_id(self) -> int:
         while self._next >= self._end:
             if not self._blocks:

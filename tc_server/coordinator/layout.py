@@ -174,20 +174,17 @@ class TxnHeader:
         """Raises ValueError (naming the problem) on a record that is not a valid header."""
         try:
             doc = json.loads(raw)
-            state = TxnState(doc["state"])
-            created = int(doc["createdMs"])
-            timeout = int(doc["timeoutMs"])
             finalized = doc.get("finalizedMs")
             owner = doc.get("owner")
-        except (ValueError, KeyError, TypeError) as exc:
+            return cls(
+                state=TxnState(doc["state"]),
+                created_ms=int(doc["createdMs"]),
+                timeout_ms=int(doc["timeoutMs"]),
+                finalized_ms=None if finalized is None else int(finalized),
+                owner=None if owner is None else str(owner),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed txn header: {exc!r}") from exc
-        return cls(
-            state=state,
-            created_ms=created,
-            timeout_ms=timeout,
-            finalized_ms=None if finalized is None else int(finalized),
-            owner=None if owner is None else str(owner),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,8 +83,6 @@ class LeaderElection:
         """Join, campaign once for every partition (up to the fair share), then keep watching."""
         # Subscribe first so that no deletion between the campaign and the watch is missed.
         notifications = self._store.notifications()
-        await self._store.put(layout.member_path(self.instance_id), leader_value(self._url, self.instance_id),
-                              ephemeral=True)
         await self._update_share()
         await self.campaign_all()
         self._tasks = [
@@ -99,67 +97,105 @@ class LeaderElection:
         self._tasks = []
         # Step down explicitly so that another instance takes over at once instead of after the
         # session timeout.
-        for tc_id in sorted(self.led):
-            with contextlib.suppress(StoreError, asyncio.TimeoutError):
-                await self._store.delete(layout.leader_path(tc_id), expected_version=self._versions.get(tc_id))
-        self.led.clear()
+        async with self._lock:
+            for tc_id in sorted(self.led):
+                await self._release(tc_id, self._versions.get(tc_id))
         with contextlib.suppress(StoreError, asyncio.TimeoutError):
             await self._store.delete(layout.member_path(self.instance_id))
 
+    async def campaign_all(self) -> None:
+        for tc_id in range(self._partitions):
+            await self._check(tc_id)
+
     async def _update_share(self) -> None:
         members = 0
-        async for _ in self._store.scan_prefix(layout.MEMBER_PREFIX):
+        mine = False
+        async for record in self._store.scan_prefix(layout.MEMBER_PREFIX):
             members += 1
-        self.share = math.ceil(self._partitions / max(1, members))
+            mine = mine or record.key == layout.member_path(self.instance_id)
+        if not mine:
+            # First start, or our store session ended (Oxia expired it) and took the record along.
+            await self._store.put(layout.member_path(self.instance_id), leader_value(self._url, self.instance_id),
+                                  ephemeral=True)
+            members += 1
+        self.share = math.ceil(self._partitions / members)
 
     async def _release_excess(self) -> None:
         """Step down from the highest partitions beyond the fair share, so a newcomer gets them."""
-        for tc_id in sorted(self.led, reverse=True)[: max(0, len(self.led) - self.share)]:
-            try:
-                await self._store.delete(layout.leader_path(tc_id), expected_version=self._versions.get(tc_id))
-            except (TimeoutError, StoreError) as exc:
-                log.warning("could not release leadership", coordinator_id=tc_id, error=repr(exc))
-                return
-            log.info("released leadership to balance", coordinator_id=tc_id, share=self.share)
+        async with self._lock:
+            for tc_id in sorted(self.led, reverse=True)[: max(0, len(self.led) - self.share)]:
+                log.info("releasing leadership to balance", coordinator_id=tc_id, share=self.share)
+                await self._release(tc_id, self._versions.get(tc_id))
+
+    async def _check(self, tc_id: int) -> None:
+        """Bring this instance's view of one partition in line with its leader record. Every change
+        of ``led`` happens here or in a release, under one lock, so the set of partitions served
+        and the leader records never drift apart."""
+        async with self._lock:
+            await self._reconcile(tc_id)
+
+    async def _reconcile(self, tc_id: int) -> None:
+        current = await self._store.get(layout.leader_path(tc_id))
+        if current is None:
             self.leaders.pop(tc_id, None)
             await self._lose(tc_id)
+            if len(self.led) < self.share:
+                await self._try_take(tc_id)
+            return
+        url, owner = parse_leader(current.value)
+        if url:
+            self.leaders[tc_id] = url
+        if owner == self.instance_id:
+            if tc_id in self.led:
+                self._versions[tc_id] = current.version
+            elif len(self.led) < self.share:
+                # Our own record, but we do not serve it: a create whose answer was lost, or a
+                # take-over that failed half way. Serve it now.
+                await self._serve(tc_id, current.version)
+            else:
+                await self._release(tc_id, current.version)
+        elif tc_id in self.led:
+            await self._lose(tc_id)
 
-    async def campaign_all(self) -> None:
-        for tc_id in range(self._partitions):
-            await self._campaign(tc_id)
-
-    async def _campaign(self, tc_id: int) -> None:
-        async with self._lock:
-            path = layout.leader_path(tc_id)
-            if tc_id not in self.led and len(self.led) >= self.share:
-                # At our share: only learn who leads it.
-                current = await self._store.get(path)
-                if current is not None:
-                    url, _ = parse_leader(current.value)
-                    if url:
-                        self.leaders[tc_id] = url
-                return
-            try:
-                record = await self._store.put(
-                    path, leader_value(self._url, self.instance_id),
-                    expected_version=EXPECT_ABSENT, ephemeral=True,
-                )
-            except BadVersionError:
-                current = await self._store.get(path)
-                if current is None:
-                    return  # released meanwhile; the next check campaigns again
-                url, owner = parse_leader(current.value)
+    async def _try_take(self, tc_id: int) -> None:
+        path = layout.leader_path(tc_id)
+        try:
+            record = await self._store.put(
+                path, leader_value(self._url, self.instance_id), expected_version=EXPECT_ABSENT, ephemeral=True
+            )
+        except BadVersionError:
+            current = await self._store.get(path)
+            if current is not None:
+                url, _ = parse_leader(current.value)
                 if url:
                     self.leaders[tc_id] = url
-                if owner != self.instance_id and tc_id in self.led:
-                    await self._lose(tc_id)
-                return
-            self._versions[tc_id] = record.version
-            self.leaders[tc_id] = self._url
-            if tc_id not in self.led:
-                self.led.add(tc_id)
-                log.info("elected", coordinator_id=tc_id)
-                await self._on_elected(tc_id)
+            return
+        await self._serve(tc_id, record.version)
+
+    async def _serve(self, tc_id: int, version: int) -> None:
+        """Start serving a partition whose leader record is ours; release the record if the
+        partition cannot be started (e.g. its recovery scan failed), so someone can retry."""
+        self._versions[tc_id] = version
+        self.leaders[tc_id] = self._url
+        try:
+            await self._on_elected(tc_id)
+        except Exception as exc:  # noqa: BLE001 - any failure to start means: do not claim it
+            log.warning("could not take over; releasing", coordinator_id=tc_id, error=repr(exc))
+            await self._release(tc_id, version)
+            return
+        self.led.add(tc_id)
+        log.info("elected", coordinator_id=tc_id)
+
+    async def _release(self, tc_id: int, version: int | None) -> None:
+        """Delete our leader record (best effort: if it stays, the next check serves or releases
+        it again) and stop serving the partition."""
+        try:
+            await self._store.delete(layout.leader_path(tc_id), expected_version=version)
+        except (TimeoutError, StoreError) as exc:
+            log.warning("could not delete leader record", coordinator_id=tc_id, error=repr(exc))
+        self.leaders.pop(tc_id, None)
+        self._versions.pop(tc_id, None)
+        await self._lose(tc_id)
 
     async def _lose(self, tc_id: int) -> None:
         if tc_id not in self.led:
@@ -168,20 +204,6 @@ class LeaderElection:
         self._versions.pop(tc_id, None)
         log.warning("lost leadership", coordinator_id=tc_id)
         await self._on_lost(tc_id)
-
-    async def _check(self, tc_id: int) -> None:
-        current = await self._store.get(layout.leader_path(tc_id))
-        if current is None:
-            self.leaders.pop(tc_id, None)
-            if tc_id in self.led:
-                await self._lose(tc_id)
-            await self._campaign(tc_id)
-            return
-        url, owner = parse_leader(current.value)
-        if url:
-            self.leaders[tc_id] = url
-        if tc_id in self.led and owner != self.instance_id:
-            await self._lose(tc_id)
 
     async def _watch(self, notifications: object) -> None:
         iterator = notifications.__aiter__()  # type: ignore[attr-defined]
@@ -200,8 +222,10 @@ class LeaderElection:
                 return
             except (TimeoutError, StoreError) as exc:
                 log.warning("leader watch interrupted", error=repr(exc))
-                await asyncio.sleep(RECHECK_INTERVAL_S)
-                iterator = self._store.notifications().__aiter__()
+            except Exception:  # noqa: BLE001 - the periodic recheck covers; the watch must go on
+                log.exception("leader watch failed")
+            await asyncio.sleep(RECHECK_INTERVAL_S)
+            iterator = self._store.notifications().__aiter__()
 
     async def _recheck(self) -> None:
         while True:
@@ -209,12 +233,9 @@ class LeaderElection:
             try:
                 await self._update_share()
                 await self._release_excess()
-            except (TimeoutError, StoreError) as exc:
-                log.warning("membership check failed", error=repr(exc))
-                continue
-            for tc_id in range(self._partitions):
-                try:
+                for tc_id in range(self._partitions):
                     await self._check(tc_id)
-                except (TimeoutError, StoreError) as exc:
-                    log.warning("leader check failed", coordinator_id=tc_id, error=repr(exc))
-                    break
+            except (TimeoutError, StoreError) as exc:
+                log.warning("leadership check failed", error=repr(exc))
+            except Exception:  # noqa: BLE001 - leadership upkeep must survive a bug in one pass
+                log.exception("leadership check failed")

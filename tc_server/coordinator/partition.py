@@ -95,26 +95,33 @@ class CoordinatorPartition:
         # decide from it and go straight to the CAS, saving a store read per request; a stale entry
         # (someone else wrote the header) only makes the CAS fail, and then the header is read.
         self._headers: dict[int, tuple[TxnHeader, int]] = {}
+        # Decisions whose events could not all be written after the CAS (store error, request
+        # timeout): the sweeper writes them again so participants do not wait for GC.
+        self._unpublished: dict[int, TxnState] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._log = log.bind(coordinator_id=tc_id)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, open_txns: Iterable[tuple[int, TxnHeader, int]]) -> None:
-        """Begin leading: load the OPEN txns found in the deadline index (least, header, version)
-        and start the sweeper."""
-        for least, header, version in open_txns:
-            self._track(least, header.deadline_ms)
-            self._headers[least] = (header, version)
-        self._active.set(len(self._open))
+    def start(self) -> None:
+        """Begin leading: start the timeout sweeper."""
         if self._sweep_timeouts:
             self._sweeper = asyncio.create_task(self._run_timeouts(), name=f"timeouts-{self.tc_id}")
+
+    def adopt(self, open_txns: Iterable[tuple[int, TxnHeader, int]]) -> None:
+        """Track the OPEN txns found in the deadline index: (least, header, store version)."""
+        for least, header, version in open_txns:
+            if least not in self._open:
+                self._track(least, header.deadline_ms)
+                self._headers[least] = (header, version)
+        self._active.set(len(self._open))
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
+        await self._ids.close()
 
     @property
     def open_count(self) -> int:
@@ -140,6 +147,10 @@ class CoordinatorPartition:
         least = await self._ids.next_id()
         header = TxnHeader(TxnState.OPEN, created_ms=self._clock(), timeout_ms=ttl_ms, owner=owner)
         key = layout.txn_key(self.tc_id, least)
+        # Track the deadline before writing: if the write's outcome is unknown (store error, request
+        # timeout) the header may exist, and it must still be aborted on time. If it does not
+        # exist, the timeout finds nothing and forgets the id.
+        self._track(least, header.deadline_ms)
         try:
             record = await self._store.put(
                 layout.header_path(self.tc_id, least),
@@ -153,7 +164,6 @@ class CoordinatorPartition:
             raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
         self._header_writes.inc()
         self._created.inc()
-        self._track(least, header.deadline_ms)
         self._headers[least] = (header, record.version)
         self._active.set(len(self._open))
         return least
@@ -243,7 +253,11 @@ class CoordinatorPartition:
                 self._cas_ok.inc()
                 self._header_writes.inc()
                 self._ended(least, ended, timed_out=decision is Decision.EXPIRE)
-                await self._publish(least, ended.state)
+                try:
+                    await self._publish(least, ended.state)
+                except BaseException:
+                    self._unpublished[least] = ended.state  # decided: the sweeper publishes it
+                    raise
                 return decision, ended
             if decision is Decision.ALREADY:
                 # A retry after a reconnect: the events may not all have been written the first
@@ -286,6 +300,11 @@ class CoordinatorPartition:
 
     def due_timeouts(self, now_ms: int) -> list[int]:
         """Pop every tracked txn whose deadline has passed (stale heap entries are dropped)."""
+        if len(self._deadlines) > 2 * len(self._open) + 1024:
+            # Ended txns leave their entry behind until its deadline; with long timeouts that is
+            # rate x timeout entries, so rebuild from the open set when stale ones dominate.
+            self._deadlines = [(deadline, least) for least, deadline in self._open.items()]
+            heapq.heapify(self._deadlines)
         due = []
         while self._deadlines and self._deadlines[0][0] <= now_ms:
             deadline, least = heapq.heappop(self._deadlines)
@@ -300,8 +319,12 @@ class CoordinatorPartition:
             await self._apply(least, Request.TIMEOUT, None, check_owner=False)
         except TransactionNotFound:
             self._forget(least)
-        except (TimeoutError, StoreError, CoordinatorError) as exc:
-            self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})", error=repr(exc))
+        except Exception as exc:  # noqa: BLE001 - one bad txn must not stop every other timeout
+            if isinstance(exc, StoreError | CoordinatorError | TimeoutError):
+                self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})",
+                                  error=repr(exc))
+            else:
+                self._log.exception("timeout abort failed; will retry", txn=f"({self.tc_id},{least})")
             if least in self._open:
                 self._track(least, self._clock() + TIMEOUT_RETRY_MS)
 
@@ -316,4 +339,17 @@ class CoordinatorPartition:
             due = self.due_timeouts(self._clock())
             if due:
                 await asyncio.gather(*(one(least) for least in due))
+            if self._unpublished:
+                await self.publish_pending()
             await asyncio.sleep(TIMEOUT_TICK_S)
+
+    async def publish_pending(self) -> None:
+        """Write again the events of decisions whose first publication failed."""
+        for least, state in list(self._unpublished.items()):
+            try:
+                await self._publish(least, state)
+            except (StoreError, TimeoutError) as exc:
+                self._log.warning("publishing a decision failed; will retry", txn=f"({self.tc_id},{least})",
+                                  error=repr(exc))
+                return
+            self._unpublished.pop(least, None)

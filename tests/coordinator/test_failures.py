@@ -1,0 +1,155 @@
+"""Store failures at the awkward moments: a write applied but its answer lost, a scan that fails
+while taking over, a hand-over racing the new leader's recovery. Each test wraps the memory store
+to inject exactly one such fault (the real stores cannot be made to fail on cue)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tc_server.coordinator import layout, leadership
+from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.layout import TxnState
+from tc_server.coordinator.partition import PartitionConfig
+from tc_server.metrics import Metrics
+from tc_server.store.api import StoreUnavailableError
+from tc_server.store.memory import MemoryBackend, MemoryStore
+from tests.coordinator.test_partition import eventually
+
+
+class LoseReply(MemoryStore):
+    """Applies the next put under ``prefix`` and then reports it as failed (the answer was lost)."""
+
+    prefix: str | None = None
+
+    async def put(self, key, value, **kw):
+        record = await super().put(key, value, **kw)
+        if self.prefix is not None and key.startswith(self.prefix):
+            self.prefix = None
+            raise StoreUnavailableError("reply lost")
+        return record
+
+
+class FailScan(MemoryStore):
+    failures = 0
+
+    def scan_index(self, *args, **kwargs):
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailableError("scan failed")
+        return super().scan_index(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def fast_recheck(monkeypatch):
+    monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
+
+
+def coordinator(store, url, partitions=2, **kw):
+    config = CoordinatorConfig(partitions=partitions, advertised_url=url,
+                               partition=PartitionConfig(id_block_size=10), **kw)
+    return TransactionCoordinator(store, config, Metrics("t"))
+
+
+async def open_headers(store):
+    return [r.key async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+
+
+async def test_created_header_with_lost_reply_still_times_out():
+    store = LoseReply()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    store.prefix = layout.HEADER_PREFIX
+    with pytest.raises(StoreUnavailableError):
+        await tc.partition(0).new_txn(100, None)
+    assert await open_headers(store) == [layout.header_path(0, 0)]  # it was written after all
+    assert await eventually(lambda: not tc.partition(0).open_txns())
+    assert await open_headers(store) == []
+    await tc.stop()
+
+
+async def test_failed_recovery_scan_releases_and_retries_the_take_over():
+    backend = MemoryBackend()
+    a_store, b_store = MemoryStore(backend), FailScan(backend)
+    a, b = coordinator(a_store, "pulsar://a:1"), coordinator(b_store, "pulsar://b:2")
+    await a.start()
+    await b.start()
+    assert await eventually(lambda: b.leads(1))
+    b_store.failures = 1
+    await a.stop()
+    await a_store.close()
+    assert await eventually(lambda: b.leads(0) and b.leads(1))
+    assert b.leader_url(0) == "pulsar://b:2"
+    await b.stop()
+
+
+async def test_leader_record_with_lost_reply_is_adopted():
+    backend = MemoryBackend()
+    a_store, b_store = MemoryStore(backend), LoseReply(backend)
+    a, b = coordinator(a_store, "pulsar://a:1", partitions=1), coordinator(b_store, "pulsar://b:2", partitions=1)
+    await a.start()
+    await b.start()
+    b_store.prefix = layout.LEADER_PREFIX
+    await a.stop()
+    await a_store.close()
+    assert await eventually(lambda: b.leads(0))
+    await b.stop()
+
+
+async def test_txns_created_by_the_old_leader_during_hand_over_are_timed_out():
+    backend = MemoryBackend()
+    a_store, b_store = MemoryStore(backend), MemoryStore(backend)
+    a = coordinator(a_store, "pulsar://a:1")
+    await a.start()
+    late = await a.partition(1).new_txn(300, None)  # created just before b joins and takes 1 over
+    b = coordinator(b_store, "pulsar://b:2")
+    await b.start()
+    assert await eventually(lambda: b.leads(1))
+    record = await b_store.get(layout.header_path(1, late))
+    assert record is not None
+    assert await eventually(lambda: b.partition(1).open_txns() == {}, attempts=200)
+    header = layout.TxnHeader.from_json((await b_store.get(layout.header_path(1, late))).value)
+    assert header.state is TxnState.ABORTED
+    await b.stop()
+    await a.stop()
+
+
+async def test_decision_events_are_retried_after_a_failed_publication():
+    class FailBatch(MemoryStore):
+        failures = 0
+
+        async def write_batch(self, ops):
+            if self.failures:
+                self.failures -= 1
+                raise StoreUnavailableError("events lost")
+            return await super().write_batch(ops)
+
+    store = FailBatch()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    p = tc.partition(0)
+    least = await p.new_txn(60_000, None)
+    op = layout.TxnOp(layout.OpKind.WRITE, "seg", 1, 1)
+    await store.put_sequential(layout.op_prefix(0, least), op.to_json(), partition_key=layout.txn_key(0, least),
+                               secondary_indexes=op.index_entries(0, least))
+    store.failures = 1
+    with pytest.raises(StoreUnavailableError):
+        await p.end_txn(least, commit=True, principal=None)
+    events = []
+
+    async def published():
+        events[:] = [r async for r in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
+        return bool(events)
+
+    for _ in range(100):
+        if await published():
+            break
+        await asyncio.sleep(0.05)
+    assert len(events) == 1
+    await tc.stop()
+
+
+def test_unreadable_header_fields_are_value_errors():
+    with pytest.raises(ValueError, match="malformed"):
+        layout.TxnHeader.from_json(b'{"state":"OPEN","createdMs":1,"timeoutMs":1,"finalizedMs":[]}')
