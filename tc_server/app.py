@@ -63,6 +63,9 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
 async def start_app(settings: Settings, store: MetadataStore | None = None) -> App:
     """Start everything; raises ConfigError/ParallelismMismatch/OSError with a message for the user."""
     metrics = Metrics(settings.cluster)
+    if settings.store == "memory":
+        log.warning("the memory store keeps nothing across a restart: transaction ids start again at 0; "
+                    "use it for tests only")
     store = store if store is not None else await open_configured_store(settings)
     try:
         host, port = parse_hostport(settings.listen)

@@ -95,6 +95,7 @@ class OxiaStore:
             request_timeout_s=request_timeout_s, client_identity=client_identity or default_client_identity())
         self._pump = NotificationPump(self._pool, lambda: self._assignments.current)
         self._writers: dict[int, ShardWriter] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # writers of shards whose leader moved
         # Ephemeral keys this session wrote and still owns, so that close() can wait for the
         # notifications of their deletion (the Protocol: a closing stream ends after them).
         self._ephemeral: set[str] = set()
@@ -124,8 +125,11 @@ class OxiaStore:
                 # The old leader will not take writes any more; what was sent to it has an unknown
                 # outcome, and the next write opens a stream to the new leader.
                 del self._writers[shard]
-                asyncio.get_running_loop().create_task(writer.close(StoreUnavailableError(
+                # Keep a reference until it finishes (the loop holds tasks only weakly).
+                task = asyncio.get_running_loop().create_task(writer.close(StoreUnavailableError(
                     f"shard {shard}: leader moved from {writer.leader}")))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     def _leader_of(self, shard: int) -> str:
         info = self._assignments.current.get(shard)

@@ -217,6 +217,15 @@ class ShardWriter:
                 except (grpc.RpcError, asyncio.InvalidStateError, TimeoutError) as e:
                     self._break(stream, StoreUnavailableError(
                         f"shard {self.shard} at {self.leader}: write stream failed: {_describe(e)}"))
+                except asyncio.CancelledError:
+                    # grpc.aio raises CancelledError from write() when the call was cancelled
+                    # locally (the reader broke the stream meanwhile). Only a cancellation of this
+                    # task itself may end the flusher; otherwise the shard would stall for good.
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    self._break(stream, StoreUnavailableError(
+                        f"shard {self.shard} at {self.leader}: write stream cancelled"))
 
     def _open(self) -> _Stream:
         stub = self._pool.stub(self.leader)
