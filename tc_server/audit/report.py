@@ -69,7 +69,7 @@ def latency_chart(rows: Sequence[tuple[str, int, int, int]]) -> str:
     buckets = sorted({(lo, hi) for _, lo, hi, _ in rows})
     states = sorted({s for s, _, _, _ in rows})
     counts = {(s, lo): n for s, lo, _, n in rows}
-    labels = [f"<{svg._fmt(hi)}ms" for _, hi in buckets]
+    labels = [f"<{_duration(hi)}" for _, hi in buckets]
     series = {s: [float(counts.get((s, lo), 0)) for lo, _ in buckets] for s in states}
     title = "Commit/abort latency (finalized - created), power-of-two buckets"
     return svg.grouped_bars(title, labels, series)
@@ -164,3 +164,12 @@ def render(data: ReportData) -> str:
             parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _duration(ms: float) -> str:
+    """A bucket bound for an axis label: "512ms", "2s", "16.4s", "5min"."""
+    if ms < 1000:
+        return f"{ms:g}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3g}s"
+    return f"{ms / 60_000:.3g}min"
