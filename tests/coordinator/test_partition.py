@@ -223,6 +223,7 @@ async def test_restart_recovers_open_txns_and_never_reuses_ids():
     store2 = MemoryStore(backend)
     tc2 = make(store2, clock)
     await tc2.start()
+    await tc2.wait_recovered()
     assert sorted(tc2.partition(0).open_txns()) == before
     after = await tc2.partition(0).new_txn(1000, None)
     assert after > max(before)

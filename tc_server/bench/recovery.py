@@ -1,0 +1,97 @@
+"""Recovery benchmark: open N transactions, kill -9 the server, restart it on the same store and
+time how long until it is ready and serves again (lessons.md: recovery must be an index scan
+bounded by the open txns, not a log replay).
+
+    python -m tc_server.bench.recovery [--open N] [--store embedded] [--server-arg=...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from tc_server.bench.__main__ import Server
+from tc_server.bench.client import connect
+
+
+async def open_txns(port: int, count: int, coordinators: int) -> None:
+    client = await connect("127.0.0.1", port)
+    in_flight = 512
+    for start in range(0, count, in_flight):
+        batch = range(start, min(count, start + in_flight))
+        answers = await asyncio.gather(*(client.new_txn(tc_id=i % coordinators, ttl_ms=3_600_000) for i in batch))
+        assert all(a.error is None for a in answers), answers[0]
+    client.close()
+
+
+async def first_new_txn(port: int) -> float:
+    started = time.perf_counter()
+    client = await connect("127.0.0.1", port)
+    answer = await client.new_txn(tc_id=0)
+    assert answer.error is None
+    client.close()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tc_server.bench.recovery", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--open", type=int, default=50_000, help="open transactions at the kill")
+    parser.add_argument("--store", default="embedded", choices=["embedded", "oxia"])
+    parser.add_argument("--coordinators", type=int, default=16)
+    parser.add_argument("--server-arg", action="append", default=[])
+    args = parser.parse_args(argv)
+    extra = ["--coordinators", str(args.coordinators), *args.server_arg]
+    server = Server(args.store, extra)
+    try:
+        asyncio.run(open_txns(server.port, args.open, args.coordinators))
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        command = [str(part) for part in server.proc.args]  # type: ignore[union-attr]
+        started = time.perf_counter()
+        server.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                       stderr=open(server.dir / "server.log", "ab"))  # noqa: SIM115
+        ready = leads_all = None
+        # On Oxia the dead process's leader records live until its session times out
+        # (--oxia-session-timeout-ms), so "ready" (every coordinator has a leader) comes before
+        # "leads every coordinator"; on the embedded store they coincide.
+        while leads_all is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.admin}/readyz", timeout=1) as r:
+                    led = json.loads(r.read())["led"]
+                    ready = ready if ready is not None else time.perf_counter() - started
+                    if len(led) == args.coordinators:
+                        leads_all = time.perf_counter() - started
+            except OSError:
+                if server.proc.poll() is not None:
+                    print(f"tc-server exited: see {server.dir / 'server.log'}", file=sys.stderr)
+                    return 1
+            time.sleep(0.02)
+        served = asyncio.run(first_new_txn(server.port))
+        # The open txns are loaded in the background after winning (their timeouts wait for it).
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.admin}/admin/v3/transactions/coordinatorStats",
+                                        timeout=5) as r:
+                tracked = sum(stats["ongoingTxnSize"] for stats in json.loads(r.read()).values())
+            if tracked >= args.open:
+                recovered = time.perf_counter() - started
+                break
+            time.sleep(0.05)
+    finally:
+        server.stop()
+    print(f"# recovery after kill -9, {args.store} store, {args.open} open txns, {os.cpu_count()} cores")
+    print(f"restart to ready: {ready:.2f} s; to leading all {args.coordinators} coordinators: {leads_all:.2f} s; "
+          f"first NEW_TXN after that: {served * 1000:.1f} ms; all {args.open} open txns tracked again: "
+          f"{recovered:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
