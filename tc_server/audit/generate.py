@@ -42,22 +42,13 @@ from tc_server.audit.schema import (
     OPS_SCHEMA,
     TC_SEQ,
     TC_SEQ_SCHEMA,
+    VIOLATIONS,
     snapshot_document,
     write_snapshot_json,
 )
 from tc_server.audit.writer import TableWriter
 
 ANOMALIES = ("open_past_deadline", "gc_backlog", "orphan_ops", "late_ops", "id_reuse_risk", "illegal_headers")
-# Every finding the job counts as a violation; gc_backlog_ops follows from gc_backlog.
-VIOLATIONS = (
-    "open_past_deadline",
-    "gc_backlog",
-    "gc_backlog_ops",
-    "orphan_ops",
-    "late_ops",
-    "id_reuse_risk",
-    "illegal_headers",
-)
 GC_BACKLOG_OPS_PER_TXN = 2
 # 2026-01-01T00:00:00Z: a fixed default keeps generated snapshots byte-for-byte reproducible.
 DEFAULT_NOW_MS = 1_767_225_600_000

@@ -36,6 +36,7 @@ from tc_server.audit.schema import (  # noqa: E402
     REJECTS_JSONL,
     SNAPSHOT_JSON,
     TABLES,
+    VIOLATIONS,
     spark_schema,
 )
 
@@ -46,16 +47,6 @@ EXIT_FAILED = 3
 
 DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (design §4)
 DEFAULT_GRACE_S = 60  # Pulsar's own sweep runs every 60 s; later than that is "behind"
-# Violations in the order the summary and report list them.
-VIOLATIONS = (
-    "open_past_deadline",
-    "gc_backlog",
-    "gc_backlog_ops",
-    "orphan_ops",
-    "late_ops",
-    "id_reuse_risk",
-    "illegal_headers",
-)
 INFO_TABLES = ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput")
 _SAMPLE_ROWS = 20
 _BROADCAST_MAX_ROWS = 4_000_000

@@ -166,3 +166,16 @@ def write_snapshot_json(out_dir: Path, doc: dict[str, Any]) -> None:
     tmp = out_dir / (SNAPSHOT_JSON + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     tmp.replace(out_dir / SNAPSHOT_JSON)
+
+
+# Every finding the audit job counts as a violation, in the order the summary and the report list
+# them; gc_backlog_ops (the op records of the gc_backlog txns) follows from gc_backlog.
+VIOLATIONS = (
+    "open_past_deadline",
+    "gc_backlog",
+    "gc_backlog_ops",
+    "orphan_ops",
+    "late_ops",
+    "id_reuse_risk",
+    "illegal_headers",
+)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -28,23 +28,24 @@ log = structlog.get_logger(__name__)
 SUBSCRIBER_QUEUE_LIMIT = 10_000
 
 
-class Subscription:
-    """One subscriber's stream: an async iterator of :class:`Notification`.
+class NotificationQueue:
+    """One subscriber's stream: an async iterator of :class:`Notification`, fed by its source
+    (the hub here, the Oxia pump for the Oxia backend) through :meth:`deliver`.
 
-    Ends (``StopAsyncIteration``) when the store closes, after the notifications committed before
-    the close (the deletes of the session's ephemeral records included). Raises
-    :class:`StoreUnavailableError` once, after the queued notifications, if it fell behind.
+    Ends (``StopAsyncIteration``) when the source ends it, after what is queued. Raises
+    :class:`StoreUnavailableError` once, after the queued notifications, if it fell more than
+    ``limit`` behind.
     """
 
-    def __init__(self, hub: NotificationHub, limit: int) -> None:
-        self._hub = hub
+    def __init__(self, limit: int, on_end: Callable[[NotificationQueue], None]) -> None:
         self._limit = limit
+        self._on_end = on_end
         self._items: deque[Notification] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._error: StoreError | None = None
 
-    def __aiter__(self) -> Subscription:
+    def __aiter__(self) -> NotificationQueue:
         return self
 
     async def __anext__(self) -> Notification:
@@ -64,31 +65,35 @@ class Subscription:
     async def aclose(self) -> None:
         """Stop receiving; what is still queued is discarded."""
         self._items.clear()
-        self._end(None)
+        self.end(None)
 
-    def _push(self, batch: list[Notification]) -> None:
+    def deliver(self, batch: list[Notification]) -> None:
         if self._ended:
             return
         if len(self._items) + len(batch) > self._limit:
             log.warning("store_notification_subscriber_lagging", queued=len(self._items), limit=self._limit)
-            self._end(StoreUnavailableError(
+            self.end(StoreUnavailableError(
                 f"notification subscriber fell more than {self._limit} notifications behind; "
                 "re-read the state and subscribe again"))
             return
         self._items.extend(batch)
         self._wake()
 
-    def _end(self, error: StoreError | None) -> None:
+    def end(self, error: StoreError | None) -> None:
         if self._ended:
             return
         self._ended = True
         self._error = error
-        self._hub._discard(self)
+        self._on_end(self)
         self._wake()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+# The in-process backends' subscription is the plain queue.
+Subscription = NotificationQueue
 
 
 class NotificationHub:
@@ -101,7 +106,7 @@ class NotificationHub:
     def subscribe(self) -> Subscription:
         # Registered now, not at the first __anext__, so that "changes committed after the call"
         # holds even if the caller starts iterating later.
-        sub = Subscription(self, self._limit)
+        sub = Subscription(self._limit, self._subscribers.discard)
         self._subscribers.add(sub)
         return sub
 
@@ -111,12 +116,9 @@ class NotificationHub:
         if not items:
             return
         for sub in list(self._subscribers):
-            sub._push(items)
+            sub.deliver(items)
 
     def close(self) -> None:
         """End every subscription (after what is already queued)."""
         for sub in list(self._subscribers):
-            sub._end(None)
-
-    def _discard(self, sub: Subscription) -> None:
-        self._subscribers.discard(sub)
+            sub.end(None)

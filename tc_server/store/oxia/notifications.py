@@ -19,23 +19,20 @@ can still arrive: a subscriber may see slightly more, never less.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 
 import grpc
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
-from tc_server.store.api import Notification, NotificationType, StoreError, StoreUnavailableError
+from tc_server.store.api import Notification, NotificationType, StoreUnavailableError
+from tc_server.store.notify import SUBSCRIBER_QUEUE_LIMIT, NotificationQueue
 from tc_server.store.oxia.backoff import Backoff
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.routing import ShardMap
 
 log = structlog.get_logger(__name__)
 
-# Same bound as the in-process backends (tc_server/store/notify.py): a subscriber further behind
-# is told to resynchronise instead of growing without bound.
-SUBSCRIBER_QUEUE_LIMIT = 10_000
 
 _TYPES = {
     pb.KEY_CREATED: NotificationType.CREATED,
@@ -59,67 +56,17 @@ def convert(batch: pb.NotificationBatch) -> list[Notification]:
     return out
 
 
-class OxiaSubscription:
-    """One subscriber's stream of :class:`Notification`.
-
-    Ends (``StopAsyncIteration``) when the store closes. Raises :class:`StoreUnavailableError` once,
-    after what is queued, if it fell more than :data:`SUBSCRIBER_QUEUE_LIMIT` behind.
-    """
+class OxiaSubscription(NotificationQueue):
+    """One subscriber's stream; batches at or below its offset snapshot (committed before it
+    subscribed) are not delivered."""
 
     def __init__(self, pump: NotificationPump, snapshot: dict[int, int], limit: int) -> None:
-        self._pump = pump
+        super().__init__(limit, pump._subscribers.discard)
         self._snapshot = snapshot
-        self._limit = limit
-        self._items: deque[Notification] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._ended = False
-        self._error: StoreError | None = None
-
-    def __aiter__(self) -> OxiaSubscription:
-        return self
-
-    async def __anext__(self) -> Notification:
-        while not self._items:
-            if self._ended:
-                error, self._error = self._error, None
-                if error is not None:
-                    raise error
-                raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
-
-    async def aclose(self) -> None:
-        """Stop receiving; what is still queued is discarded."""
-        self._items.clear()
-        self._end(None)
 
     def _push(self, shard: int, offset: int, items: list[Notification]) -> None:
-        if self._ended or offset <= self._snapshot.get(shard, -2):
-            return
-        if len(self._items) + len(items) > self._limit:
-            log.warning("oxia_notification_subscriber_lagging", queued=len(self._items), limit=self._limit)
-            self._end(StoreUnavailableError(
-                f"notification subscriber fell more than {self._limit} notifications behind; "
-                "re-read the state and subscribe again"))
-            return
-        self._items.extend(items)
-        self._wake()
-
-    def _end(self, error: StoreError | None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        self._error = error
-        self._pump._subscribers.discard(self)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if offset > self._snapshot.get(shard, -2):
+            self.deliver(items)
 
 
 class NotificationPump:
@@ -217,7 +164,7 @@ class NotificationPump:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for sub in list(self._subscribers):
-            sub._end(None)
+            sub.end(None)
 
     async def _run(self, shard: int) -> None:
         backoff = Backoff()
