@@ -50,9 +50,8 @@ def test_tc_client_errors_keep_the_connection(java_harness: Harness, tc_server: 
         "commit_unknown_tc": EXC + "MetaStoreHandlerNotExistsException",  # never leaves the client
         "new_txn_commit": "ok",
     }, steps
-    # Every answer came back typed and routed (an ERROR frame or a wrong txnid_most_bits would have
-    # surfaced as a 10 s operation timeout), and no handler changed its connection.
-    assert all(step["ms"] < 5000 for step in steps.values()), steps
+    # Every answer came back typed and routed: an ERROR frame or a wrong txnid_most_bits would have
+    # surfaced as a TimeoutException instead of the exceptions above. No handler changed connection.
     assert None not in result["connections_before"]
     assert result["connections_before"] == result["connections_after"]
     assert tc_server.txn(result["most"], result["least"])[1]["status"] == "COMMITTED"
@@ -74,8 +73,9 @@ def test_build_fails_without_server_then_succeeds(java_harness: Harness, tc_serv
     failed = java_harness.run("build-only", service_url=nowhere, op_timeout_ms=3000).result
     assert failed["ok"] is False
     assert failed["error"]["class"] == "org.apache.pulsar.client.api.PulsarClientException", failed
-    # Retries until operationTimeout, plus the client's own start-up cost on a slow machine.
-    assert failed["elapsed_ms"] < 15_000, failed
+    # It gave up by itself (the harness run is bounded by its subprocess timeout, so a hang fails
+    # the test); how long it took is reported, not asserted: timing belongs in benchmarks.
+    print("build without a server failed after", failed["elapsed_ms"], "ms")
     server = tc_server_factory(port=port)
     server.start()
     built = java_harness.run("build-only", service_url=server.url).result
