@@ -54,6 +54,7 @@ class TcServer:
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
+    store_args: list[str] = field(default_factory=lambda: ["--store", "embedded"])
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -70,7 +71,7 @@ class TcServer:
             "--listen", f"127.0.0.1:{self.port}",
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
             "--advertised-url", self.url,
-            "--store", "embedded",
+            *self.store_args,
             "--data-dir", str(self.data_dir),
             "--coordinators", str(COORDINATORS),
             "--log-format", "json",
@@ -163,10 +164,30 @@ def tc_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]
 
 
 @pytest.fixture(scope="module")
-def tc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcServer]:
-    """One running server shared by the tests of a module that do not need their own."""
+def oxia_standin() -> Iterator[str]:
+    """The stand-in Oxia server (tests/oxia_standin, 3 shards) in its own process: the Oxia server
+    itself cannot be installed here (the Go module proxy refuses github.com/oxia-db/oxia)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.oxia_standin", "--shards", "3"],
+                            stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().split()
+    if len(line) != 2 or line[0] != "listening":
+        proc.kill()
+        pytest.fail(f"the Oxia stand-in did not start: {line}")
+    yield line[1]
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module", params=["embedded", "oxia-standin"])
+def tc_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcServer]:
+    """One running server shared by the tests of a module that do not need their own, on the
+    embedded store and on Oxia (the stand-in)."""
     base = tmp_path_factory.mktemp("tc-server-shared")
-    server = TcServer(data_dir=base / "data", log_path=base / "server.log")
+    store_args = ["--store", "embedded"]
+    if request.param == "oxia-standin":
+        store_args = ["--store", "oxia", "--oxia-address", request.getfixturevalue("oxia_standin")]
+    server = TcServer(data_dir=base / "data", log_path=base / "server.log", store_args=store_args)
     server.start()
     yield server
     server.stop()
