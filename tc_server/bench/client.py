@@ -32,6 +32,8 @@ from tc_server.wire import (
     TcClientConnect,
     TcClientConnectResponse,
     TxnAction,
+    WatchTcAssignments,
+    WatchTcAssignmentsUpdate,
     decode_command,
     encode_command,
 )
@@ -57,6 +59,7 @@ class TcClient(asyncio.Protocol):
         self.pings_received = 0
         self.errors: list[Error] = []  # ERROR frames that matched no pending request
         self.answer_pings = True
+        self.assignment_updates: asyncio.Queue[WatchTcAssignmentsUpdate] = asyncio.Queue()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -85,6 +88,8 @@ class TcClient(asyncio.Protocol):
             self.pings_received += 1
             if self.answer_pings:
                 self.send(Pong())
+        elif isinstance(cmd, WatchTcAssignmentsUpdate):
+            self.assignment_updates.put_nowait(cmd)
         elif isinstance(cmd, Pong):
             future = self._pending.pop(-2, None)
             if future is not None and not future.done():
@@ -129,6 +134,12 @@ class TcClient(asyncio.Protocol):
         self._pending[-2] = future
         self.send(Ping())
         return await future  # type: ignore[no-any-return]
+
+    async def watch_assignments(self, watch_id: int) -> WatchTcAssignmentsUpdate:
+        """Send WATCH_TC_ASSIGNMENTS; returns the first update (later ones queue up in
+        ``assignment_updates``)."""
+        self.send(WatchTcAssignments(watch_id))
+        return await self.assignment_updates.get()
 
     async def partitioned_metadata(self, topic: str) -> PartitionedMetadataResponse:
         rid = self.next_request_id()

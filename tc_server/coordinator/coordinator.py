@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -107,6 +108,15 @@ class TransactionCoordinator:
 
     def leader_url(self, tc_id: int) -> str | None:
         return self._election.leaders.get(tc_id)
+
+    def assignments(self) -> dict[int, str]:
+        """The known leader URL of every coordinator that has one (one in mid-election is missing)."""
+        return dict(self._election.leaders)
+
+    def watch_assignments(self, listener: Callable[[dict[int, str]], None]) -> Callable[[], None]:
+        """Call ``listener`` with the new map whenever it changes; returns the unsubscribe function."""
+        self._election.listeners.append(listener)
+        return lambda: self._election.listeners.remove(listener)
 
     def leads(self, tc_id: int) -> bool:
         return tc_id in self._partitions

@@ -42,6 +42,8 @@ log = structlog.get_logger("tc_server.leadership")
 RECHECK_INTERVAL_S = 1.0
 
 Callback = Callable[[int], Awaitable[None]]
+# Called with the new tcId -> leader URL map whenever it changes (WATCH_TC_ASSIGNMENTS).
+ChangeListener = Callable[[dict[int, str]], None]
 
 
 def leader_value(url: str, instance_id: str) -> bytes:
@@ -78,6 +80,8 @@ class LeaderElection:
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         self.share = partitions  # how many partitions this instance may lead
+        self.listeners: list[ChangeListener] = []
+        self._published: dict[int, str] = {}
 
     async def start(self) -> None:
         """Join, campaign once for every partition (up to the fair share), then keep watching."""
@@ -126,6 +130,7 @@ class LeaderElection:
             for tc_id in sorted(self.led, reverse=True)[: max(0, len(self.led) - self.share)]:
                 log.info("releasing leadership to balance", coordinator_id=tc_id, share=self.share)
                 await self._release(tc_id, self._versions.get(tc_id))
+        self._publish_changes()
 
     async def _check(self, tc_id: int) -> None:
         """Bring this instance's view of one partition in line with its leader record. Every change
@@ -133,6 +138,13 @@ class LeaderElection:
         and the leader records never drift apart."""
         async with self._lock:
             await self._reconcile(tc_id)
+        self._publish_changes()
+
+    def _publish_changes(self) -> None:
+        if self.leaders != self._published:
+            self._published = dict(self.leaders)
+            for listener in list(self.listeners):
+                listener(dict(self._published))
 
     async def _reconcile(self, tc_id: int) -> None:
         current = await self._store.get(layout.leader_path(tc_id))

@@ -9,6 +9,7 @@ connection). Bad input is answered and contained here: it can close this connect
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -41,6 +42,9 @@ from tc_server.wire import (
     ServerError,
     TcClientConnect,
     Unknown,
+    WatchTcAssignments,
+    WatchTcAssignmentsClose,
+    WatchTcAssignmentsUpdate,
     decode_command,
     encode_command,
 )
@@ -85,6 +89,9 @@ class ClientConnection(asyncio.Protocol):
         # Responses written in one loop iteration go out in one write: a syscall per response was
         # a quarter of the server's time under load (profiled), and batching adds no latency.
         self._out: list[bytes] = []
+        # WATCH_TC_ASSIGNMENTS watch ids of this connection, and how to stop listening for changes.
+        self._watches: set[int] = set()
+        self._unwatch: Callable[[], None] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -102,6 +109,9 @@ class ClientConnection(asyncio.Protocol):
         self._closing = True
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         self._ctx.connections.discard(self)
         self._ctx.metrics.connections.dec()
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
@@ -160,6 +170,10 @@ class ClientConnection(asyncio.Protocol):
             self.send(self._ctx.dispatcher.lookup(cmd))  # type: ignore[arg-type]
         elif kind is PartitionedMetadata:
             self.send(self._ctx.dispatcher.partitioned_metadata(cmd))  # type: ignore[arg-type]
+        elif kind is WatchTcAssignments:
+            self._watch(cmd.watch_id)  # type: ignore[union-attr]
+        elif kind is WatchTcAssignmentsClose:
+            self._watches.discard(cmd.watch_id)  # type: ignore[union-attr]
         elif kind is Connect or kind is AuthResponse:
             self._log.info("ignoring repeated handshake command", command=kind.__name__)
         else:
@@ -187,6 +201,18 @@ class ClientConnection(asyncio.Protocol):
             self._log.info("old protocol version: client will not send TC_CLIENT_CONNECT")
         self.send(result.connected)
         self._log.info("client connected")
+
+    def _watch(self, watch_id: int) -> None:
+        """WATCH_TC_ASSIGNMENTS: the full map now, and again whenever it changes."""
+        self._watches.add(watch_id)
+        if self._unwatch is None:
+            self._unwatch = self._ctx.dispatcher.coordinator.watch_assignments(self._assignments_changed)
+        self.send(WatchTcAssignmentsUpdate(watch_id, self._ctx.dispatcher.assignments_snapshot()))
+
+    def _assignments_changed(self, leaders: dict[int, str]) -> None:
+        snapshot = self._ctx.dispatcher.assignments_snapshot(leaders)
+        for watch_id in sorted(self._watches):
+            self.send(WatchTcAssignmentsUpdate(watch_id, snapshot))
 
     def _start_txn_request(self, cmd: TxnRequest) -> None:
         self._in_flight += 1

@@ -33,6 +33,8 @@ from tc_server.wire import (
     PartitionedMetadata,
     PartitionedMetadataResponse,
     ServerError,
+    TcAssignment,
+    TcAssignmentsSnapshot,
     TcClientConnect,
     TcClientConnectResponse,
     TxnAction,
@@ -121,6 +123,15 @@ class Dispatcher:
             cmd.request_id,
             error=ServerError.TransactionCoordinatorNotFound,
             message=f"transaction coordinator {cmd.tc_id} is not led by this instance{where}",
+        )
+
+    def assignments_snapshot(self, leaders: dict[int, str] | None = None) -> TcAssignmentsSnapshot:
+        """WATCH_TC_ASSIGNMENTS' answer: the full map every time (PIP-473); a coordinator in
+        mid-election is just missing."""
+        leaders = self.coordinator.assignments() if leaders is None else leaders
+        return TcAssignmentsSnapshot(
+            parallelism=self.coordinator.num_partitions,
+            assignments=tuple(TcAssignment(tc_id, url) for tc_id, url in sorted(leaders.items())),
         )
 
     # -- transaction requests (awaited; many in flight per connection) -------------------------

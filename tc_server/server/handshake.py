@@ -54,6 +54,8 @@ def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: 
         server_version=SERVER_VERSION,
         protocol_version=version,
         max_message_size=max_message_size,
-        feature_flags=FeatureFlags(supports_get_partitioned_metadata_without_auto_creation=True),
+        # supports_tc_metadata_discovery: we serve WATCH_TC_ASSIGNMENTS (PIP-473's v5 discovery).
+        feature_flags=FeatureFlags(supports_get_partitioned_metadata_without_auto_creation=True,
+                                   supports_tc_metadata_discovery=True),
     )
     return HandshakeResult(connected, principal, version)
