@@ -119,6 +119,10 @@ class TcClient(asyncio.Protocol):
         return next(self._ids)
 
     async def request(self, cmd: Any, request_id: int) -> Any:
+        if self.closed.done():
+            # connection_lost already failed everything pending; a request registered after it
+            # would wait forever.
+            raise ConnectionError("connection lost before the request was sent")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self.send(cmd)

@@ -1,0 +1,144 @@
+"""Jepsen-style history check (lessons.md): clients record every operation as ok, failed (with its
+error) or unknown (the connection died first) while tc-server is killed with SIGKILL and restarted
+again and again on the same embedded store. Afterwards the store must agree with the history:
+
+- no txn id was handed out twice, and after each restart every coordinator's new ids are greater;
+- every acknowledged commit is COMMITTED and every acknowledged abort ABORTED;
+- a commit refused as InvalidTxnStatus ended ABORTED (it had timed out);
+- every txn whose END_TXN outcome is unknown, or that was left open, ends in one terminal state,
+  and stays in it;
+- nothing is left OPEN once every deadline has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from tc_server.bench.client import TcClient, connect
+from tc_server.wire import ServerError
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 8
+KILLS = 3
+MAX_TTL_MS = 3000
+
+
+@dataclass
+class Txn:
+    most: int
+    least: int
+    epoch: int  # how many kills had happened when the id was handed out
+    end: str | None = None  # "commit" / "abort" asked, or None (left open)
+    outcome: str = "none"  # "ok", "unknown", or the ServerError name
+
+
+@dataclass
+class History:
+    txns: list[Txn] = field(default_factory=list)
+    unknown_creates: int = 0
+    epoch: int = 0
+
+
+async def worker(port: int, history: History, stop: asyncio.Event, rng: random.Random) -> None:
+    client: TcClient | None = None
+    while not stop.is_set():
+        try:
+            if client is None or client.closed.done():
+                client = await connect("127.0.0.1", port)
+            epoch = history.epoch
+            created = await client.new_txn(tc_id=rng.randrange(4), ttl_ms=rng.randrange(300, MAX_TTL_MS))
+        except (ConnectionError, OSError):
+            history.unknown_creates += 1
+            client = None
+            await asyncio.sleep(0.05)
+            continue
+        if created.error is not None:
+            assert created.error is ServerError.TransactionCoordinatorNotFound, created
+            continue
+        txn = Txn(created.most, created.least, epoch)
+        history.txns.append(txn)
+        txn.end = rng.choice(["commit", "abort", None])
+        if txn.end is None:
+            continue
+        await asyncio.sleep(rng.random() * 0.05)
+        try:
+            ended = await client.end_txn(txn.most, txn.least, commit=txn.end == "commit")
+        except (ConnectionError, OSError):
+            txn.outcome = "unknown"
+            client = None
+            continue
+        txn.outcome = "ok" if ended.error is None else ended.error.name
+        assert (ended.most, ended.least) == (txn.most, txn.least)
+    if client is not None:
+        client.close()
+
+
+async def final_state(server: ServerProcess, txn: Txn) -> str:
+    status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/{txn.most}/{txn.least}")
+    assert status == 200, (txn, doc)
+    return str(doc["status"])
+
+
+async def test_history_survives_repeated_sigkill(tmp_path):
+    server = ServerProcess(tmp_path / "data", "--id-block-size", "20").start()
+    history = History()
+    stop = asyncio.Event()
+    rng = random.Random(20261121)
+    workers = [asyncio.create_task(worker(server.port, history, stop, random.Random(rng.random())))
+               for _ in range(WORKERS)]
+    try:
+        for _ in range(KILLS):
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(server.kill)
+            history.epoch += 1
+            await asyncio.to_thread(server.start)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*workers)
+
+        ids = [(t.most, t.least) for t in history.txns]
+        assert len(ids) == len(set(ids)), "a txn id was handed out twice"
+        for most in range(4):
+            by_epoch: dict[int, list[int]] = {}
+            for t in history.txns:
+                if t.most == most:
+                    by_epoch.setdefault(t.epoch, []).append(t.least)
+            epochs = sorted(by_epoch)
+            for earlier, later in zip(epochs, epochs[1:], strict=False):
+                assert min(by_epoch[later]) > max(by_epoch[earlier]), (most, earlier, later)
+        assert len({t.epoch for t in history.txns}) == KILLS + 1, "every incarnation served"
+
+        # Wait until every deadline has passed (plus the abort promptness), then read every txn.
+        await asyncio.sleep((MAX_TTL_MS + 1500) / 1000)
+        first: dict[tuple[int, int], str] = {}
+        for t in history.txns:
+            state = await final_state(server, t)
+            first[(t.most, t.least)] = state
+            assert state in ("COMMITTED", "ABORTED"), (t, state)
+            if t.outcome == "ok":
+                assert state == ("COMMITTED" if t.end == "commit" else "ABORTED"), (t, state)
+            elif t.outcome == ServerError.InvalidTxnStatus.name:
+                assert t.end == "commit" and state == "ABORTED", (t, state)
+            elif t.outcome not in ("unknown", "none"):
+                # Only the store being down during a restart may answer otherwise.
+                assert t.outcome == ServerError.TransactionCoordinatorNotFound.name, t
+        # An unknown outcome may be either, but one, forever: read again after another restart.
+        await asyncio.to_thread(server.kill)
+        await asyncio.to_thread(server.start)
+        for t in history.txns:
+            assert await final_state(server, t) == first[(t.most, t.least)], t
+        outcomes = {o: sum(t.outcome == o for t in history.txns) for o in {t.outcome for t in history.txns}}
+        print(f"{len(history.txns)} txns, outcomes {outcomes}, unknown creates {history.unknown_creates}")
+        assert outcomes.get("ok", 0) > 0 and outcomes.get("unknown", 0) + history.unknown_creates > 0
+    finally:
+        stop.set()
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        server.stop()
