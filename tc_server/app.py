@@ -77,6 +77,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             keepalive_s=settings.keepalive_s,
             max_message_size=settings.max_message_size,
             max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
+            max_in_flight=settings.max_requests_in_flight,
         )
         listener = PulsarListener(context, host, port)
         bound = listener.bind()

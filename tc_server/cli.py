@@ -31,6 +31,8 @@ HELP = {
     "keepalive_s": "PING idle clients this often; drop those that do not answer by the next tick",
     "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",
     "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
+    "max_requests_in_flight": "requests in flight on all connections before the server stops reading "
+                              "new ones until some finish (back-pressure, not an error)",
     "cluster": "value of the cluster label on metrics",
     "oxia_address": "HOST:PORT of the Oxia server (--store oxia)",
     "oxia_namespace": "Oxia namespace",

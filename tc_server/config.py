@@ -49,6 +49,8 @@ class Settings:
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
+    # Requests in flight across all connections before the server stops reading (back-pressure).
+    max_requests_in_flight: int = 65_536
     cluster: str = "standalone"
     oxia_address: str = "127.0.0.1:6648"
     oxia_namespace: str = "default"
@@ -81,6 +83,7 @@ class Settings:
         check(self.keepalive_s > 0, "keepalive_s", "must be positive")
         check(self.max_message_size > 0, "max_message_size", "must be positive")
         check(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
+        check(self.max_requests_in_flight >= 1, "max_requests_in_flight", "must be >= 1")
         check(2_000 <= self.oxia_session_timeout_ms <= 300_000, "oxia_session_timeout_ms",
               "must be between 2000 and 300000 (Oxia's limits)")
         check(self.log_format in ("auto", "json", "console"), "log_format", "must be auto, json or console")

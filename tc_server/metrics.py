@@ -31,6 +31,7 @@ METRIC_NAMES = (
     "tc_server_request_errors_total",
     "tc_server_coordinator_leader",
     "tc_server_connections",
+    "tc_server_requests_in_flight",
     "tc_server_store_batch_size",
 )
 
@@ -73,6 +74,7 @@ class Metrics:
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
             ["coordinator_id"], registry=r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
+        self.in_flight = Gauge("tc_server_requests_in_flight", "Transaction requests being served", registry=r)
         self.store_batch_size = Histogram(
             "tc_server_store_batch_size", "Operations per store commit/batch",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)

@@ -69,6 +69,11 @@ class ServerContext:
     keepalive_s: float
     max_message_size: int
     max_frame_size: int
+    # Server-wide bound on requests in flight: past it, the connection that crossed it stops reading
+    # until the total is back under half (a stalled store must not pile up tasks without bound).
+    max_in_flight: int = 65_536
+    in_flight: int = 0
+    paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
 
 
@@ -113,6 +118,7 @@ class ClientConnection(asyncio.Protocol):
             self._unwatch()
             self._unwatch = None
         self._ctx.connections.discard(self)
+        self._ctx.paused.discard(self)
         self._ctx.metrics.connections.dec()
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
 
@@ -120,8 +126,20 @@ class ClientConnection(asyncio.Protocol):
         if self._closing:
             return
         self._decoder.feed(data)
+        self._process_frames()
+
+    def _process_frames(self) -> None:
+        # Stop at once when paused: pause_reading() only stops the socket, while the frames of
+        # this read are already in the decoder. They wait there until reading resumes.
         try:
-            while not self._closing and (frame := self._decoder.next_frame()) is not None:
+            while not self._closing and not self._read_paused_for:
+                if self._ctx.in_flight >= self._ctx.max_in_flight:
+                    self._pause_reading("server-busy")
+                    self._ctx.paused.add(self)
+                    return
+                frame = self._decoder.next_frame()
+                if frame is None:
+                    return
                 self._on_frame(frame)
         except FrameError as exc:
             self._log.warning("bad frame; closing", error=str(exc))
@@ -215,7 +233,10 @@ class ClientConnection(asyncio.Protocol):
             self.send(WatchTcAssignmentsUpdate(watch_id, snapshot))
 
     def _start_txn_request(self, cmd: TxnRequest) -> None:
+        ctx = self._ctx
         self._in_flight += 1
+        ctx.in_flight += 1
+        ctx.metrics.in_flight.set(ctx.in_flight)
         if self._in_flight >= MAX_IN_FLIGHT:
             self._pause_reading("in-flight")
         task = asyncio.get_running_loop().create_task(self._serve_txn(cmd))
@@ -223,12 +244,19 @@ class ClientConnection(asyncio.Protocol):
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_txn(self, cmd: TxnRequest) -> None:
+        ctx = self._ctx
         try:
-            response = await self._ctx.dispatcher.transaction(cmd, self._principal)
+            response = await ctx.dispatcher.transaction(cmd, self._principal)
         finally:
             self._in_flight -= 1
+            ctx.in_flight -= 1
+            ctx.metrics.in_flight.set(ctx.in_flight)
             if self._in_flight < MAX_IN_FLIGHT // 2:
                 self._resume_reading("in-flight")
+            if ctx.paused and ctx.in_flight < max(1, ctx.max_in_flight // 2):
+                for connection in list(ctx.paused):
+                    connection._resume_reading("server-busy")
+                ctx.paused.clear()
         self.send(response)
 
     # -- output and lifecycle ------------------------------------------------------------------
@@ -270,6 +298,7 @@ class ClientConnection(asyncio.Protocol):
         self._read_paused_for.discard(reason)
         if not self._read_paused_for and self._transport is not None and not self._closing:
             self._transport.resume_reading()
+            asyncio.get_running_loop().call_soon(self._process_frames)
 
     def _schedule_keepalive(self) -> None:
         loop = asyncio.get_running_loop()

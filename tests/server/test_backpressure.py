@@ -1,0 +1,48 @@
+"""Back-pressure: past --max-requests-in-flight the server stops reading instead of piling up
+tasks, and every request is still answered once the store moves again."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from tc_server.app import start_app
+from tc_server.bench.client import connect
+from tc_server.store.memory import MemoryStore
+
+
+class GatedStore(MemoryStore):
+    """Header writes wait for the gate: a stalled store, on cue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def put(self, key, value, **kwargs):
+        if key.startswith("/txn/id/"):
+            await self.gate.wait()
+        return await super().put(key, value, **kwargs)
+
+
+async def test_reading_stops_at_the_limit_and_resumes(settings):
+    store = GatedStore()
+    app = await start_app(replace(settings, max_requests_in_flight=4), store=store)
+    try:
+        clients = [await connect("127.0.0.1", app.listener.port) for _ in range(2)]
+        store.gate.clear()
+        pending = [asyncio.ensure_future(c.new_txn(tc_id=i % 16)) for c in clients for i in range(25)]
+        peak = 0
+        for _ in range(20):  # the store is stalled: the in-flight count must stay at the bound
+            await asyncio.sleep(0.02)
+            peak = max(peak, app.listener.context.in_flight)
+        assert peak == 4
+        store.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*pending), 30)
+        assert all(a.error is None for a in answers)
+        assert len({(a.most, a.least) for a in answers}) == 50
+        assert app.listener.context.in_flight == 0
+        for c in clients:
+            c.close()
+    finally:
+        await app.stop()
