@@ -32,10 +32,16 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
         clients = [await connect("127.0.0.1", app.listener.port) for _ in range(2)]
         store.gate.clear()
         pending = [asyncio.ensure_future(c.new_txn(tc_id=i % 16)) for c in clients for i in range(25)]
+        # The store is stalled: the in-flight count climbs to the bound and must stay there. Poll
+        # (bounded) until it is reached, then keep watching a while.
         peak = 0
-        for _ in range(20):  # the store is stalled: the in-flight count must stay at the bound
-            await asyncio.sleep(0.02)
+        watched_at_bound = 0
+        for _ in range(500):
+            await asyncio.sleep(0.01)
             peak = max(peak, app.listener.context.in_flight)
+            watched_at_bound += peak >= 4
+            if watched_at_bound >= 20:
+                break
         assert peak == 4
         store.gate.set()
         answers = await asyncio.wait_for(asyncio.gather(*pending), 30)
