@@ -115,11 +115,9 @@ class AdminRoutes:
     async def _slow(self, timeout_ms: int, coordinator_id: str | None) -> Response:
         """Open txns whose configured timeout is greater than the argument (as Pulsar; not age)."""
         found: dict[str, object] = {}
-        async for record in self._tc.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END):
-            most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+        async for most, least, header, _ in self._tc.open_headers():
             if coordinator_id is not None and str(most) != coordinator_id:
                 continue
-            header = TxnHeader.from_json(record.value)
             if header.timeout_ms > timeout_ms:
                 found[f"({most},{least})"] = txn_metadata(most, least, header)
         return Response.json(200, found)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -175,17 +175,25 @@ class TransactionCoordinator:
                 "start it with the stored number"
             )
 
-    async def _scan_open_txns(self) -> dict[int, list[tuple[int, TxnHeader, int]]]:
-        found: dict[int, list[tuple[int, TxnHeader, int]]] = defaultdict(list)
-        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END):
+    async def open_headers(
+        self, deadline_before: str = layout.INDEX_END
+    ) -> AsyncIterator[tuple[int, int, TxnHeader, int]]:
+        """(most, least, header, version) of every OPEN txn in the deadline index whose deadline
+        key sorts before ``deadline_before``, all coordinators; unreadable records are logged and skipped."""
+        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), deadline_before):
             try:
-                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+                most, least = layout.parse_header_path(record.key)
                 header = TxnHeader.from_json(record.value)
             except ValueError as exc:
                 log.warning("skipping unreadable header", key=record.key, error=str(exc))
                 continue
             if header.state is layout.TxnState.OPEN:
-                found[most].append((least, header, record.version))
+                yield most, least, header, record.version
+
+    async def _scan_open_txns(self) -> dict[int, list[tuple[int, TxnHeader, int]]]:
+        found: dict[int, list[tuple[int, TxnHeader, int]]] = defaultdict(list)
+        async for most, least, header, version in self.open_headers():
+            found[most].append((least, header, version))
         return found
 
     async def _elected(self, tc_id: int) -> None:
@@ -239,14 +247,7 @@ class TransactionCoordinator:
     async def abort_overdue(self) -> int:
         """Abort every OPEN txn of a led partition found overdue in the deadline index."""
         horizon = layout.pad(max(0, self._clock() - OVERDUE_GRACE_MS))
-        overdue = []
-        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), horizon):
-            try:
-                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
-            except ValueError:
-                continue
-            if self.leads(most):
-                overdue.append((most, least))
+        overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon) if self.leads(most)]
         for most, least in overdue:
             partition = self._partitions.get(most)
             if partition is not None:

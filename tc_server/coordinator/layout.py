@@ -85,6 +85,13 @@ def header_path(most: int, least: int) -> str:
     return HEADER_PREFIX + txn_key(most, least)
 
 
+def parse_header_path(path: str) -> tuple[int, int]:
+    """``/txn/id/<most>_<least>`` -> (most, least); ValueError for any other key."""
+    if not path.startswith(HEADER_PREFIX):
+        raise ValueError(f"not a txn header key: {path!r}")
+    return parse_txn_key(path[len(HEADER_PREFIX):])
+
+
 def op_prefix(most: int, least: int) -> str:
     """Prefix of a txn's op records; the store appends ``-<seq>``. Partition key: the txn key."""
     return OP_PREFIX + txn_key(most, least)

@@ -45,7 +45,7 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
         metrics.index_query.labels(layout.IDX_TXN_BY_FINAL_STATE).observe(time.perf_counter() - started)
         for record in expired:
             try:
-                most, least = layout.parse_txn_key(record.key[len(layout.HEADER_PREFIX):])
+                most, least = layout.parse_header_path(record.key)
                 header = TxnHeader.from_json(record.value)
             except ValueError as exc:
                 log.warning("skipping unreadable header", key=record.key, error=str(exc))

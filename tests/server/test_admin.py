@@ -1,0 +1,48 @@
+"""The admin HTTP endpoints over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+
+def fetch(app, path: str, method: str = "GET") -> tuple[int, object]:
+    request = urllib.request.Request(f"http://127.0.0.1:{app.admin.port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def get(app, path: str, method: str = "GET") -> tuple[int, object]:
+    return await asyncio.to_thread(fetch, app, path, method)
+
+
+async def test_slow_transactions_and_stats(app, client):
+    short = await client.new_txn(tc_id=1, ttl_ms=5_000)
+    long = await client.new_txn(tc_id=2, ttl_ms=120_000)
+    status, slow = await get(app, "/admin/v3/transactions/slowTransactions/60000")
+    assert status == 200 and list(slow) == [f"(2,{long.least})"]
+    status, only_1 = await get(app, "/admin/v3/transactions/slowTransactions/1000?coordinatorId=1")
+    assert status == 200 and list(only_1) == [f"(1,{short.least})"]
+    status, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=2")
+    assert status == 200 and stats["ongoingTxnSize"] == 1 and stats["state"] == "Ready"
+
+
+async def test_metadata_and_force_abort(app, client):
+    t = await client.new_txn(tc_id=3, ttl_ms=60_000)
+    status, doc = await get(app, f"/admin/v3/transactions/transactionMetadata/3/{t.least}")
+    assert status == 200 and doc["status"] == "OPEN" and doc["timeoutAt"] == 60_000
+    status, doc = await get(app, f"/admin/v3/transactions/abort/3/{t.least}", method="POST")
+    assert status == 200 and doc["status"] == "ABORTED"
+    status, doc = await get(app, f"/admin/v3/transactions/abort/3/{t.least}", method="POST")
+    assert status == 200  # aborting again is idempotent
+    committed = await client.new_txn(tc_id=3)
+    await client.end_txn(3, committed.least, commit=True)
+    status, doc = await get(app, f"/admin/v3/transactions/abort/3/{committed.least}", method="POST")
+    assert status == 409 and doc["status"] == "COMMITTED"
+    assert (await get(app, "/admin/v3/transactions/transactionMetadata/3/999999"))[0] == 404
+    assert (await get(app, "/admin/v3/transactions/nope"))[0] == 404
