@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 TXN_ROOT = "/txn"
 HEADER_PREFIX = "/txn/id/"
@@ -63,10 +63,6 @@ def pad(ms: int) -> str:
 def enc(name: str) -> str:
     """Pulsar's ``Codec.encode``: URL-encoding, so a topic name holds no ``/``."""
     return quote(name, safe="")
-
-
-def dec(name: str) -> str:
-    return unquote(name)
 
 
 def txn_key(most: int, least: int) -> str:

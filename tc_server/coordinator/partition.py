@@ -28,7 +28,7 @@ from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Record, StoreError
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
 
 Clock = Callable[[], int]
 
@@ -191,16 +191,8 @@ class CoordinatorPartition:
 
     async def force_abort(self, least: int) -> TxnState:
         """Operator abort (apache/pulsar#19786): no owner check; returns the final state."""
-        decision, header = await self._apply(least, Request.ABORT, None, check_owner=False)
+        _, header = await self._apply(least, Request.ABORT, None, check_owner=False)
         return header.state
-
-    async def read_header(self, least: int) -> tuple[TxnHeader, Record] | None:
-        record = await self._store.get(
-            layout.header_path(self.tc_id, least), partition_key=layout.txn_key(self.tc_id, least)
-        )
-        if record is None:
-            return None
-        return TxnHeader.from_json(record.value), record
 
     def open_txns(self) -> dict[int, int]:
         """Snapshot of the open txns tracked here: least -> deadline ms."""

@@ -23,7 +23,6 @@ from tc_server.wire import (
     AddPartitionToTxnResponse,
     AddSubscriptionToTxn,
     AddSubscriptionToTxnResponse,
-    Command,
     EndTxn,
     EndTxnResponse,
     LookupResponse,
@@ -187,7 +186,3 @@ _RESPONSES: dict[type, type[TxnResponse]] = {
     AddSubscriptionToTxn: AddSubscriptionToTxnResponse,
     EndTxn: EndTxnResponse,
 }
-
-
-def is_txn_request(cmd: Command) -> bool:
-    return type(cmd) in _RESPONSES
