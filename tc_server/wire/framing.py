@@ -58,6 +58,14 @@ class FrameDecoder:
         """How many received bytes are not yet returned as (or skipped with) a frame."""
         return len(self._buf) - self._pos
 
+    def take_buffered(self) -> bytes:
+        """Hand back (and forget) every received byte not yet returned as a frame: a connection that
+        turns into a byte relay (tc-server carrying a proxied client to its broker) passes them on."""
+        rest = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return rest
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes; call :meth:`next_frame` until it returns ``None`` afterwards."""
         self._buf += data

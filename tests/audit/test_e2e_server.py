@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tc_server.audit import cli
-from tc_server.bench.client import connect
+from tc_server.client import connect
 from tc_server.wire import ServerError
 from tests.support.server_process import TC_SERVER, ServerProcess
 

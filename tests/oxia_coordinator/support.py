@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tc_server.bench.client import TcClient, connect
+from tc_server.client import TcClient, connect
 from tc_server.server.discovery import ASSIGN_TOPIC
 from tc_server.wire import LookupType
 from tests.oxia_standin.server import StandinOxia

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from tc_server.bench.client import TcClient
+from tc_server.client import TcClient
 from tests.oxia_coordinator.support import client_for, get_json, led, poll, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
 

@@ -17,7 +17,7 @@ import collections
 
 import pytest
 
-from tc_server.bench.client import TcClient, connect
+from tc_server.client import TcClient, connect
 from tc_server.wire import ServerError
 from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
 from tests.oxia_standin.server import StandinOxia

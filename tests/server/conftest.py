@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tc_server.app import App, start_app
-from tc_server.bench.client import connect
+from tc_server.client import connect
 from tc_server.config import Settings
 
 BASE = Settings(

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import replace
 
 from tc_server.app import start_app
-from tc_server.bench.client import connect
+from tc_server.client import connect
 from tc_server.store.memory import MemoryStore
 
 

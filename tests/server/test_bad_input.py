@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from tc_server.bench.client import TcClient, connect
+from tc_server.client import TcClient, connect
 from tc_server.wire import NewTxn as NewTxnCmd
 from tc_server.wire import ServerError, Unknown, encode_command, encode_frame
 

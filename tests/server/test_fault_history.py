@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tc_server.bench.client import TcClient, connect
+from tc_server.client import TcClient, connect
 from tc_server.wire import ServerError
 from tests.support.server_process import ServerProcess
 

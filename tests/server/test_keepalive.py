@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tc_server.app import start_app
-from tc_server.bench.client import connect
+from tc_server.client import connect
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tc_server.bench.client import connect
+from tc_server.client import connect
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow

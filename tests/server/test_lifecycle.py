@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from tc_server.app import start_app
-from tc_server.bench.client import connect
+from tc_server.client import connect
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.server.discovery import ASSIGN_TOPIC

@@ -1,5 +1,5 @@
-"""Exponential backoff with jitter for the long-lived streams that reconnect by themselves
-(shard assignments, notifications)."""
+"""Exponential backoff with jitter for whatever reconnects by itself (Oxia streams, broker connections,
+participant deliveries)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,335 @@
+"""One client-side Pulsar connection: tc-server talking to a broker (or a peer), and our test client.
+
+A thin ``asyncio.Protocol`` around the sans-IO codec, like the server side: CONNECT handshake with the
+credentials it is given (answering AUTH_CHALLENGE with them, during the handshake and on refresh),
+keep-alive both ways, and request-id correlation so that many requests are in flight at once. An
+answer comes back as the typed command and its frame bytes (a forwarded answer is relayed verbatim).
+Which failures are worth retrying is said by :mod:`tc_server.client.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import structlog
+
+from tc_server.client.errors import (
+    ClientError,
+    ConnectionClosed,
+    ConnectionFailed,
+    HandshakeRefused,
+    RequestTimedOut,
+)
+from tc_server.wire import (
+    AuthChallenge,
+    AuthResponse,
+    Command,
+    Connect,
+    Connected,
+    Error,
+    FrameDecoder,
+    FrameError,
+    MalformedCommand,
+    Ping,
+    Pong,
+    ServerError,
+    decode_command,
+    encode_command,
+    encode_frame,
+)
+
+log = structlog.get_logger("tc_server.client")
+
+CLIENT_VERSION = "tc-server"
+# The newest protocol version we speak (docs/pulsar-protocol.md: Java 4.x sends 21).
+PROTOCOL_VERSION = 21
+# What a broker may send us: its frames are bounded by its maxMessageSize (5 MiB default) + 10 KiB,
+# and the answers we wait for are far smaller; a peer announcing more is broken.
+MAX_FRAME_SIZE = 5 * 1024 * 1024 + 10 * 1024
+
+# Called with every command that answers no pending request (pushes, late answers, unmatched ERRORs).
+CommandListener = Callable[[Command, bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a ``pulsar://`` or ``pulsar+ssl://`` URL points."""
+
+    host: str
+    port: int
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Raises ValueError naming the URL when it is not ``pulsar[+ssl]://HOST:PORT``."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("pulsar", "pulsar+ssl") or not parts.hostname:
+            raise ValueError(f"not a pulsar://HOST:PORT or pulsar+ssl://HOST:PORT URL: {url!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if port is None:
+            raise ValueError(f"no port in {url!r}")
+        return cls(parts.hostname, port, parts.scheme == "pulsar+ssl")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAuth:
+    """The credentials a CONNECT carries: ``auth_method_name`` and ``auth_data`` (docs/pulsar-protocol.md §1)."""
+
+    method: str = "none"
+    data: bytes | None = None
+
+
+NO_AUTH = ClientAuth()
+
+
+def connect_command(auth: ClientAuth = NO_AUTH, client_version: str = CLIENT_VERSION,
+                    protocol_version: int = PROTOCOL_VERSION) -> Connect:
+    return Connect(client_version=client_version, protocol_version=protocol_version,
+                   auth_method_name=auth.method, auth_data=auth.data)
+
+
+class PulsarConnection(asyncio.Protocol):
+    """Use :func:`open_connection` (or :meth:`handshake` after ``loop.create_connection``)."""
+
+    def __init__(self, url: str = "", *, keepalive_s: float | None = None,
+                 on_command: CommandListener | None = None, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        loop = asyncio.get_running_loop()
+        self.url = url
+        self._decoder = FrameDecoder(max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[tuple[Command, bytes]]] = {}
+        self._ids = itertools.count(1)
+        self._connect: Connect | None = None
+        self._connected: asyncio.Future[Connected] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self._on_command = on_command
+        self._keepalive_s = keepalive_s
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._waiting_pong = False
+        self._pong_waiters: list[asyncio.Future[Pong]] = []
+        self.answer_pings = True
+        self.pings_received = 0
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.feed(data)
+        try:
+            while (frame := self._decoder.next_frame()) is not None:
+                self._on_frame(frame)
+        except (FrameError, MalformedCommand) as exc:
+            # The peer's stream cannot be trusted past this point: fail what waits on it.
+            log.warning("bad frame from peer; closing", url=self.url, error=str(exc))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        reason = f"connection lost ({exc!r})" if exc else "connection closed"
+        self._fail_all(ConnectionClosed(self.url, reason))
+        if not self._connected.done():
+            self._connected.set_exception(ConnectionFailed(self.url, f"{reason} during the handshake"))
+            self._connected.exception()  # retrieved: a failed handshake is reported by handshake()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    def _on_frame(self, frame: bytes) -> None:
+        cmd = decode_command(frame)
+        self._waiting_pong = False  # any command proves the peer alive (PulsarHandler does the same)
+        kind = type(cmd)
+        if kind is Ping:
+            self.pings_received += 1
+            if self.answer_pings:
+                self.send(Pong())
+            return
+        if kind is Pong:
+            waiters, self._pong_waiters = self._pong_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(cast(Pong, cmd))
+            return
+        if kind is AuthChallenge:
+            self._answer_challenge(cast(AuthChallenge, cmd))
+            return
+        if self._connect is not None and not self._connected.done():
+            if kind is Connected:
+                self._connected.set_result(cast(Connected, cmd))
+                self._schedule_keepalive()
+                return
+            if kind is Error:
+                error = cast(Error, cmd)
+                self._connected.set_exception(HandshakeRefused(self.url, error.error, error.message))
+                self._connected.exception()
+                self.close()
+                return
+        request_id = getattr(cmd, "request_id", None)
+        answered = self._pending.pop(request_id, None) if request_id is not None else None
+        if answered is not None:
+            if not answered.done():
+                answered.set_result((cmd, encode_frame(frame)))
+        elif self._on_command is not None:
+            self._on_command(cmd, encode_frame(frame))
+
+    def _answer_challenge(self, challenge: AuthChallenge) -> None:
+        # The broker asks again for credentials during the handshake (multi-step methods) or to
+        # refresh them ("PulsarAuthRefresh"); a token client answers with its token again.
+        connect = self._connect
+        if connect is None:
+            return
+        self.send(AuthResponse(connect.client_version, connect.auth_method_name, connect.auth_data,
+                               connect.protocol_version))
+
+    # -- outbound --------------------------------------------------------------------------------
+
+    def send(self, cmd: Command) -> None:
+        self.send_raw(encode_command(cmd))
+
+    def send_raw(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionClosed(self.url, "connection is closed")
+        self._transport.write(data)
+
+    def next_request_id(self) -> int:
+        return next(self._ids)
+
+    async def handshake(self, connect: Connect, timeout_s: float | None = None) -> Connected:
+        """Send CONNECT and wait for CONNECTED. Raises HandshakeRefused, ConnectionFailed."""
+        self._connect = connect
+        self.send(connect)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(self._connected)
+        except TimeoutError:
+            self.close()
+            raise ConnectionFailed(self.url, f"no CONNECTED within {timeout_s} s") from None
+
+    @property
+    def connected(self) -> Connected:
+        """CONNECTED as the peer sent it (only after :meth:`handshake`)."""
+        return self._connected.result()
+
+    @property
+    def is_usable(self) -> bool:
+        return self._connected.done() and not self._connected.exception() and not self.closed.done()
+
+    async def request(self, cmd: Any, timeout_s: float | None = None) -> Any:
+        """Send ``cmd`` (which has a ``request_id``) and return the command that answers it: its typed
+        response, or ERROR. Raises ConnectionClosed, RequestTimedOut."""
+        answer, _ = await self.request_frame(encode_command(cmd), cmd.request_id, timeout_s)
+        return answer
+
+    async def request_frame(self, frame: bytes, request_id: int,
+                            timeout_s: float | None = None) -> tuple[Command, bytes]:
+        """Send an encoded frame whose command carries ``request_id``; return the answer and its frame.
+        Raises ConnectionClosed, RequestTimedOut."""
+        if self.closed.done():
+            raise ConnectionClosed(self.url, "connection is closed")
+        waiter: asyncio.Future[tuple[Command, bytes]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = waiter
+        try:
+            self.send_raw(frame)
+            async with asyncio.timeout(timeout_s):
+                return await waiter
+        except TimeoutError:
+            raise RequestTimedOut(self.url, f"no answer to request {request_id} within {timeout_s} s") from None
+        finally:
+            # A late answer then finds nothing and goes to on_command (or is dropped).
+            if self._pending.get(request_id) is waiter:
+                del self._pending[request_id]
+
+    async def ping(self, timeout_s: float | None = None) -> Pong:
+        waiter: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
+        self._pong_waiters.append(waiter)
+        self.send(Ping())
+        async with asyncio.timeout(timeout_s):
+            return await waiter
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _fail_all(self, error: ClientError) -> None:
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    # -- keep-alive ------------------------------------------------------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        if self._keepalive_s is not None and not self.closed.done():
+            self._keepalive = asyncio.get_running_loop().call_later(self._keepalive_s, self._on_keepalive)
+
+    def _on_keepalive(self) -> None:
+        """PulsarHandler's tick: no PONG since the last PING → close; else PING again."""
+        if self._waiting_pong:
+            log.warning("peer did not answer PING; closing", url=self.url)
+            self.close()
+            return
+        self._waiting_pong = True
+        try:
+            self.send(Ping())
+        except ConnectionClosed:
+            return
+        self._schedule_keepalive()
+
+
+async def open_connection(
+    url: str,
+    connect: Connect | None = None,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    timeout_s: float = 10.0,
+    keepalive_s: float | None = 30.0,
+    on_command: CommandListener | None = None,
+    factory: Callable[[], PulsarConnection] | None = None,
+) -> PulsarConnection:
+    """Connect to ``url`` and finish the handshake with ``connect`` (default: no credentials).
+
+    Raises ConnectionFailed (unreachable, refused, TLS failure, no answer in ``timeout_s``),
+    HandshakeRefused (ERROR in answer to CONNECT), ValueError (a malformed URL)."""
+    endpoint = Endpoint.parse(url)
+    if endpoint.tls and ssl_context is None:
+        ssl_context = ssl.create_default_context()
+    loop = asyncio.get_running_loop()
+
+    def make() -> PulsarConnection:
+        if factory is not None:
+            return factory()
+        return PulsarConnection(url, keepalive_s=keepalive_s, on_command=on_command)
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, conn = await loop.create_connection(
+                make, endpoint.host, endpoint.port, ssl=ssl_context if endpoint.tls else None
+            )
+    except (OSError, TimeoutError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
+        raise ConnectionFailed(url, f"cannot connect: {reason}") from None
+    conn.url = url
+    await conn.handshake(connect or connect_command(), timeout_s)
+    return conn
+
+
+def error_of(answer: Command) -> tuple[ServerError, str] | None:
+    """The error an answer carries (a typed response's ``error`` or an ERROR frame), or None."""
+    if isinstance(answer, Error):
+        return answer.error, answer.message
+    error = getattr(answer, "error", None)
+    if error is None:
+        return None
+    return error, getattr(answer, "message", None) or error.name
