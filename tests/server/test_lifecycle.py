@@ -6,7 +6,6 @@ proxy refuses github.com/oxia-db/oxia), so this proves the coordinator on oxia.m
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 
 import pytest
@@ -119,7 +118,7 @@ async def test_errors_carry_tc_id(client):
 async def test_default_ttl(client, app):
     t = await client.new_txn(tc_id=1, ttl_ms=0)
     record = await app.store.get(layout.header_path(1, t.least), partition_key=layout.txn_key(1, t.least))
-    assert json.loads(record.value)["timeoutMs"] == 60_000
+    assert TxnHeader.from_json(record.value).timeout_ms == 60_000
 
 
 async def test_timeout_aborts_within_a_second(client, app):
