@@ -11,9 +11,11 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # --- builder: a virtualenv holding tc-server and its runtime dependencies, nothing else -------------
 FROM ${PYTHON_IMAGE} AS builder
 WORKDIR /src
-# .dockerignore admits only what a build needs (pyproject.toml, README.md, tc_server/, deploy/install.sh).
+# .dockerignore admits only what a build needs (pyproject.toml, uv.lock, uv-requirements.txt, README.md,
+# tc_server/, deploy/install.sh).
 COPY . .
-# The same script `make image-check` runs outside Docker: no dev or audit extras in the image.
+# The same script `make image-check` runs outside Docker: uv (pinned by hash in uv-requirements.txt)
+# installs exactly what uv.lock pins, runtime dependencies only, no dev or audit extras.
 RUN PYTHON=python3 ./deploy/install.sh /opt/tc-server /src
 
 # --- runtime ---------------------------------------------------------------------------------------

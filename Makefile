@@ -1,26 +1,54 @@
 # tc-server: every set-up step a fresh machine needs lives here.
-#   make run    -- install into .venv and start the service on the embedded store
-#   make test   -- install everything the tests need (venv, interop harnesses) and run the whole suite
+#   make run    -- install the runtime dependencies into .venv and start the service on the embedded store
+#   make test   -- install everything the tests need (dev set, interop harnesses) and run the whole suite
+#   make lock   -- re-resolve uv.lock after changing the dependencies in pyproject.toml
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
+# uv installs every Python package, exactly as uv.lock pins it (README, *Installing*). It lives in its
+# own small venv, outside .venv, so that the service's venv holds the service's packages only.
+UV_HOME := $(TOOLS)/uv
+UV := $(UV_HOME)/bin/uv
+# uv must never fetch a Python build of its own (pyproject [tool.uv] says the same).
+export UV_PYTHON_DOWNLOADS := never
 # Prerequisites of `make test` beyond the venv; the included mk/*.mk files add theirs.
 TEST_DEPS :=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint typecheck proto proto-check bench clean
-setup: $(VENV)/.installed
+.PHONY: setup setup-runtime run test lint typecheck proto proto-check bench lock clean
+# Two install sets from the one lock: the runtime dependencies (make run) and the dev extra on top of
+# them (everything the tests, linters, code generator and audit job need).
+setup-runtime: $(VENV)/.installed-runtime
+setup: $(VENV)/.installed-dev
 
-$(VENV)/.installed: pyproject.toml
+$(UV): uv-requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; tc-server needs Python 3.11" >&2; exit 1; }
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $@
+	rm -rf $(UV_HOME)
+	$(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r uv-requirements.txt
+	@touch $@
 
-run: setup
+# --locked: a pyproject.toml changed without `make lock` is an error, not a silent re-resolve.
+UV_SYNC = $(UV) sync --quiet --locked --python $(PYTHON)
+LOCK_HINT = { echo "error: could not install from uv.lock; if pyproject.toml changed, run 'make lock' and commit uv.lock" >&2; exit 1; }
+
+# --inexact: a venv that already holds the dev set keeps it.
+$(VENV)/.installed-runtime: pyproject.toml uv.lock $(UV)
+	$(UV_SYNC) --inexact || $(LOCK_HINT)
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml uv.lock $(UV)
+	$(UV_SYNC) --extra dev || $(LOCK_HINT)
+	@touch $@
+
+lock: $(UV)
+	$(UV) lock
+
+# The ports and everything else: TC_SERVER_* variables, e.g. `TC_SERVER_LISTEN=0.0.0.0:6651 make run`
+# (README, *Configuration*).
+run: setup-runtime
 	$(VENV)/bin/tc-server run --store embedded --data-dir ./data
 
 include $(wildcard mk/*.mk)
@@ -45,4 +73,4 @@ bench: setup
 	$(PY) -m tc_server.bench.store --store memory --store embedded
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(UV_HOME) .pytest_cache .mypy_cache .ruff_cache

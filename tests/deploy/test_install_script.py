@@ -7,11 +7,18 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from .manifests import ROOT
+
+
+def locked_versions() -> dict[str, str]:
+    """name -> version of every package in uv.lock."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    return {package["name"]: package["version"] for package in lock["package"] if "version" in package}
 
 
 def image_context() -> list[str]:
@@ -44,11 +51,19 @@ def test_install_script_builds_a_runnable_venv(tmp_path: Path) -> None:
     assert help_run.returncode == 0, help_run.stderr
     assert "run" in help_run.stdout
 
-    # Runtime dependencies only: the dev and audit extras stay out of the image.
-    installed = subprocess.run([str(prefix / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
-                               capture_output=True, text=True, check=True).stdout.lower()
-    for extra in ("pytest", "pyspark", "pyarrow", "mypy", "pulsar-client", "hypothesis"):
-        assert f"\n{extra}==" not in "\n" + installed, f"{extra} is installed"
+    # Runtime dependencies only: the dev and audit extras (and pip, uv) stay out of the image, and what
+    # is there is what uv.lock pins.
+    listing = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c",
+         "import importlib.metadata as m; print('\\n'.join(f'{d.name.lower()}=={d.version}' for d in m.distributions()))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    installed = dict(line.split("==") for line in listing)
+    for extra in ("pytest", "pyspark", "pyarrow", "mypy", "pulsar-client", "hypothesis", "pip", "uv"):
+        assert extra not in installed, f"{extra} is installed"
+    pinned = locked_versions()
+    for name, version in installed.items():
+        if name.replace("_", "-") != "tc-server":
+            assert pinned.get(name.replace("_", "-")) == version, f"{name}=={version} is not what uv.lock pins"
 
     smoke = subprocess.run([str(prefix / "bin" / "python"), str(ROOT / "deploy" / "smoke.py"),
                             str(prefix / "bin" / "tc-server")], capture_output=True, text=True, timeout=120)

@@ -148,12 +148,17 @@ def test_dockerfile_healthcheck_hits_healthz_on_the_admin_port() -> None:
     assert "curl" not in check and "wget" not in check  # not in the slim image
 
 
-def test_install_script_installs_runtime_deps_only() -> None:
-    script = (DEPLOY / "install.sh").read_text()
-    installs = [line for line in script.splitlines()
-                if "pip install" in line and not line.lstrip().startswith("#")]
-    assert installs
-    assert not any("[" in line or " -e " in line for line in installs), installs
+def test_install_script_installs_runtime_deps_only_from_the_lock() -> None:
+    script = re.sub(r"\\\n", " ", (DEPLOY / "install.sh").read_text())
+    commands = [line for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    pip_installs = [line for line in commands if "pip install" in line]
+    # pip installs uv alone, pinned by hash; uv installs everything else from uv.lock.
+    assert pip_installs and all("--require-hashes -r" in line and "uv-requirements.txt" in line
+                                for line in pip_installs), pip_installs
+    syncs = [line for line in commands if " sync " in line]
+    assert len(syncs) == 1
+    assert "--locked" in syncs[0] and "--no-editable" in syncs[0]
+    assert "--extra" not in syncs[0] and "--all-extras" not in syncs[0], "runtime dependencies only"
 
 
 def test_dockerignore_matches_image_check_context() -> None:
