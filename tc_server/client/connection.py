@@ -193,6 +193,10 @@ class PulsarConnection(asyncio.Protocol):
         self.send(AuthResponse(connect.client_version, connect.auth_method_name, connect.auth_data,
                                connect.protocol_version))
 
+    def set_listener(self, on_command: CommandListener | None) -> None:
+        """Where commands that answer no pending request go from now on."""
+        self._on_command = on_command
+
     # -- outbound --------------------------------------------------------------------------------
 
     def send(self, cmd: Command) -> None:

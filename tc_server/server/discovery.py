@@ -2,7 +2,8 @@
 
 The Java client asks PARTITIONED_METADATA for the assign topic, makes one handler per partition
 (tcId = partition index) and LOOKUPs ``<assign topic>-partition-<i>``. tc-server serves only these
-topics; anything else gets a Failed answer naming what it serves.
+topics; anything else goes to the upstream broker (server/upstream.py), or without one gets a Failed
+answer naming the setting to set.
 """
 
 from __future__ import annotations
@@ -39,5 +40,7 @@ def assign_partition(topic: str) -> int | None:
 
 
 NOT_SERVED = (
-    f"tc-server is a transaction coordinator; it serves only {ASSIGN_TOPIC} and its partitions"
+    f"tc-server is a transaction coordinator; it serves only {ASSIGN_TOPIC} and its partitions. "
+    "To use tc-server as the service URL for everything, set --upstream-url pulsar://BROKER:6650 "
+    "(TC_SERVER_UPSTREAM_URL) so that other topics are forwarded to your brokers"
 )

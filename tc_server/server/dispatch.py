@@ -90,20 +90,17 @@ class Dispatcher:
     # -- discovery (answered synchronously) ----------------------------------------------------
 
     def partitioned_metadata(self, cmd: PartitionedMetadata) -> PartitionedMetadataResponse:
+        """The assign topic has one partition per coordinator; one of its partitions is not partitioned."""
         if discovery.is_assign_topic(cmd.topic):
             return PartitionedMetadataResponse(cmd.request_id, partitions=self.coordinator.num_partitions)
-        if discovery.assign_partition(cmd.topic) is not None:
-            return PartitionedMetadataResponse(cmd.request_id, partitions=0)  # a partition is not partitioned
-        return PartitionedMetadataResponse(
-            cmd.request_id, error=ServerError.TopicNotFound, message=f"{cmd.topic}: {discovery.NOT_SERVED}"
-        )
+        return PartitionedMetadataResponse(cmd.request_id, partitions=0)
 
     def lookup(self, cmd: LookupRequest) -> LookupResponse:
         tc_id = discovery.assign_partition(cmd.topic)
         if tc_id is None or tc_id >= self.coordinator.num_partitions:
             return LookupResponse(
                 cmd.request_id, LookupType.FAILED, error=ServerError.TopicNotFound,
-                message=f"{cmd.topic}: {discovery.NOT_SERVED}",
+                message=f"{cmd.topic}: there are {self.coordinator.num_partitions} transaction coordinators",
             )
         url = self.coordinator.leader_url(tc_id)
         if url is None:
@@ -111,7 +108,15 @@ class Dispatcher:
                 cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
                 message=f"transaction coordinator {tc_id} has no leader yet; retry",
             )
-        return LookupResponse(cmd.request_id, LookupType.CONNECT, broker_service_url=url, authoritative=True)
+        return LookupResponse(cmd.request_id, LookupType.CONNECT, broker_service_url=url,
+                              broker_service_url_tls=self.coordinator.tls_url(url), authoritative=True)
+
+    def not_served(self, cmd: PartitionedMetadata | LookupRequest) -> PartitionedMetadataResponse | LookupResponse:
+        """A topic that is not the coordinator's, with no upstream broker to forward it to."""
+        message = f"{cmd.topic}: {discovery.NOT_SERVED}"
+        if isinstance(cmd, PartitionedMetadata):
+            return PartitionedMetadataResponse(cmd.request_id, error=ServerError.TopicNotFound, message=message)
+        return LookupResponse(cmd.request_id, LookupType.FAILED, error=ServerError.TopicNotFound, message=message)
 
     def tc_client_connect(self, cmd: TcClientConnect) -> TcClientConnectResponse:
         if self.coordinator.leads(cmd.tc_id):
@@ -130,7 +135,8 @@ class Dispatcher:
         leaders = self.coordinator.assignments() if leaders is None else leaders
         return TcAssignmentsSnapshot(
             parallelism=self.coordinator.num_partitions,
-            assignments=tuple(TcAssignment(tc_id, url) for tc_id, url in sorted(leaders.items())),
+            assignments=tuple(TcAssignment(tc_id, url, self.coordinator.tls_url(url))
+                              for tc_id, url in sorted(leaders.items())),
         )
 
     # -- transaction requests (awaited; many in flight per connection) -------------------------

@@ -10,7 +10,7 @@ Typical use by a connection::
         transport.write(encode_command(response))
 """
 
-from tc_server.wire.codec import decode_command, encode_command
+from tc_server.wire.codec import command_name, decode_command, encode_command
 from tc_server.wire.commands import (
     AddPartitionToTxn,
     AddPartitionToTxnResponse,
@@ -95,6 +95,7 @@ __all__ = [
     "WatchTcAssignmentsClose",
     "WatchTcAssignmentsUpdate",
     "WireError",
+    "command_name",
     "decode_command",
     "encode_command",
     "encode_frame",

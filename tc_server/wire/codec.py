@@ -56,7 +56,7 @@ from tc_server.wire.errors import MalformedCommand, ServerError
 from tc_server.wire.framing import _HEADER as _FRAME_HEADER
 from tc_server.wire.framing import encode_frame
 
-__all__ = ["decode_command", "encode_command"]
+__all__ = ["command_name", "decode_command", "encode_command"]
 
 _Base = pb.BaseCommand
 _parse: Final = _Base.FromString
@@ -915,6 +915,34 @@ def _encode_with_protobuf(cmd: Command) -> bytes:
     if encoder is None:
         raise TypeError(f"not a wire command: {cmd!r}")
     return encode_frame(encoder(cmd).SerializeToString())
+
+
+# The wire Type of each command class, for names in logs and metric labels.
+_TYPE_OF: Final[dict[type[Any], int]] = {
+    Connect: _Base.CONNECT, Connected: _Base.CONNECTED, AuthChallenge: _Base.AUTH_CHALLENGE,
+    AuthResponse: _Base.AUTH_RESPONSE, Ping: _Base.PING, Pong: _Base.PONG, Error: _Base.ERROR,
+    PartitionedMetadata: _Base.PARTITIONED_METADATA,
+    PartitionedMetadataResponse: _Base.PARTITIONED_METADATA_RESPONSE,
+    Lookup: _Base.LOOKUP, LookupResponse: _Base.LOOKUP_RESPONSE,
+    WatchTcAssignments: _Base.WATCH_TC_ASSIGNMENTS, WatchTcAssignmentsUpdate: _Base.WATCH_TC_ASSIGNMENTS_UPDATE,
+    WatchTcAssignmentsClose: _Base.WATCH_TC_ASSIGNMENTS_CLOSE,
+    TcClientConnect: _Base.TC_CLIENT_CONNECT_REQUEST, TcClientConnectResponse: _Base.TC_CLIENT_CONNECT_RESPONSE,
+    NewTxn: _Base.NEW_TXN, NewTxnResponse: _Base.NEW_TXN_RESPONSE,
+    AddPartitionToTxn: _Base.ADD_PARTITION_TO_TXN, AddPartitionToTxnResponse: _Base.ADD_PARTITION_TO_TXN_RESPONSE,
+    AddSubscriptionToTxn: _Base.ADD_SUBSCRIPTION_TO_TXN,
+    AddSubscriptionToTxnResponse: _Base.ADD_SUBSCRIPTION_TO_TXN_RESPONSE,
+    EndTxn: _Base.END_TXN, EndTxnResponse: _Base.END_TXN_RESPONSE,
+}
+
+
+def command_name(cmd: Command) -> str:
+    """The wire Type name of a command (``LOOKUP``, ``GET_SCHEMA``, …); ``OTHER`` for a type value
+    without a name, so that names stay a bounded set (they are metric labels)."""
+    code = cmd.type_code if isinstance(cmd, Unknown) else _TYPE_OF[type(cmd)]
+    try:
+        return str(_Base.Type.Name(code))
+    except ValueError:
+        return "OTHER"
 
 
 def encode_command(cmd: Command) -> bytes:

@@ -1,0 +1,256 @@
+"""The front door: what tc-server hands to the upstream broker (docs/client-behaviour.md, "One service URL").
+
+A Pulsar client has one service URL and finds its coordinators through it, so tc-server answers the
+coordinator assign topic itself and forwards every other request of the service-URL connection
+(PARTITIONED_METADATA, LOOKUP, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA, …) to a broker, relaying the broker's
+answer under the client's request id.
+
+Decision (docs/client-behaviour.md, "Authorization of forwarded requests"): each client connection that
+forwards anything gets upstream connections of its own, opened with the client's own CONNECT credentials.
+The broker then authenticates and authorizes the client itself, exactly as if it had connected directly;
+tc-server never lends its own (superuser) role to a client's lookup, and brokers need no proxy-role setup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from tc_server.client import (
+    ClientError,
+    ConnectionFailed,
+    Endpoint,
+    HandshakeRefused,
+    PulsarConnection,
+    RequestTimedOut,
+    open_connection,
+)
+from tc_server.metrics import Metrics
+from tc_server.wire import (
+    Command,
+    Connect,
+    Error,
+    Lookup,
+    LookupResponse,
+    LookupType,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+    ServerError,
+    command_name,
+    encode_command,
+)
+
+log = structlog.get_logger("tc_server.upstream")
+
+# A client follows at most this many LOOKUP redirects (ClientConfigurationData.maxLookupRedirects).
+MAX_LOOKUP_REDIRECTS = 20
+
+# How producer/consumer connections reach the broker a LOOKUP names (config.LOOKUP_CONNECTION_MODES;
+# README, "One service URL"):
+#   upstream: as the broker answered (`proxy_through_service_url`): through tc-server when it says so
+#   direct:   clients connect to the broker themselves (they can reach it)
+#   proxy:    every producer/consumer connection goes through tc-server (clients cannot reach brokers)
+
+
+class Upstream:
+    """What every connection shares: the upstream URLs (the first that answers is used, the next one on
+    failure), the brokers that LOOKUP answers named (the only ones tc-server carries connections to),
+    and the metrics."""
+
+    def __init__(self, urls: list[str], *, request_timeout_s: float, connection_mode: str,
+                 metrics: Metrics, ssl_context: ssl.SSLContext | None = None) -> None:
+        if not urls:
+            raise ValueError("an upstream needs at least one URL")
+        self.urls = list(urls)
+        self.request_timeout_s = request_timeout_s
+        self.connection_mode = connection_mode
+        self.ssl_context = ssl_context
+        self.metrics = metrics
+        self._preferred = 0
+        # HOST:PORT -> URL of every broker a LOOKUP answer named (and of the upstream itself): clients
+        # name the broker in CONNECT's proxy_to_broker_url as HOST:PORT, without a scheme.
+        self._brokers: dict[str, str] = {}
+        self.note_brokers(*self.urls)
+        for url in self.urls:
+            metrics.upstream_up.labels(url).set(0)
+
+    def note_brokers(self, *urls: str | None) -> None:
+        """Remember broker URLs a LOOKUP answer named: clients may then ask us to carry connections there.
+        With both a plain and a TLS URL for one broker, the TLS one wins when tc-server speaks TLS upstream."""
+        for url in urls:
+            if not url:
+                continue
+            endpoint = Endpoint.parse(url)
+            key = host_port(url)
+            if key not in self._brokers or endpoint.tls == (self.ssl_context is not None):
+                self._brokers[key] = url
+
+    def proxy_target(self, proxy_to_broker_url: str) -> str | None:
+        """The URL to carry a client's connection to, or None when no lookup answer named that broker."""
+        return self._brokers.get(host_port(proxy_to_broker_url))
+
+    async def open(self, connect: Connect) -> PulsarConnection:
+        """A connection to the first upstream URL that answers, with the client's credentials.
+
+        Raises the last ConnectionFailed when none answers, HandshakeRefused when one refuses the
+        client's credentials (another URL of the same cluster would refuse them too)."""
+        last: ClientError | None = None
+        for attempt in range(len(self.urls)):
+            index = (self._preferred + attempt) % len(self.urls)
+            url = self.urls[index]
+            try:
+                conn = await self.connect_to(url, connect)
+            except ConnectionFailed as exc:
+                last = exc
+                self.metrics.upstream_up.labels(url).set(0)
+                continue
+            self._preferred = index
+            self.metrics.upstream_up.labels(url).set(1)
+            return conn
+        assert last is not None
+        raise last
+
+    async def connect_to(self, url: str, connect: Connect) -> PulsarConnection:
+        return await open_connection(url, connect, ssl_context=self.ssl_context,
+                                     timeout_s=self.request_timeout_s, keepalive_s=None)
+
+
+class ForwardingSession:
+    """The upstream side of one client connection: its connections to brokers (opened lazily with the
+    client's credentials) and the requests it forwarded that have not been answered yet."""
+
+    def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None]) -> None:
+        self._upstream = upstream
+        # The client's CONNECT as a broker should see it: its credentials and version, not the proxy fields.
+        self._connect = replace(client_connect, proxy_to_broker_url=None, original_principal=None,
+                                original_auth_data=None, original_auth_method=None)
+        self._reply = reply
+        self._primary: PulsarConnection | None = None
+        self._opening: asyncio.Task[PulsarConnection] | None = None
+        self._by_url: dict[str, PulsarConnection] = {}
+        self._closed = False
+
+    async def forward(self, cmd: Command, frame: bytes) -> None:
+        """Forward one request and write the answer (or a typed error) back; never raises."""
+        name = command_name(cmd)
+        request_id = getattr(cmd, "request_id", None)
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            async with asyncio.timeout(self._upstream.request_timeout_s):
+                if request_id is None:
+                    # Nothing to answer (a command without a request id): pass it on as it is.
+                    (await self._primary_connection()).send_raw(frame)
+                    return
+                if isinstance(cmd, Lookup):
+                    answer = await self._lookup(cmd)
+                else:
+                    _, answer = await (await self._primary_connection()).request_frame(frame, request_id)
+        except (ClientError, TimeoutError) as exc:
+            outcome = type(exc).__name__
+            error, message = self._failure(exc)
+            log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
+                     message=message)
+            if request_id is not None:
+                self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
+            return
+        finally:
+            self._upstream.metrics.forwarded_seconds.labels(name).observe(time.perf_counter() - started)
+            self._upstream.metrics.forwarded_total.labels(name, outcome).inc()
+        self._reply(answer)
+
+    async def _lookup(self, cmd: Lookup) -> bytes:
+        """LOOKUP, following redirects here (the client may not reach the broker a redirect names; a
+        Pulsar proxy does the same), and answering in the configured connection mode."""
+        conn = await self._primary_connection()
+        request = cmd
+        for _ in range(MAX_LOOKUP_REDIRECTS + 1):
+            answer, frame = await conn.request_frame(encode_command(request), cmd.request_id)
+            if not isinstance(answer, LookupResponse) or answer.response is LookupType.FAILED:
+                return frame
+            if answer.response is LookupType.REDIRECT:
+                target = answer.broker_service_url_tls if self._upstream.ssl_context else answer.broker_service_url
+                if not target:
+                    return frame
+                conn = await self._connection_to(target)
+                request = replace(cmd, authoritative=answer.authoritative)
+                continue
+            self._upstream.note_brokers(answer.broker_service_url, answer.broker_service_url_tls)
+            mode = self._upstream.connection_mode
+            proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
+            if proxied == answer.proxy_through_service_url:
+                return frame
+            return encode_command(replace(answer, proxy_through_service_url=proxied))
+        return encode_command(LookupResponse(
+            cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
+            message=f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} lookup redirects",
+        ))
+
+    async def _primary_connection(self) -> PulsarConnection:
+        if self._primary is not None and self._primary.is_usable:
+            return self._primary
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open_primary())
+        return await asyncio.shield(self._opening)
+
+    async def _open_primary(self) -> PulsarConnection:
+        try:
+            conn = await self._upstream.open(self._connect)
+            conn.set_listener(self._unsolicited)
+            if self._closed:
+                conn.close()
+            self._primary = conn
+            return conn
+        finally:
+            self._opening = None
+
+    async def _connection_to(self, url: str) -> PulsarConnection:
+        conn = self._by_url.get(url)
+        if conn is None or not conn.is_usable:
+            conn = await self._upstream.connect_to(url, self._connect)
+            self._by_url[url] = conn
+        return conn
+
+    def _unsolicited(self, cmd: Command, frame: bytes) -> None:
+        # A push from the broker on the client's behalf (e.g. TOPIC_MIGRATED) goes to the client; an
+        # answer with a request id nobody waits for is late (the client already got a timeout error).
+        if getattr(cmd, "request_id", None) is None:
+            self._reply(frame)
+
+    def _failure(self, exc: BaseException) -> tuple[ServerError, str]:
+        where = f"upstream broker {' / '.join(self._upstream.urls)}"
+        if isinstance(exc, HandshakeRefused):
+            return exc.error, f"{where} refused the client's credentials: {exc.server_message}"
+        if isinstance(exc, TimeoutError | RequestTimedOut):
+            return ServerError.MetadataError, (
+                f"{where} did not answer within {self._upstream.request_timeout_s} s (--request-timeout-s)")
+        return ServerError.MetadataError, f"{where} is unavailable: {exc}"
+
+    def close(self) -> None:
+        self._closed = True
+        for conn in (self._primary, *self._by_url.values()):
+            if conn is not None:
+                conn.close()
+
+
+def _error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:
+    # Lookups and partition metadata answer with their own typed response, as a broker does; anything
+    # else with ERROR, which every client matches against its pending request by id. Not
+    # ServiceNotReady for lookups: it makes the Java client close the whole connection, coordinator
+    # handlers included (docs/pulsar-protocol.md §1).
+    if isinstance(cmd, Lookup):
+        return LookupResponse(request_id, LookupType.FAILED, error=error, message=message)
+    if isinstance(cmd, PartitionedMetadata):
+        return PartitionedMetadataResponse(request_id, error=error, message=message)
+    return Error(request_id, error, message)
+
+
+def host_port(url: str) -> str:
+    """``pulsar://h:p``, ``pulsar+ssl://h:p`` and a bare ``h:p`` (what clients put in proxy_to_broker_url)
+    all become ``h:p``."""
+    return url.split("://", 1)[-1].rstrip("/")
