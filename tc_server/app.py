@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import structlog
 
 from tc_server.admin.http import HttpServer
 from tc_server.admin.routes import AdminRoutes
-from tc_server.config import Settings, parse_hostport
+from tc_server.config import ENV_PREFIX, Settings, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -35,13 +36,19 @@ class App:
     metrics: Metrics
 
     async def stop(self) -> None:
-        """Stop accepting, drain requests in flight, step down, close the store."""
-        log.info("stopping")
+        """Stop accepting, drain requests in flight, step down, close the store; one log line."""
         await self.admin.stop()
         await self.listener.stop()
         await self.coordinator.stop()
         await self.store.close()
         log.info("stopped")
+
+
+def cannot_bind(setting: str, address: str, exc: OSError) -> OSError:
+    """A bind failure that names the address and the setting that chose it; the CLI prints it after
+    "cannot start: " (e.g. ``address already in use: 0.0.0.0:6650 (--listen / TC_SERVER_LISTEN)``)."""
+    reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    return OSError(f"{reason}: {address} (--{setting.replace('_', '-')} / {ENV_PREFIX}{setting.upper()})")
 
 
 def advertised_url_for(host: str, port: int) -> str:
@@ -67,6 +74,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         log.warning("the memory store keeps nothing across a restart: transaction ids start again at 0; "
                     "use it for tests only")
     store = store if store is not None else await open_configured_store(settings)
+    coordinator: TransactionCoordinator | None = None
     try:
         host, port = parse_hostport(settings.listen)
         # The context's dispatcher is set once the coordinator exists; nothing is accepted before.
@@ -80,7 +88,10 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             max_in_flight=settings.max_requests_in_flight,
         )
         listener = PulsarListener(context, host, port)
-        bound = listener.bind()
+        try:
+            bound = listener.bind()
+        except OSError as exc:
+            raise cannot_bind("listen", settings.listen, exc) from exc
         advertised = settings.advertised_url or advertised_url_for(host, bound)
         config = CoordinatorConfig(
             partitions=settings.coordinators,
@@ -100,8 +111,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         await listener.start()
         admin_host, admin_port = parse_hostport(settings.admin_listen)
         admin = HttpServer(AdminRoutes(coordinator, metrics), admin_host, admin_port)
-        await admin.start()
+        try:
+            await admin.start()
+        except OSError as exc:
+            raise cannot_bind("admin_listen", settings.admin_listen, exc) from exc
     except BaseException:
+        if coordinator is not None:  # it campaigns in the background: stop it before its store goes
+            await coordinator.stop()
         await store.close()
         raise
     log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised)

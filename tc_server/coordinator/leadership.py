@@ -207,14 +207,20 @@ class LeaderElection:
             log.warning("could not delete leader record", coordinator_id=tc_id, error=repr(exc))
         self.leaders.pop(tc_id, None)
         self._versions.pop(tc_id, None)
-        await self._lose(tc_id)
+        await self._lose(tc_id, stepped_down=True)
 
-    async def _lose(self, tc_id: int) -> None:
+    async def _lose(self, tc_id: int, *, stepped_down: bool = False) -> None:
+        """Stop serving ``tc_id``. Losing a record someone else took (or the store dropped) is worth a
+        warning; stepping down on purpose (stop, balance) is not: an orderly stop must not print one
+        warning per coordinator."""
         if tc_id not in self.led:
             return
         self.led.discard(tc_id)
         self._versions.pop(tc_id, None)
-        log.warning("lost leadership", coordinator_id=tc_id)
+        if stepped_down:
+            log.debug("stepped down", coordinator_id=tc_id)
+        else:
+            log.warning("lost leadership", coordinator_id=tc_id)
         await self._on_lost(tc_id)
 
     async def _watch(self, notifications: object) -> None:
