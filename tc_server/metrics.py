@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 # No ``*_created`` series: one per labelled counter and histogram (115 of them on a fresh server) that
 # nobody queries (rate() and increase() cope with resets on their own). The switch is process-wide and
 # applies to metrics made after it, so it is thrown here, before any Metrics exists.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 0.26 leaves it unannotated
 
 # Seconds. Pulsar's execution-latency buckets were 10 ms .. 3000 s (TransactionAggregator).
 TXN_LATENCY_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 300, 1500, 3000)

@@ -55,7 +55,8 @@ def test_install_script_builds_a_runnable_venv(tmp_path: Path) -> None:
     # is there is what uv.lock pins.
     listing = subprocess.run(
         [str(prefix / "bin" / "python"), "-c",
-         "import importlib.metadata as m; print('\\n'.join(f'{d.name.lower()}=={d.version}' for d in m.distributions()))"],
+         "import importlib.metadata as m; "
+         "print('\\n'.join(f'{d.name.lower()}=={d.version}' for d in m.distributions()))"],
         capture_output=True, text=True, check=True).stdout.split()
     installed = dict(line.split("==") for line in listing)
     for extra in ("pytest", "pyspark", "pyarrow", "mypy", "pulsar-client", "hypothesis", "pip", "uv"):

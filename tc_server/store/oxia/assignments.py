@@ -15,8 +15,8 @@ import grpc
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
-from tc_server.store.api import StoreUnavailableError
 from tc_server.backoff import Backoff
+from tc_server.store.api import StoreUnavailableError
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.routing import ShardInfo, ShardMap
 

@@ -25,9 +25,9 @@ import grpc
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
+from tc_server.backoff import Backoff
 from tc_server.store.api import Notification, NotificationType, StoreUnavailableError
 from tc_server.store.notify import SUBSCRIBER_QUEUE_LIMIT, NotificationQueue
-from tc_server.backoff import Backoff
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.routing import ShardMap
 
