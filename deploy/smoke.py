@@ -3,7 +3,9 @@
     python deploy/smoke.py PATH/TO/bin/tc-server
 
 Used by `make image-check` (on the venv deploy/install.sh built, as the image's builder stage does) and
-by tests/deploy. Standard library only, so any Python 3.11 can run it.
+by tests/deploy. It runs with that venv's Python, where tc_server is installed, and starts the server
+with the project's one launcher (tc_server/bench/process.py), which needs nothing beyond the standard
+library.
 """
 
 from __future__ import annotations
@@ -11,37 +13,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from pathlib import Path
 
-# The server has to bind, open the memory store and lead its coordinators; a cold interpreter start with
-# grpc and protobuf imports takes a few seconds on a loaded CI machine.
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
+from tc_server.bench.process import STOP_TIMEOUT_S, TcServerProcess, free_port
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Running:
-    process: subprocess.Popen[bytes]
-    pulsar_port: int
-    admin_port: int
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+__all__ = ["STOP_TIMEOUT_S", "check_endpoints", "check_graceful_stop", "free_port", "get", "run_server"]
 
 
 def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -53,60 +36,41 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return int(exc.code), bytes(exc.read())
 
 
-def wait_for(running: Running, path: str, timeout: float = START_TIMEOUT_S) -> bytes:
-    """Poll path until it answers 200. Raises RuntimeError (with the server's output) otherwise."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if running.process.poll() is not None:
-            raise RuntimeError(f"tc-server exited with {running.process.returncode} before {path} answered")
-        try:
-            status, body = get(running.admin_url + path)
-        except OSError as exc:
-            last = str(exc)
-        else:
-            if status == 200:
-                return body
-            last = f"HTTP {status}: {body[:200]!r}"
-        time.sleep(0.2)
-    raise RuntimeError(f"{path} did not answer 200 within {timeout:.0f}s (last: {last})")
-
-
 @contextmanager
 def run_server(command: Sequence[str], extra_args: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> Iterator[Running]:
-    """Run ``command run --store memory`` on free loopback ports; stop it with SIGTERM on exit.
+               env: dict[str, str] | None = None) -> Iterator[TcServerProcess]:
+    """Start ``command run --store memory`` on free loopback ports (not waiting for it); SIGTERM on exit.
 
     The settings are given as flags, and TC_SERVER_* variables of the caller's environment are dropped,
     so that a developer's shell cannot change what is checked.
     """
-    pulsar_port, admin_port = free_port(), free_port()
     clean_env = {k: v for k, v in (env or os.environ).items() if not k.startswith("TC_SERVER_")}
-    args = [*command, "run", "--store", "memory",
-            "--listen", f"127.0.0.1:{pulsar_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-            "--log-format", "json", *extra_args]
-    process = subprocess.Popen(args, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        yield Running(process, pulsar_port, admin_port)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with tempfile.TemporaryDirectory(prefix="tc-smoke-") as workdir:
+        server = TcServerProcess(Path(workdir) / "data", *extra_args, store="memory", command=command,
+                                 base_env=clean_env)
+        server.start(wait=False)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
-def check_endpoints(running: Running) -> None:
-    """/healthz and /readyz answer 200 and /metrics has the coordinator series. Raises RuntimeError."""
-    wait_for(running, "/healthz")
-    wait_for(running, "/readyz")
-    status, body = get(running.admin_url + "/metrics")
+def check_endpoints(server: TcServerProcess) -> None:
+    """/readyz and /healthz answer 200 and /metrics has the coordinator series. Raises RuntimeError."""
+    server.wait_ready()
+    status, _ = get(server.admin_url + "/healthz")
+    if status != 200:
+        raise RuntimeError(f"/healthz answered {status} while /readyz answered 200\n{server.log_tail()}")
+    status, body = get(server.admin_url + "/metrics")
     if status != 200 or b"pulsar_txn_active_count" not in body:
-        raise RuntimeError(f"/metrics answered {status} without pulsar_txn_active_count")
+        raise RuntimeError(f"/metrics answered {status} without pulsar_txn_active_count\n{server.log_tail()}")
+
+
+def check_graceful_stop(server: TcServerProcess) -> None:
+    """SIGTERM stops it with exit code 0 within the launcher's bound. Raises RuntimeError."""
+    code = server.stop()
+    if code not in (0, -signal.SIGTERM):
+        raise RuntimeError(f"tc-server exited with {code} on SIGTERM\n{server.log_tail()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,17 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("tc_server", help="path of the tc-server console script to check")
     ns = parser.parse_args(argv)
     subprocess.run([ns.tc_server, "--help"], check=True, stdout=subprocess.DEVNULL)
-    with run_server([ns.tc_server]) as running:
-        try:
-            check_endpoints(running)
-        except RuntimeError as exc:
-            running.process.send_signal(signal.SIGTERM)
-            out = running.process.communicate(timeout=STOP_TIMEOUT_S)[0]
-            print(f"smoke: {exc}\n--- tc-server output ---\n{out.decode(errors='replace')}", file=sys.stderr)
-            return 1
-    code = running.process.returncode
-    if code not in (0, -signal.SIGTERM):
-        print(f"smoke: tc-server exited with {code} on SIGTERM", file=sys.stderr)
+    try:
+        with run_server([ns.tc_server]) as server:
+            check_endpoints(server)
+            check_graceful_stop(server)
+    except (RuntimeError, OSError) as exc:  # every message above carries the server's log tail
+        print(f"smoke: {exc}", file=sys.stderr)
         return 1
     print(f"smoke: {ns.tc_server} served /healthz, /readyz and /metrics and stopped on SIGTERM")
     return 0

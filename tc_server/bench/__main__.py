@@ -14,23 +14,16 @@ import asyncio
 import os
 import platform
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tc_server.bench.client import TcClient, connect
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.client import TcClient, connect
 
 
 def percentiles(samples: list[float], points: tuple[float, ...] = (50, 99, 99.9)) -> list[float]:
@@ -40,43 +33,21 @@ def percentiles(samples: list[float], points: tuple[float, ...] = (50, 99, 99.9)
     return [ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] for p in points]
 
 
-class Server:
-    def __init__(self, store: str, extra: list[str]) -> None:
-        self.store = store
-        self.port = _free_port()
-        self.admin = _free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"tc-bench-{store}-"))
-        exe = str(Path(sys.executable).with_name("tc-server"))
-        self.proc = subprocess.Popen(
-            [exe, "run", "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin}",
-             "--store", store, "--data-dir", str(self.dir / "data"), "--log-level", "warning",
-             "--log-format", "json", *extra],
-            stdout=subprocess.DEVNULL, stderr=open(self.dir / "server.log", "wb"),  # noqa: SIM115
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/readyz", timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise SystemExit((self.dir / "server.log").read_text()) from None
-                time.sleep(0.1)
-        raise SystemExit("tc-server did not become ready")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (Linux /proc), so the cost per pair
-        can be read even when other processes share the cores."""
+@contextmanager
+def bench_server(store: str, extra: list[str]) -> Iterator[TcServerProcess]:
+    """A started tc-server in a temporary directory, removed again with its data after the run."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"tc-bench-{store}-"))
+    server = TcServerProcess(workdir / "data", "--log-level", "warning", *extra, store=store,
+                             log_path=workdir / "server.log")
+    try:
         try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        shutil.rmtree(self.dir, ignore_errors=True)
+            server.start()
+        except ServerStartError as exc:
+            raise SystemExit(str(exc)) from None
+        yield server
+    finally:
+        server.stop(timeout_s=30)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def _worker(client: TcClient, tc_ids: int, count: int, new_lat: list[float], end_lat: list[float],
@@ -138,18 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'store':<10} {'pairs/s':>9} {'pair p50':>9} {'p99':>8} {'p99.9':>8} {'NEW p50':>8} {'p99':>8} "
           f"{'END p50':>8} {'p99':>8} {'errors':>6} {'server CPU/pair':>16}")
     for store in stores:
-        server = Server(store, ["--coordinators", str(args.coordinators), *args.server_arg])
-        try:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                if args.warmup:
-                    runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
-                                        args.coordinators))
-                cpu_before = server.cpu_seconds()
-                r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
-                                        args.coordinators))
-                r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
-        finally:
-            server.stop()
+        with bench_server(store, ["--coordinators", str(args.coordinators), *args.server_arg]) as server, \
+                asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            if args.warmup:
+                runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
+                                    args.coordinators))
+            cpu_before = server.cpu_seconds()
+            r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
+                                    args.coordinators))
+            r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
         ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
         print(f"{store:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
               f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6} {r['cpu_us_per_pair']:>13.0f} us")

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 
-from tc_server.bench.__main__ import Server
-from tc_server.bench.client import connect
+from tc_server.bench.__main__ import bench_server
+from tc_server.client import connect
 
 
 async def open_txns(port: int, count: int, coordinators: int) -> None:
@@ -49,43 +45,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-arg", action="append", default=[])
     args = parser.parse_args(argv)
     extra = ["--coordinators", str(args.coordinators), *args.server_arg]
-    server = Server(args.store, extra)
-    try:
+    with bench_server(args.store, extra) as server:
         asyncio.run(open_txns(server.port, args.open, args.coordinators))
-        server.proc.send_signal(signal.SIGKILL)
-        server.proc.wait(30)
-        command = [str(part) for part in server.proc.args]  # type: ignore[union-attr]
+        server.kill()
         started = time.perf_counter()
-        server.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                       stderr=open(server.dir / "server.log", "ab"))  # noqa: SIM115
+        server.start(wait=False)  # the same command: same ports, same store
         ready = leads_all = None
         # On Oxia the dead process's leader records live until its session times out
         # (--oxia-session-timeout-ms), so "ready" (every coordinator has a leader) comes before
         # "leads every coordinator"; on the embedded store they coincide.
         while leads_all is None:
+            if not server.running():
+                print(f"tc-server exited:\n{server.log_tail()}", file=sys.stderr)
+                return 1
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{server.admin}/readyz", timeout=1) as r:
-                    led = json.loads(r.read())["led"]
-                    ready = ready if ready is not None else time.perf_counter() - started
-                    if len(led) == args.coordinators:
-                        leads_all = time.perf_counter() - started
+                code, body = server.get_json("/readyz", timeout_s=1)
             except OSError:
-                if server.proc.poll() is not None:
-                    print(f"tc-server exited: see {server.dir / 'server.log'}", file=sys.stderr)
-                    return 1
+                code, body = 0, None
+            if code == 200 and isinstance(body, dict):
+                ready = ready if ready is not None else time.perf_counter() - started
+                if len(body["led"]) == args.coordinators:
+                    leads_all = time.perf_counter() - started
             time.sleep(0.02)
         served = asyncio.run(first_new_txn(server.port))
         # The open txns are loaded in the background after winning (their timeouts wait for it).
         while True:
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.admin}/admin/v3/transactions/coordinatorStats",
-                                        timeout=5) as r:
-                tracked = sum(stats["ongoingTxnSize"] for stats in json.loads(r.read()).values())
+            _, stats = server.get_json("/admin/v3/transactions/coordinatorStats")
+            tracked = sum(partition["ongoingTxnSize"] for partition in stats.values())
             if tracked >= args.open:
                 recovered = time.perf_counter() - started
                 break
             time.sleep(0.05)
-    finally:
-        server.stop()
     print(f"# recovery after kill -9, {args.store} store, {args.open} open txns, {os.cpu_count()} cores")
     print(f"restart to ready: {ready:.2f} s; to leading all {args.coordinators} coordinators: {leads_all:.2f} s; "
           f"first NEW_TXN after that: {served * 1000:.1f} ms; all {args.open} open txns tracked again: "

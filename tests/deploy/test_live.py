@@ -41,11 +41,9 @@ def server() -> Iterator[object]:
     env = {**os.environ, "PYTHONPATH": path}
     with smoke.run_server(tc_server_command(), env=env) as running:
         try:
-            smoke.wait_for(running, "/readyz")
-        except RuntimeError as exc:
-            running.process.terminate()
-            output = running.process.communicate(timeout=smoke.STOP_TIMEOUT_S)[0].decode(errors="replace")
-            pytest.fail(f"{exc}\n--- tc-server output ---\n{output}")
+            running.wait_ready()
+        except RuntimeError as exc:  # its message holds the server's log tail
+            pytest.fail(str(exc))
         yield running
 
 

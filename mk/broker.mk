@@ -1,0 +1,37 @@
+# A real Apache Pulsar broker for the tests (tests/support/pulsar_broker.py starts it standalone).
+#   make pulsar-broker   -- org.apache.pulsar:pulsar-broker and its runtime jars in .cache/pulsar-broker/lib
+#   make test-broker     -- resolve it and run only the tests that start a broker (tests/broker, tests/e2e)
+#
+# Resolved by Maven from tests/broker/pom.xml, which imports Pulsar's own parent POM so that the class
+# path holds the versions Pulsar ships with. Resolved again only when that POM changes (the stamp file);
+# about 330 jars, 240 MB, once. A missing java or mvn is an error, never a skip (docs/style.md, point 5).
+
+BROKER_POM := tests/broker/pom.xml
+BROKER_CACHE := .cache/pulsar-broker
+BROKER_LIB := $(BROKER_CACHE)/lib
+BROKER_STAMP := $(BROKER_CACHE)/lib.stamp
+
+.PHONY: pulsar-broker test-broker
+pulsar-broker: $(BROKER_STAMP)
+TEST_DEPS += pulsar-broker
+
+$(BROKER_STAMP): $(BROKER_POM)
+	@command -v java >/dev/null || { echo "error: java not found; the broker tests need a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found; resolving the Pulsar broker needs Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
+	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
+	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "error: java is version '$$v'; the Pulsar broker needs Java 17+" >&2; exit 1; }
+	@# Into a fresh directory, then renamed: an interrupted download never looks like a complete one,
+	@# and jars of an older POM never linger on the class path.
+	@# Maven 3.8's -q still writes bare colour resets (ESC[0m) to the terminal, so its output goes to a
+	@# log that is shown only when it fails.
+	rm -rf $(BROKER_LIB) $(BROKER_LIB).partial
+	@mkdir -p $(BROKER_CACHE)
+	mvn -q -B -Dstyle.color=never -f $(BROKER_POM) package -Dbroker.lib.dir=$(abspath $(BROKER_LIB).partial) \
+	    > $(BROKER_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER_CACHE)/mvn.log >&2; \
+	    echo "error: resolving the Pulsar broker with Maven failed (log above, $(BROKER_CACHE)/mvn.log)" >&2; exit 1; }
+	mv $(BROKER_LIB).partial $(BROKER_LIB)
+	@echo "pulsar-broker: $$(ls $(BROKER_LIB) | wc -l) jars in $(BROKER_LIB)"
+	@touch $@
+
+test-broker: setup pulsar-broker
+	$(PY) -m pytest tests/broker tests/e2e $(PYTEST_ARGS)

@@ -1,0 +1,204 @@
+"""Start, stop, kill and restart one ``tc-server run`` process on free loopback ports.
+
+The one launcher the benchmarks, the tests and ``deploy/smoke.py`` share. The process is started as an
+operator starts it (the console script, flags only), in its own session, with its output in a log
+file; ``restart()`` brings it back on the same ports and data directory, which is what clients
+reconnecting after a crash see. Standard library only: ``deploy/smoke.py`` imports it inside the
+image's virtualenv, where nothing but the runtime dependencies is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Binding, opening the store and leading every coordinator takes about a second; a cold interpreter
+# start with grpc and protobuf imports on a loaded 2-core machine takes several.
+READY_TIMEOUT_S = 30.0
+# The graceful stop finishes requests in flight (bounded by --request-timeout-s, default 10 s).
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now at 127.0.0.1 (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def default_command() -> list[str]:
+    """The ``tc-server`` console script next to this interpreter; the module entry point otherwise."""
+    script = Path(sys.executable).with_name("tc-server")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from tc_server.cli import main; sys.exit(main())"]
+
+
+class ServerStartError(RuntimeError):
+    """The process exited, or did not answer ``/readyz`` with 200 in time; the message holds its log tail."""
+
+
+class ServerStopError(RuntimeError):
+    """The process ignored SIGTERM for the whole bound and was killed."""
+
+
+class TcServerProcess:
+    """One ``tc-server run`` on 127.0.0.1 with its own ports, data directory and log file.
+
+    ``extra_args`` go after the launcher's own flags, so a later flag (``--coordinators 8``) wins.
+    ``env`` is added to ``base_env`` (default: this process's environment) for the child.
+    """
+
+    def __init__(self, data_dir: Path, *extra_args: str, store: str = "embedded",
+                 env: Mapping[str, str] | None = None, base_env: Mapping[str, str] | None = None,
+                 command: Sequence[str] | None = None, log_path: Path | None = None,
+                 port: int | None = None, admin_port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args)
+        self.store = store
+        self.env = dict(env or {})
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.command = list(command) if command is not None else default_command()
+        self.port = port if port is not None else free_port()
+        self.admin_port = admin_port if admin_port is not None else free_port()
+        self.log_path = log_path if log_path is not None else data_dir.parent / f"tc-server-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # ---- addresses ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.command, "run",
+                "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin_port}",
+                "--advertised-url", self.url, "--store", self.store, "--data-dir", str(self.data_dir),
+                "--log-format", "json", *self.extra_args]
+
+    # ---- life cycle --------------------------------------------------------------------------------
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> TcServerProcess:
+        """Start it (again: same ports, same data); with ``wait``, return once ``/readyz`` says 200.
+
+        Raises ServerStartError when it exits or is not ready in time, RuntimeError if it is running.
+        """
+        if self.running():
+            raise RuntimeError(f"tc-server on port {self.port} is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = self.argv
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start {' '.join(argv)}\n".encode())
+            log.flush()
+            # Its own session: a terminal's Ctrl-C reaches the test runner, which then stops it in order.
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env={**self.base_env, **self.env},
+                                         start_new_session=True)
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def restart(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> TcServerProcess:
+        """SIGKILL if still running, then start on the same ports and data directory."""
+        self.kill()
+        return self.start(wait, timeout_s)
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll ``/readyz`` (the store answers and every coordinator has a leader) until it says 200."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise ServerStartError(f"tc-server exited with {code} before it was ready\n{self.log_tail()}")
+            code = self.status("/readyz")
+            if code == 200:
+                return
+            last = f"HTTP {code}" if code else "no answer"
+            time.sleep(0.1)
+        raise ServerStartError(f"tc-server not ready within {timeout_s:.0f}s (last: {last})\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (what a crash or an OOM kill does)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, the graceful stop, and wait; returns the exit code (0 if it never started).
+
+        Raises ServerStopError (after a SIGKILL) when it is still running after ``timeout_s``.
+        """
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise ServerStopError(f"tc-server ignored SIGTERM for {timeout_s:.0f}s\n{self.log_tail()}") from None
+        return self.proc.returncode
+
+    # ---- observation -------------------------------------------------------------------------------
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far (Linux /proc), so the cost per request can be
+        read even when other processes share the cores; NaN where /proc cannot tell."""
+        if self.proc is None:
+            return float("nan")
+        try:
+            # Fields after the command name, which is in parentheses and may itself hold spaces.
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"---- {self.log_path} (last {lines} lines) ----\n" + "\n".join(text[-lines:])
+
+    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+        """GET an admin path; (status, body). Raises OSError when nothing answers."""
+        try:
+            with urllib.request.urlopen(self.admin_url + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+                return int(resp.status), bytes(resp.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
+
+    def get_json(self, path: str, timeout_s: float = 5.0) -> tuple[int, Any]:
+        """GET an admin path; (status, parsed JSON body, None if the body is not JSON). Raises OSError
+        when nothing answers."""
+        code, body = self.get(path, timeout_s)
+        try:
+            return code, json.loads(body or b"null")
+        except ValueError:
+            return code, None
+
+    def status(self, path: str) -> int:
+        """The HTTP status of an admin path; 0 when nothing answers."""
+        try:
+            return self.get(path, timeout_s=2.0)[0]
+        except OSError:
+            return 0
