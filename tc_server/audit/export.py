@@ -95,19 +95,24 @@ def _txn_id(text: str) -> tuple[int, int]:
 
 
 def parse_header(record: Record) -> dict[str, Any]:
-    """One headers row. Deliberately more lenient than ``TxnHeader.from_json``: an unknown state or an
-    OPEN header with a finalized time is kept verbatim, because finding those is the audit's job."""
+    """One headers row, from a header in Pulsar 5's form or tc-server's earlier one
+    (docs/record-layout.md). Deliberately more lenient than ``TxnHeader.from_json``: an unknown state
+    or an OPEN header with a finalized time is kept verbatim, because finding those is the audit's job."""
     most, least = _txn_id(record.key[len(layout.HEADER_PREFIX) :])
-    doc = _json_object(record.value)
+    try:
+        doc = layout.load_json_object(record.value)
+        created, timeout, finalized = layout.parse_header_times(doc)
+    except ValueError as exc:
+        raise RejectedRecord(str(exc)) from exc
     state = doc.get("state")
     if not isinstance(state, str):
         raise RejectedRecord(f"field 'state' is not a string: {state!r}")
-    created = _int64(doc, "createdMs")
-    timeout = _int64(doc, "timeoutMs")
-    assert created is not None and timeout is not None
+    for name, value in (("created", created), ("timeout", timeout), ("finalized", finalized)):
+        if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
+            raise RejectedRecord(f"{name} time out of int64 range: {value} ms")
     deadline = created + timeout
     if not _INT64_MIN <= deadline <= _INT64_MAX:
-        raise RejectedRecord(f"deadline createdMs + timeoutMs out of int64 range: {deadline}")
+        raise RejectedRecord(f"deadline (created + timeout) out of int64 range: {deadline}")
     owner = doc.get("owner")
     if owner is not None and not isinstance(owner, str):
         raise RejectedRecord(f"field 'owner' is not a string: {owner!r}")
@@ -119,7 +124,7 @@ def parse_header(record: Record) -> dict[str, Any]:
         "created_ms": created,
         "timeout_ms": timeout,
         "deadline_ms": deadline,
-        "finalized_ms": _int64(doc, "finalizedMs", required=False),
+        "finalized_ms": finalized,
         "owner": owner,
         "version": record.version,
     }

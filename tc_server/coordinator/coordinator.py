@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ RECOVERY_RETRY_S = 1.0
 class CoordinatorConfig:
     partitions: int = 16
     advertised_url: str = "pulsar://127.0.0.1:6650"
+    advertised_url_tls: str | None = None
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     gc_retention_s: int = 900
     gc_interval_s: int = 300
@@ -59,7 +59,8 @@ class TransactionCoordinator:
         self._clock = clock
         self._partitions: dict[int, CoordinatorPartition] = {}
         self._election = LeaderElection(
-            store, config.partitions, config.advertised_url, self._elected, self._lost
+            store, config.partitions, config.advertised_url, self._elected, self._lost,
+            advertised_url_tls=config.advertised_url_tls,
         )
         self._pending_recovery: set[int] = set()
         self._recovery_task: asyncio.Task[None] | None = None
@@ -109,6 +110,10 @@ class TransactionCoordinator:
     def leader_url(self, tc_id: int) -> str | None:
         return self._election.leaders.get(tc_id)
 
+    def tls_url(self, url: str | None) -> str | None:
+        """The ``pulsar+ssl://`` URL of the instance that advertises ``url`` (LOOKUP's brokerServiceUrlTls)."""
+        return self._election.tls_urls.get(url) if url else None
+
     def assignments(self) -> dict[int, str]:
         """The known leader URL of every coordinator that has one (one in mid-election is missing)."""
         return dict(self._election.leaders)
@@ -156,39 +161,58 @@ class TransactionCoordinator:
     # -- internals -------------------------------------------------------------------------------
 
     async def _check_parallelism(self) -> None:
+        """Store the number of coordinators once, in Pulsar's form (``/txn/tc/parallelism``, plain
+        decimal text, docs/record-layout.md), or check the stored one. A store initialised by an
+        earlier tc-server holds ``{"parallelism": N}``, which Pulsar's brokers cannot parse: it is
+        rewritten in Pulsar's form (CAS; losing to a concurrent rewrite is fine)."""
         wanted = self.config.partitions
-        value = json.dumps({"parallelism": wanted}).encode()
         try:
-            await self.store.put(layout.PARALLELISM_PATH, value, expected_version=EXPECT_ABSENT)
+            await self.store.put(layout.PARALLELISM_PATH, layout.parallelism_value(wanted),
+                                 expected_version=EXPECT_ABSENT)
             return
         except BadVersionError:
             pass
         record = await self.store.get(layout.PARALLELISM_PATH)
-        stored = None
-        if record is not None:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                stored = int(json.loads(record.value)["parallelism"])
+        if record is None:  # deleted between the two calls: start over
+            await self._check_parallelism()
+            return
+        try:
+            stored = layout.parse_parallelism(record.value)
+        except ValueError as exc:
+            raise ParallelismMismatch(
+                f"the metadata store holds an unreadable number of transaction coordinators at "
+                f"{layout.PARALLELISM_PATH}: {exc}; fix or delete that record"
+            ) from None
         if stored != wanted:
             raise ParallelismMismatch(
                 f"the metadata store was initialised with {stored} transaction coordinators "
                 f"({layout.PARALLELISM_PATH}) but this instance was started with --coordinators {wanted}; "
                 "start it with the stored number"
             )
+        if layout.is_legacy_parallelism(record.value):
+            with contextlib.suppress(BadVersionError):
+                await self.store.put(layout.PARALLELISM_PATH, layout.parallelism_value(wanted),
+                                     expected_version=record.version)
+                log.info("rewrote the number of coordinators in Pulsar's form", path=layout.PARALLELISM_PATH)
 
     async def open_headers(
-        self, deadline_before: str = layout.INDEX_END
+        self, deadline_before_ms: int | None = None
     ) -> AsyncIterator[tuple[int, int, TxnHeader, int]]:
-        """(most, least, header, version) of every OPEN txn in the deadline index whose deadline
-        key sorts before ``deadline_before``, all coordinators; unreadable records are logged and skipped."""
-        async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), deadline_before):
-            try:
-                most, least = layout.parse_header_path(record.key)
-                header = TxnHeader.from_json(record.value)
-            except ValueError as exc:
-                log.warning("skipping unreadable header", key=record.key, error=str(exc))
-                continue
-            if header.state is layout.TxnState.OPEN:
-                yield most, least, header, record.version
+        """(most, least, header, version) of every OPEN txn in the deadline index whose deadline is
+        before ``deadline_before_ms`` (all when None), all coordinators; unreadable records are
+        logged and skipped. Both key forms of the index are read (docs/record-layout.md, "Upgrading
+        from the earlier tc-server layout"): a header an earlier tc-server wrote keeps its old key
+        until it ends."""
+        for start, end in layout.deadline_ranges(deadline_before_ms):
+            async for record in self.store.scan_index(layout.IDX_TXN_BY_DEADLINE, start, end):
+                try:
+                    most, least = layout.parse_header_path(record.key)
+                    header = TxnHeader.from_json(record.value)
+                except ValueError as exc:
+                    log.warning("skipping unreadable header", key=record.key, error=str(exc))
+                    continue
+                if header.state is layout.TxnState.OPEN:
+                    yield most, least, header, record.version
 
     async def _scan_open_txns(self) -> dict[int, list[tuple[int, TxnHeader, int]]]:
         found: dict[int, list[tuple[int, TxnHeader, int]]] = defaultdict(list)
@@ -246,8 +270,8 @@ class TransactionCoordinator:
 
     async def abort_overdue(self) -> int:
         """Abort every OPEN txn of a led partition found overdue in the deadline index."""
-        horizon = layout.pad(max(0, self._clock() - OVERDUE_GRACE_MS))
-        overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon) if self.leads(most)]
+        horizon_ms = max(0, self._clock() - OVERDUE_GRACE_MS)
+        overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon_ms) if self.leads(most)]
         for most, least in overdue:
             partition = self._partitions.get(most)
             if partition is not None:

@@ -1,25 +1,34 @@
-"""Where every transaction record lives: keys, partition keys, index names and JSON shapes.
+"""Where every transaction record lives: keys, partition keys, index keys and JSON shapes.
 
-This is the record layout of Pulsar's ``TxnPaths`` (PIP-473, apache/pulsar PR #25792 moved every path
-under ``/txn/``), kept in one module so that a broker reading the same store sees the same records.
+This is the record layout Pulsar 5's own v5 coordinator and participants write and read (PIP-473;
+``TxnPaths``, ``TxnMetadataStore``, and Pulsar's Oxia metadata store, which prefixes every secondary
+key with the record's parent path), kept in one module so that a broker sharing the store sees the
+same records, byte for byte. docs/record-layout.md describes every key, index and JSON shape with a
+golden example, the form tc-server wrote before (still read), and the upgrade behaviour.
 
-Header JSON. The P5.1+ ``TxnHeader`` stores ``timeout``/``createdAt`` as Jackson Duration/Instant whose
-written form is not verified (see docs/pulsar-protocol.md §5), so we write the verified P2 field names
-(``state``, ``timeoutMs``, ``createdMs``, ``finalizedMs``) with integer milliseconds plus ``owner``.
-Readers ignore unknown fields, as Pulsar's ObjectMapper does.
+Writers produce Pulsar 5's form only. Readers accept Pulsar 5's form (also what Pulsar's own v5
+coordinator wrote: decimal seconds, or ISO-8601 if Jackson ever writes that) and tc-server's earlier
+form, and ignore unknown fields, as Pulsar's ObjectMapper does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_FLOOR, Decimal
 from enum import Enum
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote_plus
 
 TXN_ROOT = "/txn"
-HEADER_PREFIX = "/txn/id/"
-OP_PREFIX = "/txn/op/"
+# Parents of the header and op records: Pulsar's Oxia store writes every secondary key of a record
+# as ``<parent>/<key>`` (docs/record-layout.md, "Secondary index keys").
+HEADER_PARENT = "/txn/id"
+OP_PARENT = "/txn/op"
+HEADER_PREFIX = HEADER_PARENT + "/"
+OP_PREFIX = OP_PARENT + "/"
 SEGMENT_EVENTS_PREFIX = "/txn/segment-events/"
 SUBSCRIPTION_EVENTS_PREFIX = "/txn/subscription-events/"
 TC_SEQ_PREFIX = "/txn/tc-seq/"
@@ -27,8 +36,8 @@ LEADER_PREFIX = "/txn/tc/leader/"
 # Ephemeral record per live tc-server instance, so instances can split the coordinators evenly
 # (ours; Pulsar brokers find their peers through their own registry).
 MEMBER_PREFIX = "/txn/tc/members/"
-# Pulsar stores the parallelism once (TxnPaths.TXN_TC_PARALLELISM_PATH) but its exact path was not
-# found (docs/pulsar-protocol.md §5); this is ours.
+# The number of coordinators, written once by the first coordinator to start (Pulsar's
+# TxnPaths.TXN_TC_PARALLELISM_PATH): the plain decimal text Pulsar writes and parses.
 PARALLELISM_PATH = "/txn/tc/parallelism"
 
 IDX_TXN_BY_DEADLINE = "idx:txn-by-deadline"
@@ -61,8 +70,15 @@ def pad(ms: int) -> str:
 
 
 def enc(name: str) -> str:
-    """Pulsar's ``Codec.encode``: URL-encoding, so a topic name holds no ``/``."""
-    return quote(name, safe="")
+    """Pulsar's ``Codec.encode``, i.e. Java's ``URLEncoder.encode(name, UTF_8)``: letters, digits and
+    ``.-*_`` stay, a space becomes ``+``, everything else ``%XX`` of its UTF-8 bytes (``~`` too); an
+    unpaired surrogate is encoded as ``?`` (``%3F``), as Java's encoder replaces it."""
+    # quote_plus keeps "~" (RFC 3986 unreserved) where URLEncoder encodes it; no "~" can come out of
+    # the percent-encoding itself, so replacing the kept ones afterwards is exact.
+    return quote_plus(name.encode("utf-8", "replace"), safe="*").replace("~", "%7E")
+
+
+_TXN_KEY = re.compile(r"(-?[0-9]+)_(-?[0-9]+)", re.ASCII)
 
 
 def txn_key(most: int, least: int) -> str:
@@ -71,10 +87,11 @@ def txn_key(most: int, least: int) -> str:
 
 
 def parse_txn_key(key: str) -> tuple[int, int]:
-    most, sep, least = key.partition("_")
-    if not sep:
+    """``<most>_<least>`` -> (most, least); ValueError for anything else (``1_0_0``, `` 1_0``, ``1_0x``)."""
+    match = _TXN_KEY.fullmatch(key)
+    if match is None:
         raise ValueError(f"not a txn key: {key!r}")
-    return int(most), int(least)
+    return int(match[1]), int(match[2])
 
 
 def header_path(most: int, least: int) -> str:
@@ -89,8 +106,15 @@ def parse_header_path(path: str) -> tuple[int, int]:
 
 
 def op_prefix(most: int, least: int) -> str:
-    """Prefix of a txn's op records; the store appends ``-<seq>``. Partition key: the txn key."""
+    """What a participant appends a txn's op records under (Pulsar's ``TxnPaths.opParent``); the store
+    adds ``-<20-digit seq>``. Partition key: the txn key."""
     return OP_PREFIX + txn_key(most, least)
+
+
+def op_records_prefix(most: int, least: int) -> str:
+    """Every op record of one txn, and nothing else, starts with this (``/txn/op/1_0-`` cannot be the
+    start of txn ``1_01``'s keys); with the txn key as partition key the scan reads one shard."""
+    return op_prefix(most, least) + "-"
 
 
 def segment_events_prefix(segment: str) -> str:
@@ -98,6 +122,7 @@ def segment_events_prefix(segment: str) -> str:
 
 
 def subscription_partition_key(segment: str, subscription: str) -> str:
+    """``TxnPaths.ackIndexKey``: ``<enc(segment)>:<enc(subscription)>``."""
     return f"{enc(segment)}:{enc(subscription)}"
 
 
@@ -117,30 +142,283 @@ def member_path(instance_id: str) -> str:
     return f"{MEMBER_PREFIX}{instance_id}"
 
 
-def exact_index_range(secondary_key: str) -> tuple[str, str]:
-    """The ``[start, end)`` range that matches exactly one secondary key.
-
-    Not ``key + "\\x00"``: Oxia stores an index entry as ``<secondaryKey>\\x01<primaryKey>`` and
-    compares the range with that (oxia.md §2), so the end must sort after ``\\x01``. Our secondary
-    keys never contain control characters, so nothing else falls in the range.
-    """
-    return secondary_key, secondary_key + "\x02"
+# -- secondary index keys (docs/record-layout.md, "Secondary index keys") ----------------------------
+#
+# Pulsar's TxnMetadataStore names a key per index (a 20-digit deadline, "COMMITTED:" + 20 digits, a
+# txn key, an encoded segment), and Pulsar's Oxia metadata store stores it as "<parent path>/<key>"
+# (the header's parent is /txn/id, an op record's /txn/op). Those prefixed keys are the ones a broker
+# writes and scans, so tc-server writes and scans them on every store.
 
 
-# End of a scan over every deadline / finalization time: sorts after any 20-digit number.
-INDEX_END = "~"
+def secondary_key(parent: str, key: str) -> str:
+    """The secondary key Pulsar's Oxia store writes for ``key`` on a record under ``parent``."""
+    return f"{parent}/{key}"
 
 
 def deadline_index_key(deadline_ms: int) -> str:
-    return pad(deadline_ms)
+    """``idx:txn-by-deadline`` of an OPEN header: ``/txn/id/`` + 20-digit deadline ms."""
+    return secondary_key(HEADER_PARENT, pad(deadline_ms))
 
 
 def final_state_index_key(state: TxnState, finalized_ms: int) -> str:
+    """``idx:txn-by-final-state`` of a terminal header: ``/txn/id/<STATE>:`` + 20-digit ms."""
+    return secondary_key(HEADER_PARENT, f"{state.value}:{pad(finalized_ms)}")
+
+
+def ops_by_txn_index_key(most: int, least: int) -> str:
+    """``idx:ops-by-txn`` of an op record: ``/txn/op/<most>_<least>``."""
+    return secondary_key(OP_PARENT, txn_key(most, least))
+
+
+def writes_by_segment_index_key(segment: str) -> str:
+    """``idx:writes-by-segment`` of a WRITE op record: ``/txn/op/<enc(segment)>``."""
+    return secondary_key(OP_PARENT, enc(segment))
+
+
+def acks_by_subscription_index_key(segment: str, subscription: str) -> str:
+    """``idx:acks-by-segment-subscription`` of an ACK op record: ``/txn/op/<enc(seg)>:<enc(sub)>``."""
+    return secondary_key(OP_PARENT, subscription_partition_key(segment, subscription))
+
+
+# tc-server before Pulsar 5's layout wrote the header index keys without the parent path. Headers
+# written then still carry them (an OPEN one until it ends, a terminal one until GC deletes it), so
+# every scan of those two indexes also reads the old range: upgrading needs no migration step, and
+# an instance of the old version still running next to a new one is read too. Once every old header
+# has ended and been collected the old ranges are empty and cost one empty scan each.
+# (docs/record-layout.md, "Upgrading from the earlier tc-server layout".)
+
+
+def legacy_deadline_index_key(deadline_ms: int) -> str:
+    return pad(deadline_ms)
+
+
+def legacy_final_state_index_key(state: TxnState, finalized_ms: int) -> str:
     return f"{state.value}:{pad(finalized_ms)}"
+
+
+# A [start, end) range of secondary keys.
+IndexRange = tuple[str, str]
+
+# Sorts after any 20-digit number: the end of a scan over every deadline / finalization time.
+INDEX_END = "~"
+
+
+def exact_index_range(secondary: str) -> IndexRange:
+    """The ``[start, end)`` range that matches exactly one secondary key, on every store.
+
+    Not ``key + "\\x00"``: Oxia stores an index entry as ``<secondaryKey>\\x01<primaryKey>`` and
+    compares the range with that, so the end must sort after ``\\x01``; no secondary key here holds a
+    control character, so nothing else falls in the range (docs/record-layout.md).
+    """
+    return secondary, secondary + "\x02"
+
+
+def ops_by_txn_range(most: int, least: int) -> IndexRange:
+    return exact_index_range(ops_by_txn_index_key(most, least))
+
+
+def deadline_ranges(before_ms: int | None = None) -> tuple[IndexRange, IndexRange]:
+    """Where ``idx:txn-by-deadline`` holds the OPEN headers whose deadline is before ``before_ms``
+    (all of them when None): Pulsar 5's keys, then the earlier tc-server keys."""
+    end = INDEX_END if before_ms is None else pad(before_ms)
+    return (
+        (secondary_key(HEADER_PARENT, pad(0)), secondary_key(HEADER_PARENT, end)),
+        (pad(0), end),
+    )
+
+
+def final_state_ranges(state: TxnState, before_ms: int) -> tuple[IndexRange, IndexRange]:
+    """Where ``idx:txn-by-final-state`` holds the headers that ended in ``state`` before ``before_ms``:
+    Pulsar 5's keys, then the earlier tc-server keys."""
+    prefix = f"{state.value}:"
+    return (
+        (secondary_key(HEADER_PARENT, prefix), secondary_key(HEADER_PARENT, prefix + pad(before_ms))),
+        (prefix, prefix + pad(before_ms)),
+    )
+
+
+# -- JSON (docs/record-layout.md, "Values") -----------------------------------------------------------
+#
+# Pulsar writes its records with Jackson: compact, fields in declaration order, null fields left out,
+# strings in UTF-8 with \uXXXX escapes only for control characters (upper-case hex). The writers here
+# produce exactly those bytes; the readers take any valid JSON with the same fields.
+
+_INT64_MAX = 2**63 - 1
+# Jackson's \u00XX escapes use upper-case hex, Python's lower-case. An escape is a backslash that
+# an even run of (escaped) backslashes precedes; "\\\\u001f" is an escaped backslash and text.
+_LOWER_HEX_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u00([0-9a-f]{2})")
+
+
+def _json_string(text: str) -> str:
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _LOWER_HEX_ESCAPE.sub(lambda m: f"{m[1]}\\u00{m[2].upper()}", quoted)
+
+
+def _json_object(fields: list[tuple[str, str]]) -> bytes:
+    """``{"name":value,...}`` from already encoded values."""
+    return ("{" + ",".join(f'"{name}":{value}' for name, value in fields) + "}").encode()
+
+
+class MalformedRecord(ValueError):
+    """A stored value that is not the record its key says; the message names the problem."""
+
+
+def _no_constants(name: str) -> Any:
+    raise MalformedRecord(f"{name} is not a JSON number")
+
+
+def load_json_object(raw: bytes) -> dict[str, Any]:
+    """A record's JSON object, with fractions as exact :class:`Decimal` (a header's
+    ``1795447209.230663502`` must not become a binary float). ValueError naming the problem."""
+    try:
+        doc = json.loads(raw, parse_float=Decimal, parse_constant=_no_constants)
+    except RecursionError as exc:
+        raise MalformedRecord("value is nested too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise MalformedRecord(f"value is not UTF-8: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise MalformedRecord(f"value is not a JSON object but {type(doc).__name__}")
+    return doc
+
+
+def _str_field(doc: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = doc.get(name)
+    if value is None and required:
+        raise MalformedRecord(f"missing field {name!r}")
+    if value is not None and not isinstance(value, str):
+        raise MalformedRecord(f"field {name!r} is not a string: {value!r}")
+    return value
+
+
+def _int_field(doc: dict[str, Any], name: str, *, required: bool = False) -> int | None:
+    value = doc.get(name)
+    if value is None and required:
+        raise MalformedRecord(f"missing field {name!r}")
+    # bool is an int in Python, not in JSON.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MalformedRecord(f"field {name!r} is not an integer: {value!r}")
+    return value
+
+
+def _required_int(doc: dict[str, Any], name: str) -> int:
+    value = _int_field(doc, name, required=True)
+    assert value is not None
+    return value
+
+
+def _required_str(doc: dict[str, Any], name: str) -> str:
+    value = _str_field(doc, name, required=True)
+    assert value is not None
+    return value
+
+
+def _bool_field(doc: dict[str, Any], name: str) -> bool | None:
+    value = doc.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise MalformedRecord(f"field {name!r} is not a boolean: {value!r}")
+    return value
+
+
+# Java's Duration.parse: [-+]P[nD][T[nH][nM][n[.fraction]S]], each number signed.
+_ISO_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?[0-9]+)D)?(?:T(?:([-+]?[0-9]+)H)?(?:([-+]?[0-9]+)M)?(?:([-+]?)([0-9]+)(?:[.,]([0-9]{0,9}))?S)?)?",
+    re.ASCII | re.IGNORECASE,
+)
+_DECIMAL_TEXT = re.compile(r"[-+]?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?", re.ASCII)
+# Bound before multiplying by 1000: ms must fit a Java long, and a huge exponent must not reach the
+# decimal context (which would raise an ArithmeticError, not a ValueError).
+_MAX_SECONDS = Decimal(_INT64_MAX) / 1000
+
+
+def _seconds_to_ms(seconds: Decimal, what: str) -> int:
+    """Floor to whole ms, as Java's ``Instant.toEpochMilli`` / ``Duration.toMillis`` do."""
+    if not -_MAX_SECONDS <= seconds <= _MAX_SECONDS:
+        raise MalformedRecord(f"{what} {seconds} s is out of range")
+    return int((seconds * 1000).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def _json_seconds(value: Any, what: str) -> Decimal | None:
+    """A JSON number (Jackson's timestamp form: seconds, with a fraction or not) or a decimal string."""
+    if isinstance(value, bool):
+        raise MalformedRecord(f"{what} is a boolean")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, str) and _DECIMAL_TEXT.fullmatch(value.strip()):
+        return Decimal(value.strip())
+    return None
+
+
+def parse_duration_ms(value: Any, what: str = "duration") -> int:
+    """A ``java.time.Duration`` as Jackson writes it (``60.000000000``: seconds) or reads it (also an
+    ISO-8601 string such as ``PT1M`` or ``PT0.5S``), in whole ms. ValueError naming ``what``."""
+    seconds = _json_seconds(value, what)
+    if seconds is None:
+        match = _ISO_DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+        if match is None or not any(match.group(i) for i in (2, 3, 4, 6)):
+            raise MalformedRecord(f"{what} is neither seconds nor an ISO-8601 duration: {value!r}")
+        sign, days, hours, minutes, seconds_sign, whole, fraction = match.groups()
+        part = Decimal(f"{whole or 0}.{fraction or 0}")
+        seconds = (
+            Decimal(int(days or 0) * 86_400 + int(hours or 0) * 3_600 + int(minutes or 0) * 60)
+            + (-part if seconds_sign == "-" else part)
+        )
+        if sign == "-":
+            seconds = -seconds
+    return _seconds_to_ms(seconds, what)
+
+
+def parse_instant_ms(value: Any, what: str = "instant") -> int:
+    """A ``java.time.Instant`` as Jackson writes it (``1795447209.230663502``: epoch seconds) or reads
+    it (also an ISO-8601 string with a zone, ``2026-11-23T10:00:00.123Z``), in epoch ms (floor)."""
+    seconds = _json_seconds(value, what)
+    if seconds is not None:
+        return _seconds_to_ms(seconds, what)
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value.strip())
+        except ValueError:
+            when = None
+        if when is not None and when.tzinfo is not None:
+            since = when - datetime(1970, 1, 1, tzinfo=UTC)
+            return since.days * 86_400_000 + since.seconds * 1000 + since.microseconds // 1000
+    raise MalformedRecord(f"{what} is neither epoch seconds nor an ISO-8601 instant with a zone: {value!r}")
+
+
+def seconds_text(ms: int) -> str:
+    """How Jackson writes a Duration / Instant of ``ms`` milliseconds: decimal seconds with 9 fraction
+    digits (``60.000000000``), and zero as ``0.0``."""
+    if ms == 0:
+        return "0.0"
+    seconds, rest = divmod(ms, 1000)
+    return f"{seconds}.{rest:03d}000000"
+
+
+def parse_header_times(doc: dict[str, Any]) -> tuple[int, int, int | None]:
+    """(created ms, timeout ms, finalized ms or None) of a header object in Pulsar 5's form
+    (``createdAt``/``timeout``/``finalizedAt``) or tc-server's earlier one (``createdMs``/
+    ``timeoutMs``/``finalizedMs``). ValueError naming the missing or bad field."""
+    if "createdAt" in doc or "timeout" in doc:
+        for name in ("createdAt", "timeout"):
+            if doc.get(name) is None:
+                raise MalformedRecord(f"missing field {name!r}")
+        finalized = doc.get("finalizedAt")
+        return (
+            parse_instant_ms(doc["createdAt"], "field 'createdAt'"),
+            parse_duration_ms(doc["timeout"], "field 'timeout'"),
+            None if finalized is None else parse_instant_ms(finalized, "field 'finalizedAt'"),
+        )
+    created, timeout = _int_field(doc, "createdMs"), _int_field(doc, "timeoutMs")
+    if created is None or timeout is None:
+        raise MalformedRecord("missing field 'createdAt' and 'timeout' (or the earlier 'createdMs' and 'timeoutMs')")
+    return created, timeout, _int_field(doc, "finalizedMs")
 
 
 @dataclass(frozen=True, slots=True)
 class TxnHeader:
+    """``/txn/id/<most>_<least>``, partition key ``<most>_<least>``: Pulsar's ``TxnHeader``."""
+
     state: TxnState
     created_ms: int
     timeout_ms: int
@@ -156,97 +434,144 @@ class TxnHeader:
         final-state index once terminal (a put replaces the record's entries, so the move is atomic)."""
         if self.state is TxnState.OPEN:
             return {IDX_TXN_BY_DEADLINE: deadline_index_key(self.deadline_ms)}
-        assert self.finalized_ms is not None
-        return {IDX_TXN_BY_FINAL_STATE: final_state_index_key(self.state, self.finalized_ms)}
+        # Pulsar indexes a terminal header without a finalization time at 0; ours always have one.
+        return {IDX_TXN_BY_FINAL_STATE: final_state_index_key(self.state, self.finalized_ms or 0)}
 
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = {
-            "version": 1,
-            "state": self.state.value,
-            "createdMs": self.created_ms,
-            "timeoutMs": self.timeout_ms,
-        }
+        """Pulsar 5's bytes: ``{"state":"OPEN","timeout":60.000000000,"createdAt":1795447209.230000000}``
+        plus ``finalizedAt`` and ``owner`` when set."""
+        fields = [
+            ("state", f'"{self.state.value}"'),
+            ("timeout", seconds_text(self.timeout_ms)),
+            ("createdAt", seconds_text(self.created_ms)),
+        ]
         if self.finalized_ms is not None:
-            doc["finalizedMs"] = self.finalized_ms
+            fields.append(("finalizedAt", seconds_text(self.finalized_ms)))
         if self.owner is not None:
-            doc["owner"] = self.owner
-        return json.dumps(doc, separators=(",", ":")).encode()
+            fields.append(("owner", _json_string(self.owner)))
+        return _json_object(fields)
 
     @classmethod
     def from_json(cls, raw: bytes) -> TxnHeader:
-        """Raises ValueError (naming the problem) on a record that is not a valid header."""
+        """Either form (see :func:`parse_header_times`). Raises ValueError, naming the problem, on a
+        record that is not a valid header."""
         try:
-            doc = json.loads(raw)
-            finalized = doc.get("finalizedMs")
-            owner = doc.get("owner")
-            return cls(
-                state=TxnState(doc["state"]),
-                created_ms=int(doc["createdMs"]),
-                timeout_ms=int(doc["timeoutMs"]),
-                finalized_ms=None if finalized is None else int(finalized),
-                owner=None if owner is None else str(owner),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"malformed txn header: {exc!r}") from exc
+            doc = load_json_object(raw)
+            created, timeout, finalized = parse_header_times(doc)
+            return cls(TxnState(_required_str(doc, "state")), created, timeout, finalized,
+                       _str_field(doc, "owner"))
+        except ValueError as exc:
+            raise MalformedRecord(f"malformed txn header: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
 class TxnOp:
-    """An op record, written by a participant broker (``TxnOp``)."""
+    """``/txn/op/<most>_<least>-<seq>``, partition key ``<most>_<least>``: an op record, written by a
+    participant broker (Pulsar's ``TxnOp``)."""
 
     kind: OpKind
     segment: str
     ledger_id: int
     entry_id: int
     subscription: str | None = None
+    # ACK ops only: a cumulative ack (Pulsar leaves it out for writes and individual acks).
+    cumulative: bool | None = None
 
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = {
-            "kind": self.kind.value,
-            "segment": self.segment,
-            "ledgerId": self.ledger_id,
-            "entryId": self.entry_id,
-        }
+        fields = [("kind", f'"{self.kind.value}"'), ("segment", _json_string(self.segment))]
         if self.subscription is not None:
-            doc["subscription"] = self.subscription
-        return json.dumps(doc, separators=(",", ":")).encode()
+            fields.append(("subscription", _json_string(self.subscription)))
+        fields += [("ledgerId", str(self.ledger_id)), ("entryId", str(self.entry_id))]
+        if self.cumulative is not None:
+            fields.append(("cumulative", "true" if self.cumulative else "false"))
+        return _json_object(fields)
 
     @classmethod
     def from_json(cls, raw: bytes) -> TxnOp:
         try:
-            doc = json.loads(raw)
-            return cls(
-                kind=OpKind(doc["kind"]),
-                segment=str(doc["segment"]),
-                ledger_id=int(doc["ledgerId"]),
-                entry_id=int(doc["entryId"]),
-                subscription=None if doc.get("subscription") is None else str(doc["subscription"]),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"malformed txn op: {exc!r}") from exc
+            doc = load_json_object(raw)
+            return cls(OpKind(_required_str(doc, "kind")), _required_str(doc, "segment"),
+                       _required_int(doc, "ledgerId"), _required_int(doc, "entryId"),
+                       _str_field(doc, "subscription"), _bool_field(doc, "cumulative"))
+        except ValueError as exc:
+            raise MalformedRecord(f"malformed txn op: {exc}") from exc
 
     def index_entries(self, most: int, least: int) -> dict[str, str]:
-        entries = {IDX_OPS_BY_TXN: txn_key(most, least)}
+        """The entries Pulsar's participants write with an op record (``TxnMetadataStore.appendOp``)."""
+        entries = {IDX_OPS_BY_TXN: ops_by_txn_index_key(most, least)}
         if self.kind is OpKind.WRITE:
-            entries[IDX_WRITES_BY_SEGMENT] = enc(self.segment)
+            entries[IDX_WRITES_BY_SEGMENT] = writes_by_segment_index_key(self.segment)
         elif self.subscription is not None:
-            entries[IDX_ACKS_BY_SEGMENT_SUBSCRIPTION] = subscription_partition_key(
+            entries[IDX_ACKS_BY_SEGMENT_SUBSCRIPTION] = acks_by_subscription_index_key(
                 self.segment, self.subscription
             )
         return entries
 
 
 def event_json(most: int, least: int, decision: TxnState) -> bytes:
-    """``TxnEvent``: ``{txnId: key, decision: COMMITTED|ABORTED}``."""
-    return json.dumps({"txnId": txn_key(most, least), "decision": decision.value}, separators=(",", ":")).encode()
+    """``TxnEvent``: ``{"txnId":"<most>_<least>","decision":"COMMITTED"}``."""
+    return _json_object([("txnId", f'"{txn_key(most, least)}"'), ("decision", f'"{decision.value}"')])
 
 
 def tc_seq_json(next_id: int) -> bytes:
-    return json.dumps({"next": next_id}, separators=(",", ":")).encode()
+    """``TcSequence`` at ``/txn/tc-seq/<tcId>`` (no partition key): ``{"next":N}``, the next id to hand
+    out. Pulsar's coordinator moves it by one per txn, tc-server by a block: both only ever raise it."""
+    return _json_object([("next", str(next_id))])
 
 
 def parse_tc_seq(raw: bytes) -> int:
     try:
-        return int(json.loads(raw)["next"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"malformed tc-seq record: {exc!r}") from exc
+        return _required_int(load_json_object(raw), "next")
+    except ValueError as exc:
+        raise MalformedRecord(f"malformed tc-seq record: {exc}") from exc
+
+
+_JAVA_INT = re.compile(rb"[-+]?[0-9]+")
+
+
+def parallelism_value(partitions: int) -> bytes:
+    """``/txn/tc/parallelism``: the number as plain decimal text (Pulsar's ``Integer.toString``)."""
+    return str(partitions).encode()
+
+
+def parse_parallelism(raw: bytes) -> int:
+    """Pulsar's plain decimal text (leading and trailing blanks allowed, as Java's ``trim`` then
+    ``Integer.parseInt``), or tc-server's earlier ``{"parallelism": N}``. ValueError otherwise."""
+    text = raw.strip(bytes(range(33)))
+    if _JAVA_INT.fullmatch(text):
+        return int(text)
+    try:
+        return _required_int(load_json_object(raw), "parallelism")
+    except ValueError as exc:
+        raise MalformedRecord(f"not a number of coordinators: {raw[:100]!r}") from exc
+
+
+def is_legacy_parallelism(raw: bytes) -> bool:
+    """True for tc-server's earlier JSON form, which Pulsar's brokers cannot parse."""
+    return _JAVA_INT.fullmatch(raw.strip(bytes(range(33)))) is None
+
+
+@dataclass(frozen=True, slots=True)
+class TcLeader:
+    """``/txn/tc/leader/<N>`` (ephemeral, no partition key): Pulsar's ``TcLeader``, the elected
+    coordinator of partition N and the URLs clients reach it on (WATCH_TC_ASSIGNMENTS answers from
+    them). tc-server writes brokerId (its instance id) and brokerServiceUrl."""
+
+    broker_id: str | None
+    broker_service_url: str | None
+    broker_service_url_tls: str | None = None
+    web_service_url: str | None = None
+
+    def to_json(self) -> bytes:
+        values = (("brokerId", self.broker_id), ("brokerServiceUrl", self.broker_service_url),
+                  ("brokerServiceUrlTls", self.broker_service_url_tls), ("webServiceUrl", self.web_service_url))
+        return _json_object([(name, _json_string(value)) for name, value in values if value is not None])
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TcLeader:
+        try:
+            doc = load_json_object(raw)
+            return cls(*(_str_field(doc, name) for name in
+                         ("brokerId", "brokerServiceUrl", "brokerServiceUrlTls", "webServiceUrl")))
+        except ValueError as exc:
+            raise MalformedRecord(f"malformed leader record: {exc}") from exc

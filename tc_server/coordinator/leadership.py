@@ -1,8 +1,9 @@
 """Leadership of coordinator partitions: an ephemeral ``/txn/tc/leader/<N>`` record per partition.
 
 Every instance campaigns for every partition by creating the record if absent, bound to its store
-session (design §4, PIP-473 P5.3). The record names the leader's advertised URL, which LOOKUP hands
-to clients. When the holder's session ends, the record disappears and the others campaign again.
+session (design §4, PIP-473 P5.3). The record is Pulsar's ``TcLeader`` (docs/record-layout.md) and
+names the leader's advertised URL, which LOOKUP hands to clients. When the holder's session ends, the
+record disappears and the others campaign again.
 
 Correctness never depends on this: two instances that both believe they lead still change headers
 only by CAS and reserve disjoint id blocks. Leadership only decides who answers which clients.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -46,17 +46,29 @@ Callback = Callable[[int], Awaitable[None]]
 ChangeListener = Callable[[dict[int, str]], None]
 
 
-def leader_value(url: str, instance_id: str) -> bytes:
-    """``TcLeader`` JSON: ``{brokerId, brokerServiceUrl, brokerServiceUrlTls, webServiceUrl}``."""
-    return json.dumps({"brokerId": instance_id, "brokerServiceUrl": url}, separators=(",", ":")).encode()
+def leader_value(url: str, instance_id: str, url_tls: str | None = None) -> bytes:
+    """Our ``TcLeader`` record (docs/record-layout.md): ``{"brokerId":…,"brokerServiceUrl":…}``, and
+    ``brokerServiceUrlTls`` when this instance has a TLS listener."""
+    return layout.TcLeader(broker_id=instance_id, broker_service_url=url, broker_service_url_tls=url_tls).to_json()
+
+
+def parse_leader_tls(raw: bytes) -> str | None:
+    """The leader's ``pulsar+ssl://`` URL, if it has one (an unreadable record is logged by parse_leader)."""
+    try:
+        return layout.TcLeader.from_json(raw).broker_service_url_tls
+    except ValueError:
+        return None
 
 
 def parse_leader(raw: bytes) -> tuple[str | None, str | None]:
+    """(brokerServiceUrl, brokerId) of a leader record, ours or a Pulsar broker's; (None, None) for
+    one that does not parse (logged: the partition then looks leaderless until it is replaced)."""
     try:
-        doc = json.loads(raw)
-        return doc.get("brokerServiceUrl"), doc.get("brokerId")
-    except (ValueError, AttributeError):
+        leader = layout.TcLeader.from_json(raw)
+    except ValueError as exc:
+        log.warning("unreadable leader record", error=str(exc))
         return None, None
+    return leader.broker_service_url, leader.broker_id
 
 
 class LeaderElection:
@@ -67,10 +79,14 @@ class LeaderElection:
         advertised_url: str,
         on_elected: Callback,
         on_lost: Callback,
+        advertised_url_tls: str | None = None,
     ) -> None:
         self._store = store
         self._partitions = partitions
         self._url = advertised_url
+        self._url_tls = advertised_url_tls
+        # An instance's pulsar:// URL -> its pulsar+ssl:// URL, learned from the leader records.
+        self.tls_urls: dict[str, str] = {advertised_url: advertised_url_tls} if advertised_url_tls else {}
         self.instance_id = uuid.uuid4().hex
         self._on_elected = on_elected
         self._on_lost = on_lost
@@ -155,6 +171,7 @@ class LeaderElection:
                 await self._try_take(tc_id)
             return
         url, owner = parse_leader(current.value)
+        self._learn_tls_url(url, current.value)
         if url:
             self.leaders[tc_id] = url
         if owner == self.instance_id:
@@ -169,16 +186,23 @@ class LeaderElection:
         elif tc_id in self.led:
             await self._lose(tc_id)
 
+    def _learn_tls_url(self, url: str | None, raw: bytes) -> None:
+        url_tls = parse_leader_tls(raw)
+        if url and url_tls:
+            self.tls_urls[url] = url_tls
+
     async def _try_take(self, tc_id: int) -> None:
         path = layout.leader_path(tc_id)
         try:
             record = await self._store.put(
-                path, leader_value(self._url, self.instance_id), expected_version=EXPECT_ABSENT, ephemeral=True
+                path, leader_value(self._url, self.instance_id, self._url_tls), expected_version=EXPECT_ABSENT,
+                ephemeral=True
             )
         except BadVersionError:
             current = await self._store.get(path)
             if current is not None:
                 url, _ = parse_leader(current.value)
+                self._learn_tls_url(url, current.value)
                 if url:
                     self.leaders[tc_id] = url
             return

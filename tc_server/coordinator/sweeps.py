@@ -5,6 +5,12 @@ the txn remain. Where op records remain, a participant has not finished applying
 the decision is published again instead: GC never deletes op records and never loses a decision
 (lesson from apache/pulsar PR #25693's review). Timeouts are not swept here: each led partition keeps
 its own deadline queue (partition.py), which aborts within a second instead of Pulsar's 60 s sweep.
+
+"No op records remain" is checked in the txn's own key range ``/txn/op/<most>_<least>-…`` on its
+shard, not only through ``idx:ops-by-txn``: a participant's records found by neither must never be
+left without their header, because a participant that finds ops without a header treats the txn as
+ABORTED (PIP-473), and a committed txn would be lost. Candidates come from both key forms of
+``idx:txn-by-final-state`` (docs/record-layout.md, "Upgrading from the earlier tc-server layout").
 """
 
 from __future__ import annotations
@@ -33,14 +39,13 @@ class GcResult:
 async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, retention_s: int) -> GcResult:
     """One GC pass over every coordinator's terminal headers older than the retention."""
     result = GcResult()
-    horizon = layout.pad(max(0, now_ms - retention_s * 1000))
+    horizon_ms = max(0, now_ms - retention_s * 1000)
     for state in (TxnState.COMMITTED, TxnState.ABORTED):
         started = time.perf_counter()
         expired = [
             record
-            async for record in store.scan_index(
-                layout.IDX_TXN_BY_FINAL_STATE, f"{state.value}:", f"{state.value}:{horizon}"
-            )
+            for start, end in layout.final_state_ranges(state, horizon_ms)
+            async for record in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, start, end)
         ]
         metrics.index_query.labels(layout.IDX_TXN_BY_FINAL_STATE).observe(time.perf_counter() - started)
         for record in expired:
@@ -50,7 +55,9 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
             except ValueError as exc:
                 log.warning("skipping unreadable header", key=record.key, error=str(exc))
                 continue
-            ops = await publish_decision(store, metrics, most, least, header.state) if header.state.terminal else 0
+            if not header.state.terminal:
+                continue  # an index entry out of step with its record: only a terminal header may go
+            ops = await publish_decision(store, metrics, most, least, header.state, by_key_range=True)
             if ops:
                 result.republished += 1
                 result.outstanding_ops += ops

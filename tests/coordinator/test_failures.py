@@ -53,7 +53,8 @@ def coordinator(store, url, partitions=2, **kw):
 
 
 async def open_headers(store):
-    return [r.key async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+    return [r.key for start, end in layout.deadline_ranges()
+            async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, start, end)]
 
 
 async def test_created_header_with_lost_reply_still_times_out():

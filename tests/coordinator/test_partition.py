@@ -64,7 +64,8 @@ async def test_new_txn_creates_open_header_indexed_by_deadline(setup):
     least = await tc.partition(2).new_txn(5000, None)
     h = await header(store, 2, least)
     assert h == TxnHeader(TxnState.OPEN, clock.now, 5000, None, None)
-    found = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+    pulsar_keys, _ = layout.deadline_ranges()
+    found = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, *pulsar_keys)]
     assert found == [layout.header_path(2, least)]
 
 
@@ -95,9 +96,11 @@ async def test_commit_then_repeat_is_idempotent_and_abort_after_commit_conflicts
     await p.end_txn(least, commit=True, principal=None)  # again: success
     with pytest.raises(InvalidTxnStatus, match="COMMITTED"):
         await p.end_txn(least, commit=False, principal=None)
-    final = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, "COMMITTED:", "COMMITTED:~")]
+    final = [r.key async for r in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, "/txn/id/COMMITTED:",
+                                                   "/txn/id/COMMITTED:~")]
     assert final == [layout.header_path(0, least)]
-    deadline = [r async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, layout.pad(0), layout.INDEX_END)]
+    deadline = [r for start, end in layout.deadline_ranges()
+                async for r in store.scan_index(layout.IDX_TXN_BY_DEADLINE, start, end)]
     assert deadline == []
 
 
