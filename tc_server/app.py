@@ -9,16 +9,18 @@ from dataclasses import dataclass
 
 import structlog
 
-from tc_server.admin.http import HttpServer
+from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes
+from tc_server.auth.certificates import ServerTlsContext, TlsFiles
+from tc_server.auth.service import AuthenticationService
 from tc_server.config import ENV_PREFIX, Settings, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.server.connection import ServerContext
 from tc_server.server.dispatch import Dispatcher
-from tc_server.server.handshake import NoAuthentication
 from tc_server.server.listener import PulsarListener
+from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore
 from tc_server.wire import MESSAGE_SIZE_FRAME_PADDING
@@ -31,14 +33,26 @@ class App:
     settings: Settings
     store: MetadataStore
     coordinator: TransactionCoordinator
-    listener: PulsarListener
-    admin: HttpServer
+    listener: PulsarListener | None  # pulsar:// (None: --listen is empty)
+    admin: AdminServer
     metrics: Metrics
+    tls_listener: PulsarListener | None = None  # pulsar+ssl:// (--tls-listen)
+    tls: ServerTlsContext | None = None
+    tls_reload: asyncio.Task[None] | None = None
+
+    @property
+    def listeners(self) -> list[PulsarListener]:
+        return [listener for listener in (self.listener, self.tls_listener) if listener is not None]
 
     async def stop(self) -> None:
         """Stop accepting, drain requests in flight, step down, close the store; one log line."""
         await self.admin.stop()
-        await self.listener.stop()
+        if self.tls_reload is not None:
+            self.tls_reload.cancel()
+        for listener in self.listeners:
+            listener.stop_accepting()
+        for listener in self.listeners:
+            await listener.stop()
         await self.coordinator.stop()
         await self.store.close()
         log.info("stopped")
@@ -51,10 +65,18 @@ def cannot_bind(setting: str, address: str, exc: OSError) -> OSError:
     return OSError(f"{reason}: {address} (--{setting.replace('_', '-')} / {ENV_PREFIX}{setting.upper()})")
 
 
-def advertised_url_for(host: str, port: int) -> str:
+def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
-    return f"pulsar://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
+
+
+def server_tls_context(settings: Settings) -> ServerTlsContext | None:
+    """The reloading TLS context of the pulsar+ssl:// listener and the HTTPS admin port, if either is on."""
+    if not (settings.tls_listen or settings.admin_tls):
+        return None
+    return ServerTlsContext(TlsFiles(settings.tls_cert_file, settings.tls_key_file, settings.tls_trust_certs_file,
+                                     settings.tls_require_trusted_client_cert))
 
 
 async def open_configured_store(settings: Settings) -> MetadataStore:
@@ -73,33 +95,60 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
     if settings.store == "memory":
         log.warning("the memory store keeps nothing across a restart: transaction ids start again at 0; "
                     "use it for tests only")
+    # Keys and certificates first: a bad file stops the start before anything is opened.
+    authentication = AuthenticationService.from_settings(settings)
+    tls = server_tls_context(settings)
+    if not authentication.enabled and parse_hostport(settings.admin_listen)[0] not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("authentication is off: whoever reaches the admin port may read and force-abort any "
+                    "transaction (set --authentication-providers)", admin_listen=settings.admin_listen)
     store = store if store is not None else await open_configured_store(settings)
     coordinator: TransactionCoordinator | None = None
     try:
-        host, port = parse_hostport(settings.listen)
         # The context's dispatcher is set once the coordinator exists; nothing is accepted before.
         context = ServerContext(
             dispatcher=None,  # type: ignore[arg-type]
             metrics=metrics,
-            authenticator=NoAuthentication(),
+            authenticator=authentication,
+            authentication_refresh_check_s=settings.authentication_refresh_check_s,
             keepalive_s=settings.keepalive_s,
             max_message_size=settings.max_message_size,
             max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
             max_in_flight=settings.max_requests_in_flight,
         )
-        listener = PulsarListener(context, host, port)
-        try:
-            bound = listener.bind()
-        except OSError as exc:
-            raise cannot_bind("listen", settings.listen, exc) from exc
-        advertised = settings.advertised_url or advertised_url_for(host, bound)
+        listener, advertised = None, ""
+        if settings.listen:
+            host, port = parse_hostport(settings.listen)
+            listener = PulsarListener(context, host, port)
+            try:
+                bound = listener.bind()
+            except OSError as exc:
+                raise cannot_bind("listen", settings.listen, exc) from exc
+            advertised = settings.advertised_url or advertised_url_for(host, bound)
+        tls_listener, advertised_tls = None, None
+        if settings.tls_listen:
+            assert tls is not None
+            tls_host, tls_port = parse_hostport(settings.tls_listen)
+            tls_listener = PulsarListener(context, tls_host, tls_port, ssl_context=tls.context)
+            try:
+                tls_bound = tls_listener.bind()
+            except OSError as exc:
+                raise cannot_bind("tls_listen", settings.tls_listen, exc) from exc
+            advertised_tls = settings.advertised_url_tls or advertised_url_for(tls_host, tls_bound, "pulsar+ssl")
+        # TLS only: the leader record's brokerServiceUrl is the TLS URL too (nothing else is reachable).
+        advertised = advertised or str(advertised_tls)
+        context.own_addresses = frozenset(host_port(url) for url in (advertised, advertised_tls) if url)
+        if settings.upstream_urls:
+            context.upstream = Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
+                                        connection_mode=settings.lookup_connections, metrics=metrics)
         config = CoordinatorConfig(
             partitions=settings.coordinators,
             advertised_url=advertised,
+            advertised_url_tls=advertised_tls,
             partition=PartitionConfig(
                 default_timeout_ms=settings.default_txn_timeout_ms,
                 max_timeout_ms=settings.max_txn_timeout_ms,
                 id_block_size=settings.id_block_size,
+                superusers=authentication.superusers,
             ),
             gc_retention_s=settings.gc_retention_s,
             gc_interval_s=settings.gc_interval_s,
@@ -108,9 +157,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         coordinator = TransactionCoordinator(store, config, metrics)
         await coordinator.start()
         context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s)
-        await listener.start()
+        for started in (listener, tls_listener):
+            if started is not None:
+                await started.start()
         admin_host, admin_port = parse_hostport(settings.admin_listen)
-        admin = HttpServer(AdminRoutes(coordinator, metrics), admin_host, admin_port)
+        admin = AdminServer(AdminRoutes(coordinator, metrics), admin_host, admin_port, authentication=authentication,
+                            authenticate_metrics=settings.authenticate_metrics_endpoint,
+                            ssl_context=tls.context if tls is not None and settings.admin_tls else None)
         try:
             await admin.start()
         except OSError as exc:
@@ -120,8 +173,10 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             await coordinator.stop()
         await store.close()
         raise
-    log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised)
-    return App(settings, store, coordinator, listener, admin, metrics)
+    log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised,
+             upstream=settings.upstream_url or None)
+    tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
+    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload)
 
 
 async def serve(settings: Settings) -> None:

@@ -33,12 +33,41 @@ HELP = {
     "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
     "max_requests_in_flight": "requests in flight on all connections before the server stops reading "
                               "new ones until some finish (back-pressure, not an error)",
+    "upstream_url": "pulsar://HOST:PORT[,HOST:PORT...] of brokers that get every request that is not the "
+                    "coordinator's (lookups, partition metadata, schemas); the first that answers is used",
+    "lookup_connections": "how producers/consumers reach the broker a forwarded lookup names: upstream (as "
+                          "the broker says), direct (clients connect to brokers), proxy (always through tc-server)",
     "cluster": "value of the cluster label on metrics",
     "oxia_address": "HOST:PORT of the Oxia server (--store oxia)",
     "oxia_namespace": "Oxia namespace",
     "oxia_session_timeout_ms": "Oxia session timeout; bounds failover time of leadership",
     "log_format": "auto (console on a TTY, else JSON), json or console",
     "log_level": "debug, info, warning or error",
+    "authentication_providers": "comma-separated authentication methods clients must use: token, tls "
+                                "(or the brokers' AuthenticationProvider class names); empty: off",
+    "token_secret_key": "HS256/384/512 key: data:;base64,KEY, file:///path (raw bytes) or KEY in base64",
+    "token_public_key": "RS*/PS*/ES* public key (DER or PEM): data:;base64,KEY, file:///path or KEY in base64",
+    "token_auth_claim": "the token claim that holds the role",
+    "token_audience_claim": "the token claim that holds the audience (checked when --token-audience is set)",
+    "token_audience": "tokens must name this audience (empty: not checked)",
+    "superuser_roles": "comma-separated roles that may end or extend any txn and use the admin API",
+    "authentication_refresh_check_s": "how often expiring credentials are checked; expired ones are "
+                                      "challenged (AUTH_CHALLENGE), then the connection is closed",
+    "authenticate_metrics_endpoint": "/metrics needs an authenticated role too (probes stay open)",
+    "tls_listen": "HOST:PORT of the pulsar+ssl:// listener (empty: none); an empty --listen turns the plain one off",
+    "advertised_url_tls": "pulsar+ssl://HOST:PORT handed to clients in LOOKUP answers (default: from --tls-listen)",
+    "tls_cert_file": "PEM certificate (chain) of the TLS listener and HTTPS admin port",
+    "tls_key_file": "PEM private key of --tls-cert-file",
+    "tls_trust_certs_file": "PEM CA bundle client certificates must chain to (mTLS, the tls method)",
+    "tls_require_trusted_client_cert": "refuse TLS handshakes without a trusted client certificate",
+    "tls_cert_refresh_check_s": "how often the TLS files are checked; changed files are loaded for new connections",
+    "admin_tls": "serve the admin port over HTTPS with the --tls-* certificate",
+    "broker_client_auth_plugin": "credentials toward brokers: org.apache.pulsar.client.impl.auth.AuthenticationToken "
+                                 "or ...AuthenticationTls (empty: none)",
+    "broker_client_auth_params": "token:JWT or file:///path (token plugin); tlsCertFile:/path,tlsKeyFile:/path (TLS)",
+    "broker_client_tls_trust_certs": "PEM CA bundle for pulsar+ssl:// brokers (empty: the system's CAs)",
+    "broker_client_tls_hostname_verification": "check that a broker's certificate names its host (brokers' "
+                                               "own client does not by default)",
 }
 
 
@@ -102,6 +131,9 @@ def _run(args: argparse.Namespace) -> int:
     except ParallelismMismatch as exc:
         print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:  # key and certificate files are read at start
+        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"tc-server: cannot start: {exc}", file=sys.stderr)
         return 1

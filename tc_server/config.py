@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from tc_server.client.connection import Endpoint
+
+# How producers and consumers reach the broker a forwarded LOOKUP names (tc_server/server/upstream.py).
+LOOKUP_CONNECTION_MODES = ("upstream", "direct", "proxy")
 
 ENV_PREFIX = "TC_SERVER_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -51,19 +56,56 @@ class Settings:
     request_timeout_s: float = 10.0
     # Requests in flight across all connections before the server stops reading (back-pressure).
     max_requests_in_flight: int = 65_536
+    # The front door (README "One service URL"): brokers that get every request that is not the
+    # coordinator's, comma-separated; the first that answers is used, the next on failure.
+    upstream_url: str = ""
+    # How producers and consumers reach the broker a forwarded LOOKUP names: upstream | direct | proxy.
+    lookup_connections: str = "upstream"
     cluster: str = "standalone"
     oxia_address: str = "127.0.0.1:6648"
     oxia_namespace: str = "default"
     oxia_session_timeout_ms: int = 15_000
     log_format: str = "auto"
     log_level: str = "info"
+    # -- security (docs/security.md); names follow the broker's settings -----------------------
+    # Comma-separated: token, tls (or the brokers' provider class names); empty: authentication off.
+    authentication_providers: str = ""
+    # data:;base64,<key>, file:///path or the key in base64, as brokers read tokenSecretKey/tokenPublicKey.
+    token_secret_key: str = field(default="", repr=False)
+    token_public_key: str = ""
+    token_auth_claim: str = "sub"  # noqa: S105 - claim names, not secrets
+    token_audience_claim: str = "aud"  # noqa: S105
+    token_audience: str = ""
+    superuser_roles: str = ""
+    authentication_refresh_check_s: float = 60.0
+    authenticate_metrics_endpoint: bool = False
+    # HOST:PORT of the pulsar+ssl:// listener; empty: none. An empty --listen turns the plain one off.
+    tls_listen: str = ""
+    advertised_url_tls: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_trust_certs_file: str = ""
+    tls_require_trusted_client_cert: bool = False
+    tls_cert_refresh_check_s: float = 300.0
+    admin_tls: bool = False
+    # What tc-server presents to brokers (brokerClientAuthenticationPlugin / ...Parameters).
+    broker_client_auth_plugin: str = ""
+    broker_client_auth_params: str = field(default="", repr=False)
+    broker_client_tls_trust_certs: str = ""
+    broker_client_tls_hostname_verification: bool = False
+
+    @property
+    def upstream_urls(self) -> list[str]:
+        return [url.strip() for url in self.upstream_url.split(",") if url.strip()]
 
     def validate(self) -> Settings:
         def check(ok: bool, name: str, why: str) -> None:
             if not ok:
                 raise ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
 
-        for name in ("listen", "admin_listen", "oxia_address"):
+        for name in ("listen", "admin_listen", "oxia_address", "tls_listen"):
+            if name in ("listen", "tls_listen") and not getattr(self, name):
+                continue  # that listener is off
             try:
                 parse_hostport(getattr(self, name))
             except ValueError as exc:
@@ -73,6 +115,13 @@ class Settings:
             check(parts.scheme == "pulsar" and bool(parts.hostname) and parts.port is not None,
                   "advertised_url", "must be pulsar://HOST:PORT")
         check(self.store in ("memory", "embedded", "oxia"), "store", "must be memory, embedded or oxia")
+        for url in self.upstream_urls:
+            try:
+                Endpoint.parse(url)
+            except ValueError as exc:
+                raise ConfigError(f"upstream_url: {exc}") from None
+        check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
+              f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")
         check(self.default_txn_timeout_ms > 0, "default_txn_timeout_ms", "must be positive")
         check(self.max_txn_timeout_ms >= self.default_txn_timeout_ms, "max_txn_timeout_ms",
@@ -89,7 +138,41 @@ class Settings:
         check(self.log_format in ("auto", "json", "console"), "log_format", "must be auto, json or console")
         check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
               "must be debug, info, warning or error")
+        self._validate_security()
         return self
+
+    def _validate_security(self) -> None:
+        """Shapes only: key files and certificates are read at start (tc_server/auth), and secret values
+        are never quoted in a message."""
+        from tc_server.auth.service import provider_methods
+
+        try:
+            methods = provider_methods(self.authentication_providers)
+        except ValueError as exc:
+            raise ConfigError(f"authentication_providers: {exc}") from None
+        if "token" in methods and not (self.token_secret_key or self.token_public_key):
+            raise ConfigError("authentication_providers: token needs token_secret_key or token_public_key")
+        if self.token_secret_key and self.token_public_key:
+            raise ConfigError("token_secret_key and token_public_key are both set: give one")
+        if not self.token_auth_claim or not self.token_audience_claim:
+            raise ConfigError("token_auth_claim and token_audience_claim must not be empty")
+        if "tls" in methods and not (self.tls_listen or self.admin_tls):
+            raise ConfigError("authentication_providers: tls needs a TLS port (tls_listen or admin_tls)")
+        if not self.listen and not self.tls_listen:
+            raise ConfigError("listen: empty (plain listener off) needs tls_listen")
+        if (self.tls_listen or self.admin_tls) and not (self.tls_cert_file and self.tls_key_file):
+            raise ConfigError("tls_listen / admin_tls: needs tls_cert_file and tls_key_file")
+        if self.tls_require_trusted_client_cert and not self.tls_trust_certs_file:
+            raise ConfigError("tls_require_trusted_client_cert: needs tls_trust_certs_file")
+        if self.advertised_url_tls:
+            parts = urlsplit(self.advertised_url_tls)
+            if not (parts.scheme == "pulsar+ssl" and parts.hostname and parts.port is not None):
+                raise ConfigError(
+                    f"advertised_url_tls: must be pulsar+ssl://HOST:PORT (got {self.advertised_url_tls!r})")
+            if not self.tls_listen:
+                raise ConfigError("advertised_url_tls: needs tls_listen")
+        if self.authentication_refresh_check_s <= 0 or self.tls_cert_refresh_check_s <= 0:
+            raise ConfigError("authentication_refresh_check_s and tls_cert_refresh_check_s must be positive")
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))

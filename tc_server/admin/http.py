@@ -1,112 +1,121 @@
-"""A small HTTP/1.1 server for the admin port: enough for probes, Prometheus and pulsar-admin.
+"""The admin port on aiohttp: HTTP/1.1 parsing, keep-alive and limits are the library's; what is ours
+is who may call what (docs/security.md):
 
-Deliberately minimal (one request per connection, no chunking): its clients are kubelet probes,
-Prometheus and operators, never the hot path, and it keeps the service free of a web framework.
+- ``/healthz`` and ``/readyz`` are always open (kubelet probes carry no credentials);
+- ``/metrics`` is open unless ``--authenticate-metrics-endpoint``, then any authenticated role;
+- everything else (``/admin/v3/transactions/...``) needs a superuser role, as ``pulsar-admin
+  transactions`` does against a broker: no or bad credentials → 401, another role → 403.
+
+With authentication off everything is open, as on a broker without authentication. Credentials are
+an ``Authorization: Bearer <token>`` header or, over HTTPS, a client certificate (the ``tls`` method).
+Errors are JSON ``{"reason": …}`` as Pulsar's admin API answers them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
+import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
 
 import structlog
+from aiohttp import web
+
+from tc_server.admin.routes import AdminRoutes, json_response
+from tc_server.auth.api import AuthenticationFailed
+from tc_server.auth.service import AuthenticationService
 
 log = structlog.get_logger("tc_server.admin")
 
-MAX_REQUEST_HEAD = 16 * 1024
-READ_TIMEOUT_S = 10.0
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+METRICS_PATH = "/metrics"
+# No endpoint takes a body; this bounds what a client can make us buffer.
+MAX_BODY_BYTES = 64 * 1024
+# Request line and each header (aiohttp's defaults, named here): a longer one is answered 400.
+MAX_LINE_BYTES = 8190
+MAX_HEADERS = 64
+# Idle keep-alive connections are closed after this.
+KEEPALIVE_TIMEOUT_S = 75.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def json(cls, status: int, doc: object) -> Response:
-        return cls(status, json.dumps(doc, indent=None, separators=(",", ":")).encode())
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
-
-
-class HttpServer:
-    def __init__(self, handler: Handler, host: str, port: int) -> None:
-        self._handler = handler
+class AdminServer:
+    def __init__(self, routes: AdminRoutes, host: str, port: int, *,
+                 authentication: AuthenticationService | None = None,
+                 authenticate_metrics: bool = False,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._host = host
         self._port = port
-        self._server: asyncio.Server | None = None
+        self._ssl = ssl_context
+        self._auth = authentication or AuthenticationService()
+        self._authenticate_metrics = authenticate_metrics
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors, self._authorize])
+        routes.add_to(self.app)
+        self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port, reuse_address=True)
-        log.info("admin listening", address=f"{self._host}:{self.port}")
+        # access_log=None: no per-request lines (probes and scrapes would flood the log).
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                                     max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
+                                     max_headers=MAX_HEADERS)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+        log.info("admin listening", address=f"{self._host}:{self.port}", tls=self._ssl is not None)
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._runner is not None and self._runner.addresses
+        return int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self._auth.enabled or request.path in OPEN_PATHS:
+            return await handler(request)
+        if request.path == METRICS_PATH and not self._authenticate_metrics:
+            return await handler(request)
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
+        peer_certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         try:
-            request = await asyncio.wait_for(self._read(reader), READ_TIMEOUT_S)
-            response = Response.json(400, {"reason": "malformed HTTP request"}) if request is None else None
-            if request is not None:
-                try:
-                    response = await self._handler(request)
-                except Exception as exc:  # noqa: BLE001 - one bad request must not kill the admin port
-                    log.exception("admin handler failed", path=request.path)
-                    response = Response.json(500, {"reason": f"internal error: {type(exc).__name__}"})
-            assert response is not None
-            head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
-                    f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}",
-                    "Connection: close"]
-            head += [f"{k}: {v}" for k, v in response.headers.items()]
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + response.body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
+            identity = self._auth.authenticate_http(request.headers.get("Authorization"), peer_certificate)
+        except AuthenticationFailed as exc:
+            log.info("admin request refused: not authenticated", path=request.path, reason=str(exc))
+            return _unauthorized(str(exc))
+        if request.path != METRICS_PATH and not self._auth.is_superuser(identity.role):
+            log.info("admin request refused: not a superuser", path=request.path, role=identity.role)
+            return json_response(403, {"reason": f"role {identity.role!r} is not a superuser"})
+        return await handler(request)
 
-    @staticmethod
-    async def _read(reader: asyncio.StreamReader) -> Request | None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > MAX_REQUEST_HEAD:
-            return None
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return None
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0") or 0) if headers.get("content-length", "0").isdigit() else -1
-        if length < 0 or length > 1024 * 1024:
-            return None
-        body = await reader.readexactly(length) if length else b""
-        url = urlsplit(parts[1])
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        return Request(parts[0].upper(), url.path, query, body)
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Router errors (404, 405) and failures as Pulsar's JSON ``{"reason": …}``; one bad request
+    never stops the port."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = f"no such endpoint: {request.method} {request.path[:200]}" if exc.status in (404, 405) \
+            else exc.reason
+        response = json_response(exc.status, {"reason": reason})
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception as exc:  # noqa: BLE001 - one bad request must not kill the admin port
+        log.exception("admin handler failed", path=request.path)
+        return json_response(500, {"reason": f"internal error: {type(exc).__name__}"})
+
+
+def _unauthorized(reason: str) -> web.Response:
+    response = json_response(401, {"reason": reason})
+    response.headers["WWW-Authenticate"] = 'Bearer realm="tc-server"'
+    return response

@@ -1,15 +1,17 @@
 """Admin endpoints: probes, Prometheus, and the ``/admin/v3/transactions`` reads that
 ``pulsar-admin transactions`` uses (pulsar-protocol.md §6), plus a force-abort (apache/pulsar#19786).
+
+aiohttp handlers; who may call which is decided before them, in tc_server/admin/http.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import json
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tc_server.admin.http import Request, Response
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, TransactionNotFound
@@ -19,10 +21,12 @@ from tc_server.store.api import StoreError
 
 PREFIX = "/admin/v3/transactions"
 READY_PROBE_TIMEOUT_S = 2.0
+# Txn id halves are unsigned 64-bit: at most 20 digits (a longer number is no txn id: 404).
+_ID = r"{%s:\d{1,20}}"
 
-_METADATA = re.compile(rf"^{PREFIX}/transactionMetadata/(\d+)/(\d+)$")
-_SLOW = re.compile(rf"^{PREFIX}/slowTransactions/(\d+)$")
-_ABORT = re.compile(rf"^{PREFIX}/abort/(\d+)/(\d+)$")
+
+def json_response(status: int, doc: object) -> web.Response:
+    return web.json_response(doc, status=status, dumps=lambda d: json.dumps(d, separators=(",", ":")))
 
 
 def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
@@ -44,35 +48,21 @@ class AdminRoutes:
     def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics) -> None:
         self._tc = coordinator
         self._metrics = metrics
-        self._started_ms = 0
 
-    async def __call__(self, req: Request) -> Response:
-        path = req.path.rstrip("/") or "/"
-        if req.method not in ("GET", "POST"):
-            return Response.json(405, {"reason": f"{req.method} not allowed"})
-        if req.method == "POST":
-            if match := _ABORT.match(path):
-                return await self._force_abort(int(match[1]), int(match[2]))
-            return Response.json(404, {"reason": f"no such endpoint: POST {path}"})
-        if path == "/healthz":
-            return Response.json(200, {"status": "ok"})
-        if path == "/readyz":
-            return await self._ready()
-        if path == "/metrics":
-            return Response(200, generate_latest(self._metrics.registry), CONTENT_TYPE_LATEST)
-        if path == f"{PREFIX}/coordinators":
-            return Response.json(200, [
-                {"id": i, "brokerServiceUrl": self._tc.leader_url(i)} for i in range(self._tc.num_partitions)
-            ])
-        if path == f"{PREFIX}/coordinatorStats":
-            return self._coordinator_stats(req.query.get("coordinatorId"))
-        if match := _METADATA.match(path):
-            return await self._metadata(int(match[1]), int(match[2]))
-        if match := _SLOW.match(path):
-            return await self._slow(int(match[1]), req.query.get("coordinatorId"))
-        return Response.json(404, {"reason": f"no such endpoint: {path}"})
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get(f"{PREFIX}/coordinators", self.coordinators)
+        app.router.add_get(f"{PREFIX}/coordinatorStats", self.coordinator_stats)
+        app.router.add_get(f"{PREFIX}/transactionMetadata/{_ID % 'most'}/{_ID % 'least'}", self.metadata)
+        app.router.add_get(f"{PREFIX}/slowTransactions/{_ID % 'timeout'}", self.slow)
+        app.router.add_post(f"{PREFIX}/abort/{_ID % 'most'}/{_ID % 'least'}", self.force_abort)
 
-    async def _ready(self) -> Response:
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response(200, {"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
         problems = []
         try:
             async with asyncio.timeout(READY_PROBE_TIMEOUT_S):
@@ -82,10 +72,24 @@ class AdminRoutes:
         if not self._tc.ready:
             problems.append("not every transaction coordinator has a leader yet")
         if problems:
-            return Response.json(503, {"ready": False, "problems": problems})
-        return Response.json(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})
+            return json_response(503, {"ready": False, "problems": problems})
+        return json_response(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})
 
-    def _coordinator_stats(self, coordinator_id: str | None) -> Response:
+    async def metrics(self, request: web.Request) -> web.Response:
+        # CONTENT_TYPE_LATEST carries a charset, which aiohttp's content_type argument refuses.
+        return web.Response(body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def coordinators(self, request: web.Request) -> web.Response:
+        def entry(tc_id: int) -> dict[str, object]:
+            url = self._tc.leader_url(tc_id)
+            doc: dict[str, object] = {"id": tc_id, "brokerServiceUrl": url}
+            if (url_tls := self._tc.tls_url(url)) is not None:
+                doc["brokerServiceUrlTls"] = url_tls
+            return doc
+
+        return json_response(200, [entry(i) for i in range(self._tc.num_partitions)])
+
+    async def coordinator_stats(self, request: web.Request) -> web.Response:
         def stats(tc_id: int) -> dict[str, object]:
             led = self._tc.leads(tc_id)
             partition = self._tc.partition(tc_id) if led else None
@@ -100,39 +104,43 @@ class AdminRoutes:
                 "recoverEndTime": 0,
             }
 
+        coordinator_id = request.query.get("coordinatorId")
         if coordinator_id is None:
-            return Response.json(200, {str(i): stats(i) for i in range(self._tc.num_partitions)})
+            return json_response(200, {str(i): stats(i) for i in range(self._tc.num_partitions)})
         if not coordinator_id.isdigit() or int(coordinator_id) >= self._tc.num_partitions:
-            return Response.json(404, {"reason": f"no transaction coordinator {coordinator_id}"})
-        return Response.json(200, stats(int(coordinator_id)))
+            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id[:32]}"})
+        return json_response(200, stats(int(coordinator_id)))
 
-    async def _metadata(self, most: int, least: int) -> Response:
+    async def metadata(self, request: web.Request) -> web.Response:
+        most, least = int(request.match_info["most"]), int(request.match_info["least"])
         record = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
         if record is None:
-            return Response.json(404, {"reason": f"transaction ({most},{least}) not found"})
-        return Response.json(200, txn_metadata(most, least, TxnHeader.from_json(record.value)))
+            return json_response(404, {"reason": f"transaction ({most},{least}) not found"})
+        return json_response(200, txn_metadata(most, least, TxnHeader.from_json(record.value)))
 
-    async def _slow(self, timeout_ms: int, coordinator_id: str | None) -> Response:
+    async def slow(self, request: web.Request) -> web.Response:
         """Open txns whose configured timeout is greater than the argument (as Pulsar; not age)."""
+        timeout_ms = int(request.match_info["timeout"])
+        coordinator_id = request.query.get("coordinatorId")
         found: dict[str, object] = {}
         async for most, least, header, _ in self._tc.open_headers():
             if coordinator_id is not None and str(most) != coordinator_id:
                 continue
             if header.timeout_ms > timeout_ms:
                 found[f"({most},{least})"] = txn_metadata(most, least, header)
-        return Response.json(200, found)
+        return json_response(200, found)
 
-    async def _force_abort(self, most: int, least: int) -> Response:
+    async def force_abort(self, request: web.Request) -> web.Response:
+        most, least = int(request.match_info["most"]), int(request.match_info["least"])
         try:
             state = await self._tc.partition(most).force_abort(least)
         except CoordinatorNotFound as exc:
-            leader = self._tc.leader_url(most)
-            return Response.json(409, {"reason": str(exc), "leader": leader})
+            return json_response(409, {"reason": str(exc), "leader": self._tc.leader_url(most)})
         except TransactionNotFound as exc:
-            return Response.json(404, {"reason": str(exc)})
+            return json_response(404, {"reason": str(exc)})
         except StoreError as exc:
-            return Response.json(503, {"reason": f"metadata store error: {exc!r}"})
+            return json_response(503, {"reason": f"metadata store error: {exc!r}"})
         if state is not TxnState.ABORTED:
-            return Response.json(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
+            return json_response(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
                                        "status": state.value})
-        return Response.json(200, {"txnId": f"({most},{least})", "status": state.value})
+        return json_response(200, {"txnId": f"({most},{least})", "status": state.value})

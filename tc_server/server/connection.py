@@ -9,20 +9,26 @@ connection). Bad input is answered and contained here: it can close this connect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, cast
 
 import structlog
 
 from tc_server.metrics import Metrics
+from tc_server.server import discovery
 from tc_server.server.dispatch import Dispatcher, TxnRequest
 from tc_server.server.handshake import (
     MIN_TC_CLIENT_CONNECT_VERSION,
     AuthenticationFailed,
     Authenticator,
+    AuthSession,
+    RefreshAction,
     negotiate,
+    wall_clock_ms,
 )
+from tc_server.server.relay import BrokerSide, open_relay
+from tc_server.server.upstream import ForwardingSession, Upstream, host_port
 from tc_server.wire import (
     AddPartitionToTxn,
     AddSubscriptionToTxn,
@@ -41,12 +47,13 @@ from tc_server.wire import (
     Pong,
     ServerError,
     TcClientConnect,
-    Unknown,
     WatchTcAssignments,
     WatchTcAssignmentsClose,
     WatchTcAssignmentsUpdate,
+    command_name,
     decode_command,
     encode_command,
+    encode_frame,
 )
 
 log = structlog.get_logger("tc_server.connection")
@@ -56,7 +63,7 @@ log = structlog.get_logger("tc_server.connection")
 MAX_IN_FLIGHT = 16_384
 # ERROR needs a request id; -1 is what the broker sends when there is none (authentication errors).
 NO_REQUEST_ID = -1
-NOT_SERVED = "not served by a transaction coordinator"
+NOT_SERVED = "not served by a transaction coordinator; set --upstream-url to forward it to a broker"
 
 
 @dataclass
@@ -72,6 +79,13 @@ class ServerContext:
     # Server-wide bound on requests in flight: past it, the connection that crossed it stops reading
     # until the total is back under half (a stalled store must not pile up tasks without bound).
     max_in_flight: int = 65_536
+    # How often expiring credentials are checked (brokers' authenticationRefreshCheckSeconds).
+    authentication_refresh_check_s: float = 60.0
+    # The front door (server/upstream.py): None when no --upstream-url is set.
+    upstream: Upstream | None = None
+    # HOST:PORT this instance is reached at (CONNECT's proxy_to_broker_url naming one of them is for us:
+    # the v5 SDK dials its coordinators that way).
+    own_addresses: frozenset[str] = frozenset()
     in_flight: int = 0
     paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
@@ -86,6 +100,9 @@ class ClientConnection(asyncio.Protocol):
         self._connected = False
         self._closing = False
         self._principal: str | None = None
+        # The proven credentials (None: authentication off) and the timer that checks their expiry.
+        self._auth: AuthSession | None = None
+        self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
         self._keepalive: asyncio.TimerHandle | None = None
         self._in_flight = 0
@@ -97,6 +114,11 @@ class ClientConnection(asyncio.Protocol):
         # WATCH_TC_ASSIGNMENTS watch ids of this connection, and how to stop listening for changes.
         self._watches: set[int] = set()
         self._unwatch: Callable[[], None] | None = None
+        # The client's CONNECT (its credentials go upstream with what is forwarded for it).
+        self._connect: Connect | None = None
+        self._forwarding: ForwardingSession | None = None
+        # Set once this connection is carried to a broker byte for byte (relay.py).
+        self._relay: BrokerSide | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -114,16 +136,25 @@ class ClientConnection(asyncio.Protocol):
         self._closing = True
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self._auth_check is not None:
+            self._auth_check.cancel()
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
         self._ctx.connections.discard(self)
         self._ctx.paused.discard(self)
         self._ctx.metrics.connections.dec()
+        if self._forwarding is not None:
+            self._forwarding.close()
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.close()
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
+            return
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.write(data)
             return
         self._decoder.feed(data)
         self._process_frames()
@@ -146,10 +177,15 @@ class ClientConnection(asyncio.Protocol):
             self.close()
 
     def pause_writing(self) -> None:
-        # The client is not reading its answers: stop reading its requests until it does.
+        # The client is not reading its answers: stop reading its requests (or, when carried to a
+        # broker, the broker's bytes) until it does.
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.pause_reading()
         self._pause_reading("write-buffer")
 
     def resume_writing(self) -> None:
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.resume_reading()
         self._resume_reading("write-buffer")
 
     # -- commands ------------------------------------------------------------------------------
@@ -165,53 +201,93 @@ class ClientConnection(asyncio.Protocol):
             return
         # Any inbound command proves the peer alive (PulsarHandler clears its waiting flag the same way).
         self._waiting_pong = False
-        kind = type(cmd)
         if not self._connected:
-            if kind is Connect:
-                self._on_connect(cmd)  # type: ignore[arg-type]
+            if isinstance(cmd, Connect):
+                self._on_connect(cmd)
             else:
                 request_id = getattr(cmd, "request_id", None)
-                self._log.warning("command before CONNECT; closing", command=kind.__name__)
+                self._log.warning("command before CONNECT; closing", command=command_name(cmd))
                 if request_id is not None:
                     self.send(Error(request_id, ServerError.NotAllowedError, "send CONNECT first"))
                 self.close()
             return
-        if kind is NewTxn or kind is EndTxn or kind is AddPartitionToTxn or kind is AddSubscriptionToTxn:
-            self._start_txn_request(cmd)  # type: ignore[arg-type]
-        elif kind is Ping:
-            self.send(Pong())
-        elif kind is Pong:
-            pass
-        elif kind is TcClientConnect:
-            self.send(self._ctx.dispatcher.tc_client_connect(cmd))  # type: ignore[arg-type]
-        elif kind is Lookup:
-            self.send(self._ctx.dispatcher.lookup(cmd))  # type: ignore[arg-type]
-        elif kind is PartitionedMetadata:
-            self.send(self._ctx.dispatcher.partitioned_metadata(cmd))  # type: ignore[arg-type]
-        elif kind is WatchTcAssignments:
-            self._watch(cmd.watch_id)  # type: ignore[union-attr]
-        elif kind is WatchTcAssignmentsClose:
-            self._watches.discard(cmd.watch_id)  # type: ignore[union-attr]
-        elif kind is Connect or kind is AuthResponse:
-            self._log.info("ignoring repeated handshake command", command=kind.__name__)
+        route = self._ROUTES.get(type(cmd))
+        if route is None:
+            self._forward_or_refuse(cmd, frame)
         else:
-            request_id = getattr(cmd, "request_id", None)
-            name = f"type {cmd.type_code}" if isinstance(cmd, Unknown) else kind.__name__
-            self._log.info("command not served", command=name, request_id=request_id)
-            self._ctx.metrics.request_errors.labels("OTHER", ServerError.NotAllowedError.name).inc()
+            route(self, cmd, frame)
+
+    # Each handler takes the decoded command and its BaseCommand bytes; what has no route here is
+    # forwarded to the upstream broker (or refused without one): see _forward_or_refuse.
+    def _on_txn_request(self, cmd: Any, frame: bytes) -> None:
+        self._start(self._serve_txn(cmd))
+
+    def _on_ping(self, cmd: Any, frame: bytes) -> None:
+        self.send(Pong())
+
+    def _on_pong(self, cmd: Any, frame: bytes) -> None:
+        pass
+
+    def _on_tc_client_connect(self, cmd: Any, frame: bytes) -> None:
+        self.send(self._ctx.dispatcher.tc_client_connect(cmd))
+
+    def _on_lookup(self, cmd: Any, frame: bytes) -> None:
+        if discovery.assign_partition(cmd.topic) is not None:
+            self.send(self._ctx.dispatcher.lookup(cmd))
+        else:
+            self._forward_or_refuse(cmd, frame)
+
+    def _on_partitioned_metadata(self, cmd: Any, frame: bytes) -> None:
+        if discovery.assign_partition(cmd.topic) is not None:
+            self.send(self._ctx.dispatcher.partitioned_metadata(cmd))
+        else:
+            self._forward_or_refuse(cmd, frame)
+
+    def _on_watch(self, cmd: Any, frame: bytes) -> None:
+        self._watch(cmd.watch_id)
+
+    def _on_watch_close(self, cmd: Any, frame: bytes) -> None:
+        self._watches.discard(cmd.watch_id)
+
+    def _on_repeated_handshake(self, cmd: Any, frame: bytes) -> None:
+        self._log.info("ignoring repeated handshake command", command=command_name(cmd))
+
+    def _forward_or_refuse(self, cmd: Command, frame: bytes) -> None:
+        """Hand a request that is not the coordinator's to the upstream broker, or refuse it when
+        there is none (the answer names the setting)."""
+        upstream = self._ctx.upstream
+        if upstream is not None and self._connect is not None:
+            if self._forwarding is None:
+                self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes)
+            self._start(self._forwarding.forward(cmd, encode_frame(frame)))
+            return
+        request_id = getattr(cmd, "request_id", None)
+        name = command_name(cmd)
+        self._log.info("command not served", command=name, request_id=request_id)
+        self._ctx.metrics.request_errors.labels("OTHER", ServerError.NotAllowedError.name).inc()
+        topic = getattr(cmd, "topic", None)
+        if isinstance(cmd, PartitionedMetadata | Lookup):
+            self.send(self._ctx.dispatcher.not_served(cmd))
+        else:
+            subject = f"{name} of {topic}" if topic else name
             self.send(Error(NO_REQUEST_ID if request_id is None else request_id,
-                            ServerError.NotAllowedError, f"{name}: {NOT_SERVED}"))
+                            ServerError.NotAllowedError, f"{subject}: {NOT_SERVED}"))
 
     def _on_connect(self, connect: Connect) -> None:
         try:
-            result = negotiate(connect, self._ctx.authenticator, self._ctx.max_message_size)
+            result = negotiate(connect, self._ctx.authenticator, self._ctx.max_message_size,
+                               self._peer_certificate())
         except AuthenticationFailed as exc:
-            self._log.warning("authentication failed", error=str(exc))
-            self.send(Error(NO_REQUEST_ID, ServerError.AuthenticationError, str(exc)))
-            self.close()
+            self._refuse_authentication("authentication failed", connect.auth_method_name, exc)
+            return
+        self._connect = connect
+        target = connect.proxy_to_broker_url
+        if target and host_port(target) not in self._ctx.own_addresses:
+            self._carry_to(target, connect)
             return
         self._connected = True
         self._principal = result.principal
+        self._start_auth_refresh(result.session)
         self._log = self._log.bind(client=connect.client_version, protocol=result.protocol_version)
         if result.protocol_version < MIN_TC_CLIENT_CONNECT_VERSION:
             # Such a client skips TC_CLIENT_CONNECT and sends txn requests straight away; we
@@ -232,21 +308,22 @@ class ClientConnection(asyncio.Protocol):
         for watch_id in sorted(self._watches):
             self.send(WatchTcAssignmentsUpdate(watch_id, snapshot))
 
-    def _start_txn_request(self, cmd: TxnRequest) -> None:
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run one request as a task, counted against this connection's and the server's bounds."""
         ctx = self._ctx
         self._in_flight += 1
         ctx.in_flight += 1
         ctx.metrics.in_flight.set(ctx.in_flight)
         if self._in_flight >= MAX_IN_FLIGHT:
             self._pause_reading("in-flight")
-        task = asyncio.get_running_loop().create_task(self._serve_txn(cmd))
+        task = asyncio.get_running_loop().create_task(self._run(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve_txn(self, cmd: TxnRequest) -> None:
+    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
         ctx = self._ctx
         try:
-            response = await ctx.dispatcher.transaction(cmd, self._principal)
+            await work
         finally:
             self._in_flight -= 1
             ctx.in_flight -= 1
@@ -257,7 +334,127 @@ class ClientConnection(asyncio.Protocol):
                 for connection in list(ctx.paused):
                     connection._resume_reading("server-busy")
                 ctx.paused.clear()
-        self.send(response)
+
+    async def _serve_txn(self, cmd: TxnRequest) -> None:
+        self.send(await self._ctx.dispatcher.transaction(cmd, self._principal))
+
+    # -- carrying a proxied connection to its broker (relay.py) ------------------------------------
+
+    def _carry_to(self, target: str, connect: Connect) -> None:
+        """CONNECT with ``proxy_to_broker_url`` naming a broker (or a peer tc-server): connect there,
+        hand it the client's CONNECT, then relay bytes both ways."""
+        upstream = self._ctx.upstream
+        # A peer tc-server (the v5 SDK dials a coordinator led elsewhere through this connection), or
+        # a broker a forwarded lookup named; nothing else: tc-server is no open relay.
+        peers = {host_port(url): url for url in self._ctx.dispatcher.coordinator.assignments().values()}
+        url = peers.get(host_port(target)) or (upstream.proxy_target(target) if upstream is not None else None)
+        if url is None:
+            why = ("it is not a broker the upstream named in a lookup" if upstream is not None
+                   else "no --upstream-url is set")
+            self._log.warning("refusing to proxy", target=target, reason=why)
+            self.send(Error(NO_REQUEST_ID, ServerError.NotAllowedError, f"cannot proxy to {target}: {why}"))
+            self.close()
+            return
+        # Frames the client sent after CONNECT wait in the decoder until the broker is connected.
+        self._pause_reading("relay-setup")
+        self._log = self._log.bind(proxy_to=target)
+        self._tasks.add(task := asyncio.get_running_loop().create_task(self._open_relay(url, connect)))
+        task.add_done_callback(self._tasks.discard)
+
+    async def _open_relay(self, target: str, connect: Connect) -> None:
+        upstream = self._ctx.upstream
+        timeout_s = upstream.request_timeout_s if upstream is not None else 10.0
+        try:
+            broker = await open_relay(target, self, ssl_context=upstream.ssl_context if upstream else None,
+                                      timeout_s=timeout_s)
+        except (OSError, TimeoutError, ValueError) as exc:
+            self._log.warning("cannot reach the broker to proxy to", error=repr(exc))
+            # Before CONNECTED the client takes an ERROR as a failed connection and retries later.
+            self.send(Error(NO_REQUEST_ID, ServerError.ServiceNotReady,
+                            f"tc-server cannot reach broker {target}: {exc!r}"))
+            self.close()
+            return
+        if self._closing:
+            if broker.transport is not None:
+                broker.transport.close()
+            return
+        assert broker.transport is not None
+        if self._keepalive is not None:
+            self._keepalive.cancel()  # PING/PONG now run end to end between client and broker
+        self._relay = broker
+        self._ctx.metrics.proxied_connections.inc()
+        broker.transport.write(encode_command(replace(connect, proxy_to_broker_url=None))
+                               + self._decoder.take_buffered())
+        self._log.info("proxying to broker")
+        self._resume_reading("relay-setup")
+
+    def relay_to_client(self, data: bytes) -> None:
+        if self._transport is not None and not self._closing:
+            self._transport.write(data)
+
+    def relay_closed(self, exc: Exception | None) -> None:
+        self._ctx.metrics.proxied_connections.dec()
+        self.close()
+
+    def pause_client_reading(self) -> None:
+        self._pause_reading("relay-write-buffer")
+
+    def resume_client_reading(self) -> None:
+        self._resume_reading("relay-write-buffer")
+
+    # -- authentication: refusal and refresh (handshake.py says how brokers do it) --------------
+
+    def _peer_certificate(self) -> bytes | None:
+        """The client's TLS certificate (DER), present only if the TLS layer verified it."""
+        ssl_object = self._transport.get_extra_info("ssl_object") if self._transport is not None else None
+        return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+
+    def _refuse_authentication(self, event: str, method: str | None, exc: AuthenticationFailed) -> None:
+        # The message names the problem, never the credentials (tc_server/auth/api.py).
+        self._log.warning(event, method=(method or "")[:64], error=str(exc))
+        self._ctx.metrics.request_errors.labels("CONNECT", ServerError.AuthenticationError.name).inc()
+        self.send(Error(NO_REQUEST_ID, ServerError.AuthenticationError, str(exc)))
+        self.close()
+
+    def _start_auth_refresh(self, session: AuthSession | None) -> None:
+        self._auth = session
+        if session is None:
+            return
+        self._log = self._log.bind(role=session.role, method=session.credentials.method)
+        if session.expires:
+            self._schedule_auth_check()
+
+    def _schedule_auth_check(self) -> None:
+        self._auth_check = asyncio.get_running_loop().call_later(
+            self._ctx.authentication_refresh_check_s, self._on_auth_check)
+
+    def _on_auth_check(self) -> None:
+        session = self._auth
+        if session is None or self._closing:
+            return
+        action, why = session.check(wall_clock_ms())
+        if action is RefreshAction.CLOSE:
+            # As ServerCnx: the connection is closed without an ERROR.
+            self._log.warning("closing: " + why)
+            self.close()
+            return
+        if action is RefreshAction.CHALLENGE:
+            self._log.info(why)
+            self.send(session.challenge())
+        self._schedule_auth_check()
+
+    def _on_auth_response(self, cmd: Any, frame: bytes) -> None:
+        """AUTH_RESPONSE to a refresh challenge: fresh credentials of the same role, or the end."""
+        session = self._auth
+        if session is None:
+            self._log.info("ignoring AUTH_RESPONSE: authentication is off")
+            return
+        try:
+            session.refresh(self._ctx.authenticator, cmd.response_data, self._peer_certificate())
+        except AuthenticationFailed as exc:
+            self._refuse_authentication("authentication refresh failed", session.credentials.method, exc)
+            return
+        self._log.info("authentication refreshed", expires_at_ms=session.credentials.expires_at_ms)
 
     # -- output and lifecycle ------------------------------------------------------------------
 
@@ -267,6 +464,14 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(encode_command(cmd))
+
+    def _send_bytes(self, data: bytes) -> None:
+        """Queue an already encoded frame (a forwarded answer), in order with everything else we send."""
+        if self._transport is None or self._closing:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -298,7 +503,8 @@ class ClientConnection(asyncio.Protocol):
         self._read_paused_for.discard(reason)
         if not self._read_paused_for and self._transport is not None and not self._closing:
             self._transport.resume_reading()
-            asyncio.get_running_loop().call_soon(self._process_frames)
+            if self._relay is None:
+                asyncio.get_running_loop().call_soon(self._process_frames)
 
     def _schedule_keepalive(self) -> None:
         loop = asyncio.get_running_loop()
@@ -320,3 +526,19 @@ class ClientConnection(asyncio.Protocol):
         self._waiting_pong = True
         self.send(Ping())
         self._schedule_keepalive()
+
+    _ROUTES: ClassVar[dict[type, Callable[[ClientConnection, Any, bytes], None]]] = {
+        NewTxn: _on_txn_request,
+        EndTxn: _on_txn_request,
+        AddPartitionToTxn: _on_txn_request,
+        AddSubscriptionToTxn: _on_txn_request,
+        Ping: _on_ping,
+        Pong: _on_pong,
+        TcClientConnect: _on_tc_client_connect,
+        Lookup: _on_lookup,
+        PartitionedMetadata: _on_partitioned_metadata,
+        WatchTcAssignments: _on_watch,
+        WatchTcAssignmentsClose: _on_watch_close,
+        Connect: _on_repeated_handshake,
+        AuthResponse: _on_auth_response,
+    }

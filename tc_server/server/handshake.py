@@ -1,16 +1,46 @@
-"""CONNECT → CONNECTED: protocol version negotiation and the authentication seam (design §3).
+"""CONNECT → CONNECTED: protocol version negotiation, authentication, and the refresh of expiring
+credentials, as a broker's ServerCnx does them (docs/security.md).
 
-Authentication is the seam design §9 keeps open: an :class:`Authenticator` turns CONNECT's
-credentials into a principal (the txn owner) or refuses. Today only "none" exists, as a broker with
-authentication disabled: CONNECTED at once, principal None.
+Sans-IO: the connection hands over what the client sent (and its verified TLS certificate) and gets
+back what to answer; it owns the timer that calls :meth:`AuthSession.check`.
+
+- Authentication off (no provider configured): CONNECTED at once, principal None, whatever method
+  the client names ("none", or the Go client's empty name).
+- On: the provider CONNECT's ``auth_method_name`` names proves a role, which becomes the principal
+  (the txn owner); otherwise ERROR AuthenticationError and the connection closes. Our providers
+  finish in one step, so the handshake never sends an AUTH_CHALLENGE of its own.
+- Refresh (ServerCnx.refreshAuthenticationCredentials): every check interval, credentials whose
+  expiry has passed are challenged with AUTH_CHALLENGE ``"PulsarAuthRefresh"`` if the client announced
+  ``supports_auth_refresh``; a client that cannot refresh, or has not answered by the next check, is
+  disconnected. The refreshed role must be the same.
+
+CONNECT's ``original_principal`` (set by a Pulsar proxy) is ignored: the principal is always the
+role this connection proved, so no client can name its own owner.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
-from tc_server.wire import Connect, Connected, FeatureFlags
+from tc_server.auth.api import Authenticated, AuthenticationData, AuthenticationFailed
+from tc_server.wire import AuthChallenge, Connect, Connected, FeatureFlags
+
+__all__ = [
+    "MIN_TC_CLIENT_CONNECT_VERSION",
+    "REFRESH_AUTH_DATA",
+    "SERVER_PROTOCOL_VERSION",
+    "SERVER_VERSION",
+    "AuthSession",
+    "AuthenticationFailed",
+    "Authenticator",
+    "HandshakeResult",
+    "NoAuthentication",
+    "RefreshAction",
+    "negotiate",
+]
 
 # ProtocolVersion v21 is the newest the Java client sends (Commands.getCurrentProtocolVersion).
 SERVER_PROTOCOL_VERSION = 21
@@ -18,38 +48,112 @@ SERVER_PROTOCOL_VERSION = 21
 # (TransactionMetaStoreHandler.connectionOpened); every client we serve is newer, see the warning.
 MIN_TC_CLIENT_CONNECT_VERSION = 19
 SERVER_VERSION = "tc-server 0.1.0"
-
-
-class AuthenticationFailed(Exception):
-    """The credentials were refused; the connection gets ERROR AuthenticationError and is closed."""
+# AuthData.REFRESH_AUTH_DATA: the challenge that asks a client for fresh credentials.
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
 
 
 class Authenticator(Protocol):
-    def authenticate(self, connect: Connect) -> str | None:
-        """The principal for these credentials (None: anonymous). Raises AuthenticationFailed."""
+    def authenticate(self, method: str | None, data: AuthenticationData) -> Authenticated | None:
+        """The identity these credentials prove; None when authentication is off (everyone connects,
+        principal None). Raises AuthenticationFailed with a message fit for the client."""
         ...
 
 
 class NoAuthentication:
     """Authentication disabled, as Pulsar's default: everyone connects and owns nothing."""
 
-    def authenticate(self, connect: Connect) -> str | None:
+    def authenticate(self, method: str | None, data: AuthenticationData) -> Authenticated | None:
         return None
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RefreshAction(Enum):
+    NOTHING = "nothing"
+    CHALLENGE = "challenge"  # send AUTH_CHALLENGE "PulsarAuthRefresh"
+    CLOSE = "close"  # expired and cannot or did not refresh
+
+
+class AuthSession:
+    """The credentials of one authenticated connection, and where their refresh stands."""
+
+    def __init__(self, credentials: Authenticated, supports_refresh: bool, protocol_version: int) -> None:
+        self.credentials = credentials
+        self.supports_refresh = supports_refresh
+        self.protocol_version = protocol_version
+        self.challenge_pending = False
+
+    @property
+    def role(self) -> str:
+        return self.credentials.role
+
+    @property
+    def expires(self) -> bool:
+        return self.credentials.expires_at_ms is not None
+
+    def expired(self, now_ms: int) -> bool:
+        expires_at = self.credentials.expires_at_ms
+        return expires_at is not None and expires_at < now_ms
+
+    def check(self, now_ms: int) -> tuple[RefreshAction, str]:
+        """One tick of the refresh check: what to do, and why (for the log)."""
+        if not self.expired(now_ms):
+            return RefreshAction.NOTHING, "credentials valid"
+        if not self.supports_refresh:
+            return RefreshAction.CLOSE, "credentials expired and the client does not support auth refresh"
+        if self.challenge_pending:
+            return RefreshAction.CLOSE, "credentials expired and the client did not answer the refresh challenge"
+        self.challenge_pending = True
+        return RefreshAction.CHALLENGE, "credentials expired: challenging the client"
+
+    def challenge(self) -> AuthChallenge:
+        return AuthChallenge(SERVER_VERSION, self.credentials.method, REFRESH_AUTH_DATA, self.protocol_version)
+
+    def refresh(self, authenticator: Authenticator, response_data: bytes | None,
+                peer_certificate: bytes | None) -> None:
+        """AUTH_RESPONSE: authenticate the fresh credentials with the connection's original method.
+        Raises AuthenticationFailed if they are refused or prove another role."""
+        fresh = authenticator.authenticate(self.credentials.method,
+                                           AuthenticationData(command_data=response_data or b"",
+                                                              peer_certificate=peer_certificate))
+        if fresh is None:
+            return  # authentication was turned off under us: nothing to check
+        if fresh.role != self.credentials.role:
+            raise AuthenticationFailed("the role cannot change during an authentication refresh")
+        self.credentials = fresh
+        self.challenge_pending = False
 
 
 @dataclass(frozen=True)
 class HandshakeResult:
     connected: Connected
-    principal: str | None
     protocol_version: int
+    # None when authentication is off.
+    session: AuthSession | None
+
+    @property
+    def principal(self) -> str | None:
+        return None if self.session is None else self.session.role
 
 
-def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: int) -> HandshakeResult:
+def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: int,
+              peer_certificate: bytes | None = None) -> HandshakeResult:
     """The CONNECTED answer: ``protocol_version = min(ours, client's)`` as Commands.newConnectedCommand.
+    Raises AuthenticationFailed.
 
     The C++ client (Python wheel) speaks v20, the Java client v21: never assume one version."""
-    principal = authenticator.authenticate(connect)
     version = min(SERVER_PROTOCOL_VERSION, max(0, connect.protocol_version))
+    credentials = authenticator.authenticate(
+        connect.auth_method_name,
+        AuthenticationData(command_data=connect.auth_data or b"", peer_certificate=peer_certificate),
+    )
+    session = None
+    if credentials is not None:
+        flags = connect.feature_flags
+        session = AuthSession(credentials, supports_refresh=bool(flags and flags.supports_auth_refresh),
+                              protocol_version=version)
     connected = Connected(
         server_version=SERVER_VERSION,
         protocol_version=version,
@@ -58,4 +162,4 @@ def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: 
         feature_flags=FeatureFlags(supports_get_partitioned_metadata_without_auto_creation=True,
                                    supports_tc_metadata_discovery=True),
     )
-    return HandshakeResult(connected, principal, version)
+    return HandshakeResult(connected, version, session)

@@ -1,4 +1,5 @@
-"""The Pulsar-protocol listener: accepts connections and stops them gracefully.
+"""The Pulsar-protocol listeners: ``pulsar://`` and ``pulsar+ssl://`` (an ``ssl.SSLContext``, whose
+certificate tc_server/auth/certificates.py reloads), both feeding the same kind of connection.
 
 Shutdown order (as uvicorn's): stop accepting, let the requests in flight finish within a bound,
 then close every connection.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 
 import structlog
 
@@ -17,10 +19,11 @@ log = structlog.get_logger("tc_server.listener")
 
 
 class PulsarListener:
-    def __init__(self, context: ServerContext, host: str, port: int) -> None:
+    def __init__(self, context: ServerContext, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self.context = context
         self._host = host
         self._port = port
+        self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._socket: socket.socket | None = None
 
@@ -44,16 +47,24 @@ class PulsarListener:
         assert self._socket is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.context), sock=self._socket, backlog=1024
+            lambda: ClientConnection(self.context), sock=self._socket, backlog=1024, ssl=self._ssl,
+            # A client that stalls its TLS handshake holds a socket no longer than this.
+            ssl_handshake_timeout=10.0 if self._ssl is not None else None,
         )
-        log.info("listening", address=f"{self._host}:{self.port}")
+        log.info("listening", address=f"{self._host}:{self.port}", tls=self._ssl is not None)
 
     @property
     def port(self) -> int:
         assert self._socket is not None
         return int(self._socket.getsockname()[1])
 
+    def stop_accepting(self) -> None:
+        """Close the listening socket; connections already open stay (stop() drains them)."""
+        if self._server is not None:
+            self._server.close()
+
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
+        """Stop accepting, then drain every connection of the shared context (both listeners')."""
         if self._server is None:
             return
         self._server.close()

@@ -1,0 +1,128 @@
+"""The credentials tc-server presents when it connects to a broker, configured as a broker configures
+its own internal client: ``--broker-client-auth-plugin`` and ``--broker-client-auth-params`` (brokers'
+``brokerClientAuthenticationPlugin`` / ``brokerClientAuthenticationParameters``) and
+``--broker-client-tls-trust-certs`` (``brokerClientTrustCertsFilePath``) for ``pulsar+ssl://`` brokers.
+
+- ``org.apache.pulsar.client.impl.auth.AuthenticationToken`` (or ``token``): params ``token:<jwt>``,
+  ``file:///path`` (read again for every CONNECT and refresh, so a rotated token file is picked up, as
+  the Java client does), ``env:NAME``, or the token itself.
+- ``org.apache.pulsar.client.impl.auth.AuthenticationTls`` (or ``tls``): params
+  ``tlsCertFile:/path,tlsKeyFile:/path`` or the JSON object with those keys; the certificate is
+  presented in the TLS handshake and CONNECT names the method ``tls`` with empty data.
+- empty: no credentials (method ``none``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tc_server.auth.keys import file_url_path, read_secret_text
+from tc_server.config import ConfigError
+
+if TYPE_CHECKING:
+    from tc_server.config import Settings
+
+TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"  # noqa: S105 - a class name
+TLS_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationTls"
+PLUGIN_NAMES = {TOKEN_PLUGIN: "token", "token": "token", TLS_PLUGIN: "tls", "tls": "tls"}
+
+
+@dataclass(frozen=True)
+class BrokerClientCredentials:
+    """What a client CONNECT to a broker needs: ``method`` is ``auth_method_name``, :meth:`auth_data`
+    the ``auth_data`` bytes (also the answer to an AUTH_CHALLENGE), and ``ssl_context`` the context for
+    ``pulsar+ssl://`` brokers (None: use the system's default CAs)."""
+
+    method: str = "none"
+    _data: Callable[[], bytes] = field(default=lambda: b"", repr=False)
+    ssl_context: ssl.SSLContext | None = None
+
+    def auth_data(self) -> bytes:
+        """Fresh credentials (a ``file:`` token is read again). Raises ConfigError if it cannot be read."""
+        return self._data()
+
+
+def broker_client_credentials(settings: Settings) -> BrokerClientCredentials:
+    """Raises ConfigError naming the setting that is wrong (never quoting a secret)."""
+    plugin = settings.broker_client_auth_plugin.strip()
+    params = settings.broker_client_auth_params.strip()
+    if plugin and plugin not in PLUGIN_NAMES:
+        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN})")
+    kind = PLUGIN_NAMES.get(plugin, "none")
+    context = _client_context(settings) if settings.broker_client_tls_trust_certs or kind == "tls" else None
+    if kind == "token":
+        read = _token_reader(params)
+        read()  # fail at start, not at the first CONNECT
+        return BrokerClientCredentials("token", read, context)
+    if kind == "tls":
+        assert context is not None
+        cert_file, key_file = _tls_params(params)
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"broker_client_auth_params: cannot load the client certificate {cert_file} "
+                              f"and key {key_file}: {getattr(exc, 'reason', None) or exc.strerror}") from None
+        return BrokerClientCredentials("tls", lambda: b"", context)
+    return BrokerClientCredentials("none", lambda: b"", context)
+
+
+def _token_reader(params: str) -> Callable[[], bytes]:
+    if not params:
+        raise ConfigError("broker_client_auth_params: the token plugin needs token:<jwt> or file:///path")
+    if params.startswith("token:"):
+        value = params[len("token:"):].encode()
+        return lambda: value
+    if params.startswith("file:"):
+        return lambda: read_secret_text("broker_client_auth_params", params).encode()
+    if params.startswith("env:"):
+        name = params[len("env:"):]
+
+        def from_env() -> bytes:
+            if name not in os.environ:
+                raise ConfigError(f"broker_client_auth_params: environment variable {name} is not set")
+            return os.environ[name].strip().encode()
+        return from_env
+    value = params.encode()
+    return lambda: value
+
+
+def _tls_params(params: str) -> tuple[str, str]:
+    values: dict[str, str] = {}
+    if params.startswith("{"):
+        try:
+            doc = json.loads(params)
+        except ValueError:
+            raise ConfigError("broker_client_auth_params: not valid JSON") from None
+        if isinstance(doc, dict):
+            values = {str(k): str(v) for k, v in doc.items()}
+    else:
+        for item in params.split(","):
+            name, sep, value = item.partition(":")
+            if sep:
+                values[name.strip()] = value.strip()
+    cert_file, key_file = values.get("tlsCertFile"), values.get("tlsKeyFile")
+    if not cert_file or not key_file:
+        raise ConfigError("broker_client_auth_params: the TLS plugin needs tlsCertFile:/path,tlsKeyFile:/path")
+    return _path(cert_file), _path(key_file)
+
+
+def _path(value: str) -> str:
+    return str(file_url_path(value)) if value.startswith("file:") else value
+
+
+def _client_context(settings: Settings) -> ssl.SSLContext:
+    trust = settings.broker_client_tls_trust_certs
+    try:
+        context = ssl.create_default_context(cafile=trust or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"broker_client_tls_trust_certs ({trust}): cannot load the CA certificates: "
+                          f"{getattr(exc, 'reason', None) or exc.strerror}") from None
+    # Brokers' own client does not check host names by default (tlsHostnameVerificationEnabled=false):
+    # advertised addresses are often pod IPs that no certificate names.
+    context.check_hostname = settings.broker_client_tls_hostname_verification
+    return context

@@ -1,0 +1,105 @@
+"""The server's TLS context (Pulsar ``pulsar+ssl://`` listener and HTTPS admin port), reloaded when
+its certificate, key or trusted-CA file changes, as brokers do every ``tlsCertRefreshCheckDurationSec``.
+
+asyncio and aiohttp take one ``ssl.SSLContext`` when the server starts. That context's SNI callback
+(OpenSSL calls it for every ClientHello, with or without a server name) moves each new connection onto
+the newest context, whose certificate and CA store then serve the handshake; connections already
+open keep the certificate they were made with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from dataclasses import dataclass
+
+import structlog
+
+from tc_server.config import ConfigError
+
+log = structlog.get_logger("tc_server.tls")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert_file: str
+    key_file: str
+    # CA bundle that client certificates must chain to; empty: client certificates are not asked for.
+    trust_certs_file: str = ""
+    # Refuse a handshake without a trusted client certificate (broker: tlsRequireTrustedClientCertOnConnect).
+    require_client_cert: bool = False
+
+
+def build_server_context(files: TlsFiles) -> ssl.SSLContext:
+    """A server context from the files. Raises ConfigError naming the file and the problem."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert_file, files.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls_cert_file / tls_key_file ({files.cert_file}, {files.key_file}): "
+                          f"cannot load the certificate and its key: {_reason(exc)}") from None
+    if files.trust_certs_file:
+        try:
+            context.load_verify_locations(cafile=files.trust_certs_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tls_trust_certs_file ({files.trust_certs_file}): "
+                              f"cannot load the CA certificates: {_reason(exc)}") from None
+        # Optional by default, as brokers: token clients connect over TLS without a certificate.
+        context.verify_mode = ssl.CERT_REQUIRED if files.require_client_cert else ssl.CERT_OPTIONAL
+    return context
+
+
+class ServerTlsContext:
+    """Hand :attr:`context` to the server; :meth:`run` checks the files every interval."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._stamp = self._file_stamp()
+        self.context = build_server_context(files)
+        self._current = self.context
+        self.context.sni_callback = self._select
+        self.reloads = 0
+
+    def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
+        if self._current is not self.context:
+            ssl_object.context = self._current
+
+    def _file_stamp(self) -> tuple[tuple[int, int, int], ...]:
+        stamps = []
+        for path in (self.files.cert_file, self.files.key_file, self.files.trust_certs_file):
+            try:
+                st = os.stat(path) if path else None
+            except OSError:
+                st = None
+            stamps.append((st.st_mtime_ns, st.st_size, st.st_ino) if st else (0, 0, 0))
+        return tuple(stamps)
+
+    def reload_if_changed(self) -> bool:
+        """Build a new context if a file changed; True when the new one is in use. A file caught half
+        written fails to load: the old context stays and the next check tries again."""
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return False
+        try:
+            fresh = build_server_context(self.files)
+        except ConfigError as exc:
+            log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
+            return False
+        self._stamp = stamp
+        self._current = fresh
+        self.reloads += 1
+        log.info("TLS certificate reloaded", cert_file=self.files.cert_file)
+        return True
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.reload_if_changed()
+
+
+def _reason(exc: OSError | ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason or str(exc)
+    return exc.strerror or str(exc)
