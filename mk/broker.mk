@@ -1,4 +1,4 @@
-# A real Apache Pulsar broker for the tests (tests/support/pulsar_broker.py starts it standalone).
+# A real Apache Pulsar broker for the tests and benchmarks (tc_server/bench/pulsar_broker.py starts it standalone).
 #   make pulsar-broker   -- org.apache.pulsar:pulsar-broker and its runtime jars in .cache/pulsar-broker/lib
 #   make test-broker     -- resolve it and run only the tests that start a broker (tests/broker, tests/e2e)
 #
