@@ -11,6 +11,8 @@ from __future__ import annotations
 ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
 _SHORT_ASSIGN_TOPIC = "pulsar/system/transaction_coordinator_assign"
 PARTITION_SUFFIX = "-partition-"
+# Partition indexes are Java ints (TopicName.getPartitionIndex): 2147483647 has 10 digits.
+_MAX_INDEX_DIGITS = 10
 
 
 def _full_name(topic: str) -> str:
@@ -34,7 +36,11 @@ def assign_partition(topic: str) -> int | None:
     prefix = ASSIGN_TOPIC + PARTITION_SUFFIX
     if name.startswith(prefix):
         index = name[len(prefix):]
-        if index.isdigit() and (index == "0" or not index.startswith("0")):
+        # ASCII digits only, at most a 32-bit partition index's 10: str.isdigit() also accepts "²"
+        # and other Unicode digits, which int() refuses or reads, and int() refuses more than 4,300
+        # digits (issue 15). Such a topic is no partition of ours: the caller answers TopicNotFound.
+        if (0 < len(index) <= _MAX_INDEX_DIGITS and index.isascii() and index.isdigit()
+                and (index == "0" or not index.startswith("0"))):
             return int(index)
     return None
 
