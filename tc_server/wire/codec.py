@@ -28,6 +28,10 @@ from tc_server.wire.commands import (
     Connect,
     Connected,
     EndTxn,
+    EndTxnOnPartition,
+    EndTxnOnPartitionResponse,
+    EndTxnOnSubscription,
+    EndTxnOnSubscriptionResponse,
     EndTxnResponse,
     Error,
     FeatureFlags,
@@ -434,6 +438,44 @@ def _decode_end_txn(base: pb.BaseCommand) -> Command:
     return EndTxn(request_id, m.txnid_most_bits, m.txnid_least_bits, _TXN_ACTIONS[m.txn_action], m.scalable)
 
 
+def _end_txn_on_common(m: Any, code: int) -> tuple[int, TxnAction, int]:
+    """request id, action and low watermark of END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION. The
+    watermark (field 6) is required: a 4.x broker reads it unconditionally (docs/participants.md)."""
+    request_id = _checked_request_id(m, code)
+    if not m.HasField("txn_action"):
+        raise _missing(code, "txn_action", request_id)
+    if not m.HasField("txnid_least_bits_of_low_watermark"):
+        raise _missing(code, "txnid_least_bits_of_low_watermark", request_id)
+    # Java reads the uint64 as a signed long: 2**64-1 is -1, "no txn of this coordinator is ended".
+    return request_id, _TXN_ACTIONS[m.txn_action], _request_id(m.txnid_least_bits_of_low_watermark)
+
+
+@_decodes(_Base.END_TXN_ON_PARTITION)
+def _decode_end_txn_on_partition(base: pb.BaseCommand) -> Command:
+    code = _Base.END_TXN_ON_PARTITION
+    if not base.HasField("endTxnOnPartition"):
+        raise _no_body(code, "endTxnOnPartition")
+    m = base.endTxnOnPartition
+    request_id, action, watermark = _end_txn_on_common(m, code)
+    if not m.HasField("topic"):
+        raise _missing(code, "topic", request_id)
+    return EndTxnOnPartition(request_id, m.txnid_most_bits, m.txnid_least_bits, _text(m.topic), action, watermark)
+
+
+@_decodes(_Base.END_TXN_ON_SUBSCRIPTION)
+def _decode_end_txn_on_subscription(base: pb.BaseCommand) -> Command:
+    code = _Base.END_TXN_ON_SUBSCRIPTION
+    if not base.HasField("endTxnOnSubscription"):
+        raise _no_body(code, "endTxnOnSubscription")
+    m = base.endTxnOnSubscription
+    request_id, action, watermark = _end_txn_on_common(m, code)
+    s = m.subscription
+    if not (m.HasField("subscription") and s.HasField("topic") and s.HasField("subscription")):
+        raise _missing(code, "subscription.topic / subscription.subscription", request_id)
+    return EndTxnOnSubscription(request_id, m.txnid_most_bits, m.txnid_least_bits,
+                                Subscription(_text(s.topic), _text(s.subscription)), action, watermark)
+
+
 _R = TypeVar("_R", bound=_TxnOpResponse)
 
 
@@ -459,6 +501,8 @@ for _cls, _code, _field in (
     (AddPartitionToTxnResponse, _Base.ADD_PARTITION_TO_TXN_RESPONSE, "addPartitionToTxnResponse"),
     (AddSubscriptionToTxnResponse, _Base.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, "addSubscriptionToTxnResponse"),
     (EndTxnResponse, _Base.END_TXN_RESPONSE, "endTxnResponse"),
+    (EndTxnOnPartitionResponse, _Base.END_TXN_ON_PARTITION_RESPONSE, "endTxnOnPartitionResponse"),
+    (EndTxnOnSubscriptionResponse, _Base.END_TXN_ON_SUBSCRIPTION_RESPONSE, "endTxnOnSubscriptionResponse"),
 ):
     _DECODERS[_code] = _txn_response_decoder(_cls, _code, _field)
 
@@ -787,6 +831,31 @@ def _encode_end_txn(c: EndTxn) -> pb.BaseCommand:
     return base
 
 
+def _encode_end_txn_on_partition(c: EndTxnOnPartition) -> pb.BaseCommand:
+    base = _Base(type=_Base.END_TXN_ON_PARTITION)
+    m = base.endTxnOnPartition
+    m.request_id = _wire_request_id(c.request_id)
+    m.txnid_least_bits = c.least
+    m.txnid_most_bits = c.most
+    m.topic = c.topic
+    m.txn_action = c.action  # type: ignore[assignment]
+    m.txnid_least_bits_of_low_watermark = c.low_watermark & _U64_MASK
+    return base
+
+
+def _encode_end_txn_on_subscription(c: EndTxnOnSubscription) -> pb.BaseCommand:
+    base = _Base(type=_Base.END_TXN_ON_SUBSCRIPTION)
+    m = base.endTxnOnSubscription
+    m.request_id = _wire_request_id(c.request_id)
+    m.txnid_least_bits = c.least
+    m.txnid_most_bits = c.most
+    m.subscription.topic = c.subscription.topic
+    m.subscription.subscription = c.subscription.subscription
+    m.txn_action = c.action  # type: ignore[assignment]
+    m.txnid_least_bits_of_low_watermark = c.low_watermark & _U64_MASK
+    return base
+
+
 def _txn_response_encoder(code: int, field: str) -> Callable[[Any], pb.BaseCommand]:
     def encode(c: _TxnOpResponse) -> pb.BaseCommand:
         base = _Base(type=code)  # type: ignore[arg-type]
@@ -897,6 +966,12 @@ _ENCODERS: Final[dict[type[Any], Callable[[Any], pb.BaseCommand]]] = {
     ),
     EndTxn: _encode_end_txn,
     EndTxnResponse: _txn_response_encoder(_Base.END_TXN_RESPONSE, "endTxnResponse"),
+    EndTxnOnPartition: _encode_end_txn_on_partition,
+    EndTxnOnPartitionResponse: _txn_response_encoder(_Base.END_TXN_ON_PARTITION_RESPONSE, "endTxnOnPartitionResponse"),
+    EndTxnOnSubscription: _encode_end_txn_on_subscription,
+    EndTxnOnSubscriptionResponse: _txn_response_encoder(
+        _Base.END_TXN_ON_SUBSCRIPTION_RESPONSE, "endTxnOnSubscriptionResponse"
+    ),
     Unknown: _encode_unknown,
 }
 
@@ -932,6 +1007,9 @@ _TYPE_OF: Final[dict[type[Any], int]] = {
     AddSubscriptionToTxn: _Base.ADD_SUBSCRIPTION_TO_TXN,
     AddSubscriptionToTxnResponse: _Base.ADD_SUBSCRIPTION_TO_TXN_RESPONSE,
     EndTxn: _Base.END_TXN, EndTxnResponse: _Base.END_TXN_RESPONSE,
+    EndTxnOnPartition: _Base.END_TXN_ON_PARTITION, EndTxnOnPartitionResponse: _Base.END_TXN_ON_PARTITION_RESPONSE,
+    EndTxnOnSubscription: _Base.END_TXN_ON_SUBSCRIPTION,
+    EndTxnOnSubscriptionResponse: _Base.END_TXN_ON_SUBSCRIPTION_RESPONSE,
 }
 
 

@@ -26,6 +26,10 @@ __all__ = [
     "Connect",
     "Connected",
     "EndTxn",
+    "EndTxnOnPartition",
+    "EndTxnOnPartitionResponse",
+    "EndTxnOnSubscription",
+    "EndTxnOnSubscriptionResponse",
     "EndTxnResponse",
     "Error",
     "FeatureFlags",
@@ -350,6 +354,42 @@ class EndTxnResponse(_TxnOpResponse):
 
 
 @dataclass(frozen=True, slots=True)
+class EndTxnOnPartition:
+    """END_TXN_ON_PARTITION (58): the coordinator tells the broker owning ``topic`` (one partition) the
+    decision. ``low_watermark`` is field 6, a uint64 the 4.x broker reads as a signed Java long and
+    requires (docs/participants.md, "The low watermark")."""
+
+    request_id: int
+    most: int
+    least: int
+    topic: str
+    action: TxnAction
+    low_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnOnSubscription:
+    """END_TXN_ON_SUBSCRIPTION (60): the decision for the txn's acks on one subscription."""
+
+    request_id: int
+    most: int
+    least: int
+    subscription: Subscription
+    action: TxnAction
+    low_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnOnPartitionResponse(_TxnOpResponse):
+    """END_TXN_ON_PARTITION_RESPONSE (59)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnOnSubscriptionResponse(_TxnOpResponse):
+    """END_TXN_ON_SUBSCRIPTION_RESPONSE (61)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Unknown:
     """A well-formed BaseCommand of a type this codec does not serve (design §3: answer with
     ERROR NotAllowedError and keep the connection).
@@ -388,5 +428,9 @@ Command: TypeAlias = (
     | AddSubscriptionToTxnResponse
     | EndTxn
     | EndTxnResponse
+    | EndTxnOnPartition
+    | EndTxnOnPartitionResponse
+    | EndTxnOnSubscription
+    | EndTxnOnSubscriptionResponse
     | Unknown
 )

@@ -91,9 +91,9 @@ async def test_unknown_command_keeps_the_connection(app, bystander):
     victim = await connect("127.0.0.1", app.listener.port)
     victim.send(Unknown(type_code=4, request_id=None))  # SUBSCRIBE without its message: no request id
     rid = 31
-    # END_TXN_ON_PARTITION (58) is for participant brokers, not a TC: BaseCommand{type=58,
-    # endTxnOnPartition(field 58)={request_id=31}}.
-    victim.send_raw(encode_frame(bytes([0x08, 58, 0xD2, 0x03, 2, 0x08, rid])))
+    # GET_SCHEMA (34) is for brokers, not a TC (and there is no upstream here): BaseCommand{type=34,
+    # getSchema(field 34)={request_id=31}}.
+    victim.send_raw(encode_frame(bytes([0x08, 34, 0x92, 0x02, 2, 0x08, rid])))
     t = await victim.new_txn(tc_id=0)
     assert t.error is None  # still served on the same connection
     codes = sorted((e.request_id, e.error) for e in victim.errors)

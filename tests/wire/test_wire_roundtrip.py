@@ -17,6 +17,10 @@ from tc_server.wire import (
     Connect,
     Connected,
     EndTxn,
+    EndTxnOnPartition,
+    EndTxnOnPartitionResponse,
+    EndTxnOnSubscription,
+    EndTxnOnSubscriptionResponse,
     EndTxnResponse,
     Error,
     FeatureFlags,
@@ -121,10 +125,14 @@ CASES: list[Command] = [
     AddSubscriptionToTxn(14, 3, 5, (Subscription("persistent://t/n/a", "sub"), Subscription("x", "ü")), True),
     EndTxn(15, 3, 6, TxnAction.COMMIT),
     EndTxn(16, 3, 7, TxnAction.ABORT, scalable=True),
+    EndTxnOnPartition(17, 3, 8, "persistent://t/n/a-partition-0", TxnAction.COMMIT, 7),
+    EndTxnOnPartition(18, 3, 0, "persistent://t/n/a", TxnAction.ABORT, -1),  # Java's -1: 2**64-1 on the wire
+    EndTxnOnSubscription(19, 3, 9, Subscription("persistent://t/n/a", "sub"), TxnAction.ABORT, 8),
     Unknown(6),  # SEND
     Unknown(4242),  # a Type value no version of this codec names
 ]
-for cls in (NewTxnResponse, AddPartitionToTxnResponse, AddSubscriptionToTxnResponse, EndTxnResponse):
+for cls in (NewTxnResponse, AddPartitionToTxnResponse, AddSubscriptionToTxnResponse, EndTxnResponse,
+            EndTxnOnPartitionResponse, EndTxnOnSubscriptionResponse):
     CASES += [
         cls(20, 3, 9),
         cls(21, U64_MAX, U64_MAX),
@@ -219,12 +227,12 @@ def test_invalid_utf8_is_replaced_not_rejected() -> None:
 
 
 def test_unserved_command_recovers_request_id() -> None:
-    # END_TXN_ON_PARTITION (58) is a broker's command, not a TC's: Unknown, but answerable.
+    # GET_SCHEMA (34) is a broker's command, not a TC's: Unknown, but answerable (or forwarded).
     raw = _raw(
-        type=pb.BaseCommand.END_TXN_ON_PARTITION,
-        endTxnOnPartition=pb.CommandEndTxnOnPartition(request_id=77, topic="t"),
+        type=pb.BaseCommand.GET_SCHEMA,
+        getSchema=pb.CommandGetSchema(request_id=77),
     )
-    assert decode_command(raw) == Unknown(58, 77)
+    assert decode_command(raw) == Unknown(34, 77)
 
 
 def test_unserved_command_without_known_layout() -> None:
