@@ -1,4 +1,4 @@
-"""structlog set-up: JSON lines in production, readable console lines on a TTY (design §6)."""
+"""structlog set-up: JSON lines in production, readable console lines on a TTY (README, *Operations*)."""
 
 from __future__ import annotations
 

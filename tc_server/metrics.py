@@ -1,4 +1,4 @@
-"""Prometheus metrics (design §6): PIP-473's store series and Pulsar's coordinator series.
+"""Prometheus metrics (README, *Operations*): PIP-473's store series and Pulsar's coordinator series.
 
 Names follow Prometheus conventions (base units, ``_total`` on counters). Labels are bounded:
 ``cluster``, ``coordinator_id``, ``command``, ``result``; never a txn id. Each server owns its own

@@ -1,4 +1,4 @@
-"""Stream a metadata store's transaction records into an audit snapshot (design §7, docs/audit.md).
+"""Stream a metadata store's transaction records into an audit snapshot (docs/audit.md).
 
 The three record families are scanned one after the other, each streamed into Parquet in batches of
 ``batch_rows``, so memory stays bounded however large the store is. A record that cannot be parsed is

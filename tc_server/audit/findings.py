@@ -1,4 +1,4 @@
-"""The audit's findings (design §7) as pure DataFrame transforms: DataFrames and parameters in, one
+"""The audit's findings (docs/audit.md) as pure DataFrame transforms: DataFrames and parameters in, one
 DataFrame out, no I/O, no actions. The job decides what to cache, write and count.
 
 Times are epoch milliseconds throughout; ``now_ms`` is the snapshot's ``taken_at_ms`` unless the
@@ -66,7 +66,7 @@ def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int)
 
 def open_past_deadline(headers: DataFrame, *, now_ms: int, grace_ms: int) -> DataFrame:
     """OPEN txns whose deadline passed more than ``grace_ms`` ago: the timeout sweep is behind
-    (the coordinator aborts within 1 s of the deadline, design §4)."""
+    (the coordinator aborts within 1 s of the deadline, docs/semantics.md §5)."""
     overdue = (F.col("state") == "OPEN") & (F.col("deadline_ms") + F.lit(grace_ms) < F.lit(now_ms))
     return headers.where(overdue).select(
         *TXN_ID,
@@ -96,7 +96,7 @@ def gc_backlog(headers: DataFrame, *, now_ms: int, retention_ms: int) -> DataFra
 
 def gc_backlog_ops(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
     """Per segment, the op records of GC-backlog txns (what keeps GC from deleting their headers:
-    design §4 deletes a header only once no op records remain). Its violation count is the sum of
+    docs/semantics.md §6 deletes a header only once no op records remain). Its violation count is the sum of
     ``op_records``."""
     return (
         annotated_ops.where(
@@ -135,7 +135,7 @@ def late_ops(annotated_ops: DataFrame) -> DataFrame:
 
 def id_reuse_risk(headers: DataFrame, tc_seq: DataFrame) -> DataFrame:
     """Headers whose id is at or above their coordinator's reserved ``next`` (or whose coordinator
-    has no tc-seq record): a leader starting from ``next`` would hand the id out again (design §4).
+    has no tc-seq record): a leader starting from ``next`` would hand the id out again (docs/semantics.md §1).
     The coordinator is the id's most bits (TxnId.mostSigBits = tcId), not the ``coordinator_id``
     column, which :func:`illegal_headers` checks separately."""
     seq = tc_seq.select(F.col("coordinator_id").alias("seq_coordinator"), F.col("next"))

@@ -1,4 +1,4 @@
-"""Synthetic audit snapshots of any size with an exact number of each anomaly (design §7).
+"""Synthetic audit snapshots of any size with an exact number of each anomaly (docs/audit.md).
 
 Normal transactions look like a healthy store seen at ``now_ms``: terminal headers finalized within
 the GC retention (a real store holds nothing older), OPEN ones well before their deadline, ops written
@@ -54,7 +54,7 @@ GC_BACKLOG_OPS_PER_TXN = 2
 DEFAULT_NOW_MS = 1_767_225_600_000
 # Pulsar's default number of coordinators (`initialize-transaction-coordinator-metadata`).
 DEFAULT_COORDINATORS = 16
-# The job defaults the generated rows are kept clear of (design §4 GC retention; sweep grace).
+# The job defaults the generated rows are kept clear of (docs/semantics.md §6 GC retention; sweep grace).
 ASSUMED_RETENTION_MS = 900_000
 ASSUMED_GRACE_MS = 60_000
 # Txns per vectorized chunk (one row group of headers, ~3x as many ops): ~100 MB of Arrow buffers.

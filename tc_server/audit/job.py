@@ -45,7 +45,7 @@ EXIT_VIOLATIONS = 1
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
 
-DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (design §4)
+DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (docs/semantics.md §6)
 DEFAULT_GRACE_S = 60  # Pulsar's own sweep runs every 60 s; later than that is "behind"
 INFO_TABLES = ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput")
 _SAMPLE_ROWS = 20

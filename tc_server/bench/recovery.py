@@ -1,5 +1,5 @@
 """Recovery benchmark: open N transactions, kill -9 the server, restart it on the same store and
-time how long until it is ready and serves again (lessons.md: recovery must be an index scan
+time how long until it is ready and serves again (docs/architecture.md §6: recovery is an index scan
 bounded by the open txns, not a log replay).
 
     python -m tc_server.bench.recovery [--open N] [--store embedded] [--server-arg=...]

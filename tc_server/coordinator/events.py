@@ -1,4 +1,4 @@
-"""Decision fan-out: after the header CAS, one event per distinct participant (design §4).
+"""Decision fan-out: after the header CAS, one event per distinct participant (docs/semantics.md §4).
 
 Participants (``MetadataTransactionBuffer`` and the pending-ack store) subscribe to their own event
 streams and re-read the header when an event arrives, so an event must never be written before the

@@ -1,4 +1,4 @@
-"""Transaction id allocation: block reservation by CAS on ``/txn/tc-seq/<tcId>`` (design §4).
+"""Transaction id allocation: block reservation by CAS on ``/txn/tc-seq/<tcId>`` (docs/semantics.md §1).
 
 One CAS reserves ``[next, next + block)`` and the leader hands those ids out from memory, so NEW_TXN
 does not serialize on a store round trip (Pulsar's v5 TC does one CAS per txn on this record). The

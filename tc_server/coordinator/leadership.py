@@ -1,7 +1,7 @@
 """Leadership of coordinator partitions: an ephemeral ``/txn/tc/leader/<N>`` record per partition.
 
 Every instance campaigns for every partition by creating the record if absent, bound to its store
-session (design §4, PIP-473 P5.3). The record is Pulsar's ``TcLeader`` (docs/record-layout.md) and
+session (docs/semantics.md §8, PIP-473 P5.3). The record is Pulsar's ``TcLeader`` (docs/record-layout.md) and
 names the leader's advertised URL, which LOOKUP hands to clients. When the holder's session ends, the
 record disappears and the others campaign again.
 

@@ -1,4 +1,4 @@
-"""One coordinator partition (one tcId): NEW_TXN, ADD_*, END_TXN and the timeout queue (design §4).
+"""One coordinator partition (one tcId): NEW_TXN, ADD_*, END_TXN and the timeout queue (docs/semantics.md §3, §5).
 
 Every state change is a CAS on the txn's header; the in-memory state here (open txns and their
 deadlines) is only a cache that makes timeouts prompt, rebuilt from ``idx:txn-by-deadline`` whenever
@@ -38,7 +38,7 @@ log = structlog.get_logger("tc_server.coordinator")
 # client). Each retry re-reads and re-decides; more than a few losses in a row means something
 # keeps rewriting the header, which no legitimate writer does.
 MAX_CAS_ATTEMPTS = 8
-# How often the timeout queue is looked at: design §4 promises an abort within 1 s of the deadline.
+# How often the timeout queue is looked at: docs/semantics.md §5 promises an abort within 1 s of the deadline.
 TIMEOUT_TICK_S = 0.2
 # After a failed timeout abort (store unavailable), try again this much later.
 TIMEOUT_RETRY_MS = 1000

@@ -1,4 +1,4 @@
-"""The transaction state machine: one table holds every rule (design §4).
+"""The transaction state machine: one table holds every rule (docs/semantics.md §2).
 
 A request meets a header in some state and gets exactly one :class:`Decision`. The table is total:
 every (state, request) pair is listed, and a test walks all of them.

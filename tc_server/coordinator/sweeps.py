@@ -1,4 +1,4 @@
-"""Garbage collection of ended transactions (design §4, PIP-473's GC sweep).
+"""Garbage collection of ended transactions (docs/semantics.md §6, PIP-473's GC sweep).
 
 A terminal header older than the retention is deleted (CAS on its version) once no op records of
 the txn remain. Where op records remain, a participant has not finished applying the decision, so
