@@ -35,5 +35,12 @@ class CoordinatorNotFound(CoordinatorError):
     server_error = "TransactionCoordinatorNotFound"
 
 
+class StoreCorrupted(CoordinatorError):
+    """A stored record the coordinator needs is not what its key says (damaged, or written by a
+    foreign tool). The message names the record, never its stored bytes (issue 15)."""
+
+    server_error = "MetadataError"
+
+
 class ParallelismMismatch(Exception):
     """The store holds another number of coordinators than this instance was started with."""

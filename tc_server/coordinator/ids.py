@@ -13,7 +13,11 @@ from __future__ import annotations
 import asyncio
 
 from tc_server.coordinator import layout
+from tc_server.coordinator.errors import StoreCorrupted
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore
+
+# A txn id half is a Java long in Pulsar (TxnID) and a uint64 on the wire: ids stay below 2^63.
+MAX_TXN_ID = 2**63 - 1
 
 
 class IdAllocator:
@@ -79,6 +83,10 @@ class IdAllocator:
             else:
                 start, expected = layout.parse_tc_seq(record.value), record.version
             end = start + self._block_size
+            if start < 0 or end > MAX_TXN_ID + 1:
+                # A damaged (or exhausted) sequence record: handing out such ids would create
+                # headers no client can name; the stored value stays out of the message.
+                raise StoreCorrupted(f"{path}: the next transaction id is outside 0..{MAX_TXN_ID}")
             try:
                 await self._store.put(path, layout.tc_seq_json(end), expected_version=expected)
             except BadVersionError:

@@ -21,6 +21,7 @@ from tc_server.coordinator.errors import (
     CoordinatorError,
     InvalidTxnStatus,
     NotAllowed,
+    StoreCorrupted,
     TransactionNotFound,
 )
 from tc_server.coordinator.events import publish_decision
@@ -218,7 +219,9 @@ class CoordinatorPartition:
                 try:
                     header = TxnHeader.from_json(record.value)
                 except ValueError as exc:
-                    raise CoordinatorError(f"header of ({self.tc_id},{least}) is unreadable: {exc}") from None
+                    # The detail (which may quote stored bytes) goes to the log, not to the client.
+                    self._log.warning("unreadable txn header", txn=f"({self.tc_id},{least})", error=str(exc)[:200])
+                    raise StoreCorrupted(f"header of ({self.tc_id},{least}) is unreadable") from None
                 version = record.version
             if check_owner and not self._may_act(header, principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.

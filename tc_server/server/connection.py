@@ -212,10 +212,32 @@ class ClientConnection(asyncio.Protocol):
                 self.close()
             return
         route = self._ROUTES.get(type(cmd))
-        if route is None:
-            self._forward_or_refuse(cmd, frame)
-        else:
-            route(self, cmd, frame)
+        try:
+            if route is None:
+                self._forward_or_refuse(cmd, frame)
+            else:
+                route(self, cmd, frame)
+        except Exception as exc:  # noqa: BLE001 - a handler's bug answers this command, not the loop
+            self._answer_failure(cmd, exc)
+
+    def _answer_failure(self, cmd: Command, exc: Exception) -> None:
+        """The last resort for an exception a handler did not turn into an answer: a typed answer
+        (UnknownError: it is our bug, not the client's input), one log line, the connection stays up.
+        Left to escape, asyncio would log it and drop the connection (issue 15)."""
+        name = command_name(cmd)
+        self._log.error("command handler failed", command=name, exc_info=exc)
+        self._ctx.metrics.request_errors.labels(name, ServerError.UnknownError.name).inc()
+        message = f"internal error serving {name}: {type(exc).__name__}"
+        request_id = getattr(cmd, "request_id", None)
+        try:
+            if isinstance(cmd, NewTxn | EndTxn | AddPartitionToTxn | AddSubscriptionToTxn):
+                self.send(self._ctx.dispatcher.error_response(cmd, ServerError.UnknownError, message))
+            else:
+                self.send(Error(NO_REQUEST_ID if request_id is None else request_id, ServerError.UnknownError,
+                                message))
+        except Exception:  # noqa: BLE001 - not even an answer can be encoded: give up on this connection
+            self._log.error("cannot answer; closing", command=name, exc_info=True)
+            self.close()
 
     # Each handler takes the decoded command and its BaseCommand bytes; what has no route here is
     # forwarded to the upstream broker (or refused without one): see _forward_or_refuse.
@@ -336,7 +358,11 @@ class ClientConnection(asyncio.Protocol):
                 ctx.paused.clear()
 
     async def _serve_txn(self, cmd: TxnRequest) -> None:
-        self.send(await self._ctx.dispatcher.transaction(cmd, self._principal))
+        response = await self._ctx.dispatcher.transaction(cmd, self._principal)
+        try:
+            self.send(response)
+        except Exception as exc:  # noqa: BLE001 - e.g. an id the wire cannot carry: answer, never escape
+            self._answer_failure(cmd, exc)
 
     # -- carrying a proxied connection to its broker (relay.py) ------------------------------------
 

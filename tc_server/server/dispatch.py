@@ -173,6 +173,13 @@ class Dispatcher:
         response_type = _RESPONSES[type(cmd)]
         return response_type(cmd.request_id, most, least, error, message)
 
+    @staticmethod
+    def error_response(cmd: TxnRequest, error: ServerError, message: str) -> TxnResponse:
+        """``cmd``'s typed response carrying ``error`` (txnid_most_bits set: the Java client routes on it)."""
+        most = cmd.tc_id if isinstance(cmd, NewTxn) else cmd.most
+        least = 0 if isinstance(cmd, NewTxn) else cmd.least
+        return _RESPONSES[type(cmd)](cmd.request_id, most, least, error, message)
+
     async def _new_txn(self, cmd: NewTxn, principal: str | None) -> int:
         return await self.coordinator.partition(cmd.tc_id).new_txn(cmd.ttl_ms, principal)
 
