@@ -1,4 +1,4 @@
-"""Metadata-store backends behind one Protocol (design §5) and the factory that opens them."""
+"""Metadata-store backends behind one Protocol (docs/architecture.md §3) and the factory that opens them."""
 
 from __future__ import annotations
 

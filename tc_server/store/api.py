@@ -1,4 +1,4 @@
-"""The metadata-store interface every backend implements (design §5).
+"""The metadata-store interface every backend implements (docs/architecture.md §3, §9).
 
 The coordinator only talks to this Protocol. It names the capabilities PIP-473 asks of a store:
 conditional put/delete on a version, partition keys (records that must sit on one shard), server

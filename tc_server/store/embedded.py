@@ -1,4 +1,4 @@
-"""The embedded backend: the durable single-node default (design §5), one SQLite file.
+"""The embedded backend: the durable single-node default (docs/architecture.md §5), one SQLite file.
 
 Usage::
 
@@ -80,7 +80,7 @@ INLINE_SCAN_ROWS = 64
 
 DB_FILENAME: Final = "tc-server.sqlite3"
 LOCK_FILENAME: Final = "tc-server.lock"
-# Oxia's client caps one WriteRequest at 1000 operations (design §5); the same cap bounds how long
+# Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
 # one transaction holds the writer and how many callers one failed fsync affects.
 MAX_GROUP_OPS: Final = 1000
 SCAN_PAGE_ROWS: Final = 1000

@@ -391,7 +391,7 @@ class EndTxnOnSubscriptionResponse(_TxnOpResponse):
 
 @dataclass(frozen=True, slots=True)
 class Unknown:
-    """A well-formed BaseCommand of a type this codec does not serve (design §3: answer with
+    """A well-formed BaseCommand of a type this codec does not serve (docs/semantics.md §7: answer with
     ERROR NotAllowedError and keep the connection).
 
     ``type_code`` is the wire Type value, which may be one this codec has no name for.

@@ -4,7 +4,7 @@
 the codec (the fuzz tests hold it to that). The two kinds call for different answers from the
 connection: a ``FrameError`` means the byte stream can no longer be split into frames, so the only
 answer is to close; a ``MalformedCommand`` sits in a well-framed stream, so the connection can send
-an ERROR for ``request_id`` (when the codec could recover it) before closing (design §3).
+an ERROR for ``request_id`` (when the codec could recover it) before closing (docs/semantics.md §7).
 """
 
 from __future__ import annotations

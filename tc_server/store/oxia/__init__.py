@@ -1,4 +1,4 @@
-"""The Oxia backend: an asyncio client for Oxia's gRPC client API (docs/oxia.md).
+"""The Oxia backend: an asyncio client for Oxia's gRPC client API (docs/oxia-client.md).
 
 One module per concern: :mod:`.routing` (key -> shard), :mod:`.assignments` (the shard map stream),
 :mod:`.connections` (channels per leader), :mod:`.write_stream` (batched writes per shard),

@@ -1,4 +1,4 @@
-"""The shard -> leader map, kept current by Oxia's ``GetShardAssignments`` stream (oxia.md §2).
+"""The shard -> leader map, kept current by Oxia's ``GetShardAssignments`` stream (docs/oxia-client.md).
 
 Each message on the stream is complete for the namespace (a split arrives as one message with all
 the new shards), so every message simply replaces the map. The stream is re-opened with backoff

@@ -1,4 +1,4 @@
-"""One gRPC channel per server address (oxia.md §2: requests go to each shard's leader).
+"""One gRPC channel per server address (docs/oxia-client.md: requests go to each shard's leader).
 
 Every shard led by the same server shares its channel: gRPC multiplexes the write streams, reads and
 notification streams of all of them over one HTTP/2 connection.
@@ -11,11 +11,11 @@ import grpc
 from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
 from tc_server.store.api import StoreClosedError
 
-# Oxia's server rejects client keepalive pings more often than every 5 s (oxia.md §1); 10 s stays
+# Oxia's server rejects client keepalive pings more often than every 5 s (docs/oxia-client.md); 10 s stays
 # clear of that while still noticing a dead peer well within a session timeout.
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
-# Oxia's server accepts messages up to 256 MiB (oxia.md §1); scans come back in chunks far below
+# Oxia's server accepts messages up to 256 MiB (docs/oxia-client.md); scans come back in chunks far below
 # this, but a single large record must not be refused by the client's default 4 MiB.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 

@@ -1,5 +1,5 @@
 """Change notifications: one ``GetNotifications`` stream per shard, fanned out to subscribers
-(oxia.md §2 "Notifications").
+(docs/oxia-client.md, "Semantics").
 
 Oxia has no per-range watch: a client reads every change of every shard. The pump starts with the
 store, so that it knows each shard's commit offset before anyone subscribes. The server sends one

@@ -1,4 +1,4 @@
-"""Reads on one shard: point gets (``Read``) and range scans (``RangeScan``), oxia.md §2.
+"""Reads on one shard: point gets (``Read``) and range scans (``RangeScan``), docs/oxia-client.md.
 
 Each function takes the stub of the shard's leader and applies the request timeout: the whole
 unary-stream call for a get, and every message of a scan (a scan of many records may take long in

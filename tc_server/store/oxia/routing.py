@@ -1,9 +1,9 @@
-"""Which shard holds a key (oxia.md §2 "Routing").
+"""Which shard holds a key (docs/oxia-client.md, "Routing").
 
 Oxia routes on the low 32 bits of XXH3-64 of the partition key, or of the key when there is none
 (``common/hash/hash.go``), and a shard owns the inclusive hash range ``[min, max]``. Routing is the
 client's job: the server does not check placement on writes, so a wrong hash (XXH64, as the PyPI
-client 0.2.1 uses, oxia.md §0) silently splits the data between clients.
+client 0.2.1 uses, docs/oxia-client.md) silently splits the data between clients.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ HASH_SPACE_MAX = 0xFFFF_FFFF
 
 def key_hash(routing_key: str) -> int:
     """The 32-bit routing hash: ``uint32(xxh3_64(routing_key))``."""
-    # xxhash >= 4 refuses str (oxia.md §0); Oxia hashes the key's UTF-8 bytes.
+    # xxhash >= 4 refuses str (docs/oxia-client.md); Oxia hashes the key's UTF-8 bytes.
     return int(xxhash.xxh3_64_intdigest(routing_key.encode("utf-8"))) & HASH_SPACE_MAX
 
 

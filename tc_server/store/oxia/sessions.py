@@ -1,7 +1,7 @@
-"""Per-shard client sessions for ephemeral records (oxia.md §2 ``CreateSession``/``KeepAlive``).
+"""Per-shard client sessions for ephemeral records (docs/oxia-client.md, ``CreateSession``/``KeepAlive``).
 
 An ephemeral put carries the session id of its shard; the session is created on the first such
-put, kept alive every ``timeout / 10`` (the Go client's period, oxia.md §5) and closed by
+put, kept alive every ``timeout / 10`` (the Go client's period, docs/oxia-client.md) and closed by
 :meth:`SessionManager.close`, which makes the server delete the session's records. A session the
 server no longer knows (it expired while this process was stalled or partitioned) is forgotten, so
 the next ephemeral put starts a new one; its records are gone, which is what "ephemeral" promises.
@@ -25,7 +25,7 @@ from tc_server.store.oxia.reads import unavailable
 
 log = structlog.get_logger(__name__)
 
-# Oxia refuses session timeouts outside [2 s, 5 min] (common/constant/constants.go, oxia.md §2).
+# Oxia refuses session timeouts outside [2 s, 5 min] (common/constant/constants.go, docs/oxia-client.md).
 MIN_SESSION_TIMEOUT_MS = 2_000
 MAX_SESSION_TIMEOUT_MS = 300_000
 

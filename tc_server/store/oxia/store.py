@@ -1,6 +1,6 @@
-"""``OxiaStore``: the :class:`~tc_server.store.api.MetadataStore` on an Oxia cluster (design §5).
+"""``OxiaStore``: the :class:`~tc_server.store.api.MetadataStore` on an Oxia cluster (docs/oxia-client.md).
 
-How the Protocol maps onto Oxia (oxia.md §2, §4):
+How the Protocol maps onto Oxia (docs/oxia-client.md):
 
 * ``expected_version=EXPECT_ABSENT`` is Oxia's ``expected_version_id = -1``. ``UNEXPECTED_VERSION_ID``
   (also what Oxia answers for a version on a missing key) becomes :class:`BadVersionError` for single
@@ -14,7 +14,7 @@ How the Protocol maps onto Oxia (oxia.md §2, §4):
   raises :class:`StoreUnavailableError`.
 
 **Children of a path** (``scan_prefix``). Pulsar lists the children of ``p`` with
-``[p + "/", p + "//")`` (oxia.md §4), which is right only under the segment-wise hierarchical
+``[p + "/", p + "//")`` (docs/oxia-client.md), which is right only under the segment-wise hierarchical
 order of Oxia's ``CompareWithSlash`` (a key with no further ``/`` sorts before any deeper one with
 the same leading segments). Newer Oxia documents hierarchical sorting as "fewer ``/`` first, then
 bytes", where that range would also take in same-depth keys of other parents, and a namespace may
@@ -339,7 +339,7 @@ class OxiaStore:
         partition_key: str | None = None,
     ) -> AsyncIterator[Record]:
         """Records by secondary key in ``[start_inclusive, end_exclusive)``. Oxia's indexes are per
-        shard (oxia.md §2), so without a partition key every shard is scanned."""
+        shard (docs/oxia-client.md), so without a partition key every shard is scanned."""
         self._check_open()
         return self._scan(start_inclusive, end_exclusive, partition_key, index_name, None)
 

@@ -1,6 +1,6 @@
-"""Batched writes to one shard over one long-lived ``WriteStream`` (oxia.md §2 and §5).
+"""Batched writes to one shard over one long-lived ``WriteStream`` (docs/oxia-client.md).
 
-The shape follows oxia.md §5's recommendation, taken from the Java client: operations are queued,
+The shape follows the Java client's batching (docs/oxia-client.md): operations are queued,
 and a flusher task sends whatever is queued as soon as it runs (no linger: the batch is everything
 submitted since the last flush, so under load batches grow by themselves while the in-flight window
 is full, and a lone write goes out at once). The server answers in submission order, so responses
@@ -28,10 +28,10 @@ from tc_server.store.oxia.connections import ConnectionPool
 log = structlog.get_logger(__name__)
 
 # Batch limits of Oxia's Go and Java clients (DefaultMaxRequestsPerBatch = 1000,
-# DefaultMaxBatchSize = 128 KiB; oxia.md §5). A single larger operation is sent alone.
+# DefaultMaxBatchSize = 128 KiB; docs/oxia-client.md). A single larger operation is sent alone.
 MAX_OPS_PER_BATCH = 1000
 MAX_BATCH_BYTES = 128 * 1024
-# The Java client's DefaultMaxWriteBatchesInFlight (oxia.md §5). The server pipelines up to 1024
+# The Java client's DefaultMaxWriteBatchesInFlight (docs/oxia-client.md). The server pipelines up to 1024
 # writes per stream, so 4 batches keep it busy while letting the next batch grow.
 MAX_BATCHES_IN_FLIGHT = 4
 # A rough per-operation framing overhead (field tags, lengths, version fields) for the size limit;
@@ -165,12 +165,12 @@ class ShardWriter:
                 continue
             if batch and batch.size + op.size > MAX_BATCH_BYTES:
                 break
-            # Oxia applies a WriteRequest as puts, then deletes (oxia.md §2); a put queued after a
+            # Oxia applies a WriteRequest as puts, then deletes (docs/oxia-client.md); a put queued after a
             # delete must wait for the next batch or it would overtake the delete.
             if op.put is not None and batch.deletes:
                 break
             # Oxia reports at most one notification per key and batch (the batch's notifications
-            # were a map keyed by key, oxia.md §2): a second change of the same key goes in the next
+            # were a map keyed by key, docs/oxia-client.md): a second change of the same key goes in the next
             # batch so that subscribers see every change (e.g. CREATED, then DELETED).
             key = _plain_key(op)
             if key is not None and key in batch.keys:
@@ -230,7 +230,7 @@ class ShardWriter:
     def _open(self) -> _Stream:
         stub = self._pool.stub(self.leader)
         # Oxia's WriteStream takes the shard and namespace from metadata, not from the request
-        # (public_rpc_server.go; oxia.md §2); without them the server ends the stream.
+        # (public_rpc_server.go; docs/oxia-client.md); without them the server ends the stream.
         call = stub.WriteStream(metadata=self._metadata)
         stream = _Stream(call)
         stream.reader = asyncio.get_running_loop().create_task(
