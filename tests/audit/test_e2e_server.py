@@ -41,7 +41,7 @@ async def _drive(port: int) -> dict[str, Any]:
             assert end.error is None, end
             (committed if i < 4 else aborted).append((r.most, r.least))
         await asyncio.sleep(SHORT_TTL_MS / 1000 + 0.5)
-        # Past its deadline and asked to commit: the coordinator aborts it and says so (design §4).
+        # Past its deadline and asked to commit: the coordinator aborts it and says so (docs/semantics.md §2).
         late = await client.end_txn(timed_out.most, timed_out.least, commit=True)
         assert late.error is ServerError.InvalidTxnStatus, late
         return {

@@ -1,4 +1,4 @@
-"""The coordinator on the memory store: every row of design §4 below the wire."""
+"""The coordinator on the memory store: every row of docs/semantics.md below the wire."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Oxia client against the STAND-IN server (tests/oxia_standin): a Python imitation of Oxia's
 client API, used because the real server cannot be installed here. What these tests prove is the
-client's own behaviour (batching, matching, failure handling) against oxia.md's description of the
+client's own behaviour (batching, matching, failure handling) against docs/oxia-client.md's description of the
 server, not the server's behaviour itself."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Routing: the hash Oxia uses and the shard ranges (oxia.md §0, §2). No server involved."""
+"""Routing: the hash Oxia uses and the shard ranges (docs/oxia-client.md, "Routing"). No server involved."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_xxh3_vector_from_oxias_hash_test() -> None:
 
 
 def test_not_xxh64() -> None:
-    # The PyPI client's mistake (oxia.md §0): XXH64 routes "foo" elsewhere.
+    # The PyPI client's mistake (docs/oxia-client.md): XXH64 routes "foo" elsewhere.
     assert xxhash.xxh64_intdigest(b"foo") & 0xFFFFFFFF == 1506064959 != key_hash("foo")
 
 

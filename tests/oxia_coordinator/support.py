@@ -2,7 +2,7 @@
 
 The stand-in is a Python imitation of Oxia's client gRPC API, used because the real server cannot
 be installed here (the Go module proxy refuses github.com/oxia-db/oxia); what passes here proves the
-coordinator against the behaviour docs/oxia.md records for Oxia (sessions that expire by timeout,
+coordinator against the behaviour docs/oxia-client.md records for Oxia (sessions that expire by timeout,
 ephemeral records deleted with them, data kept across a restart), not against Oxia itself.
 
 The stand-in serves from the test's event loop, so everything that blocks (starting a process and

@@ -3,11 +3,11 @@
 This is NOT Oxia. It exists because the real server cannot be installed on the machines these tests
 were written on (the Go module proxy refuses every version of github.com/oxia-db/oxia), and a mock
 is used "only where the real thing cannot run here". It implements the subset of the client API in
-protocol/oxia_client.proto that tc_server's client uses, with the semantics docs/oxia.md §2 records
+protocol/oxia_client.proto that tc_server's client uses, with the semantics docs/oxia-client.md records
 for the real server; what it cannot tell us is whether those notes are right. Everything proven
 against it still has to be proven against a real ``oxia standalone``.
 
-Semantics imitated (oxia.md §1-§2):
+Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
 
 * ``N`` shards with ids ``0..N-1`` splitting ``[0, 2^32-1]`` evenly; every leader is this server's
   address. Like real Oxia it checks no placement: a write sent with ``shard-id: 2`` lands on shard 2.

@@ -1,4 +1,4 @@
-"""Bad input never crashes the server or touches another connection (design §3).
+"""Bad input never crashes the server or touches another connection (docs/semantics.md §7).
 
 Each case opens a victim connection and a bystander; after the bad input the bystander still
 completes a transaction."""

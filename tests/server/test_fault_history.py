@@ -1,4 +1,4 @@
-"""Jepsen-style history check (lessons.md): clients record every operation as ok, failed (with its
+"""Jepsen-style history check (docs/architecture.md §10): clients record every operation as ok, failed (with its
 error) or unknown (the connection died first) while tc-server is killed with SIGKILL and restarted
 again and again on the same embedded store. Afterwards the store must agree with the history:
 

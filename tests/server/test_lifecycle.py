@@ -1,7 +1,7 @@
-"""The full transaction lifecycle over the wire (design §4, every row), against an in-process
+"""The full transaction lifecycle over the wire (docs/semantics.md, every row), against an in-process
 server on real sockets, on the memory and embedded stores and on Oxia. "oxia-standin" is the STAND-IN
 Oxia server (tests/oxia_standin, 3 shards): the real one cannot be installed here (the Go module
-proxy refuses github.com/oxia-db/oxia), so this proves the coordinator on oxia.md's notes, not on Oxia."""
+proxy refuses github.com/oxia-db/oxia), so this proves the coordinator on docs/oxia-client.md's notes, not on Oxia."""
 
 from __future__ import annotations
 

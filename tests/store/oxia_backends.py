@@ -2,7 +2,7 @@
 
 The stand-in is a Python imitation of Oxia's client API, used because the real server cannot be
 installed here (the Go module proxy refuses github.com/oxia-db/oxia); passing on it proves the
-client against oxia.md's notes, not against Oxia itself.
+client against docs/oxia-client.md's notes, not against Oxia itself.
 
 Every session opened for one test directory talks to the same stand-in server, so a second session
 sees the first one's data; :func:`stop_standin` ends that server when the test is over.

@@ -1,4 +1,4 @@
-"""What every MetadataStore backend must do (design §5; Oxia's semantics, docs/oxia.md §2).
+"""What every MetadataStore backend must do (docs/architecture.md §9; Oxia's semantics, docs/oxia-client.md).
 
 Scans without a partition key may come back in any order (Oxia fans out to every shard), so those
 results are compared as sets; with a partition key they are ordered.
