@@ -4,7 +4,7 @@
 #
 # Resolved by Maven from tests/broker/pom.xml, which imports Pulsar's own parent POM so that the class
 # path holds the versions Pulsar ships with. Resolved again only when that POM changes (the stamp file);
-# about 330 jars, 240 MB, once. A missing java or mvn is an error, never a skip (docs/style.md, point 5).
+# about 330 jars, 240 MB, once. A missing java or mvn is an error, never a skip (docs/architecture.md §9).
 
 BROKER_POM := tests/broker/pom.xml
 BROKER_CACHE := .cache/pulsar-broker

@@ -3,7 +3,7 @@
 #   make interop-go     -- tests/interop/go/bin/tc-interop-go
 #   make test-interop   -- build both and run only the interop tests
 # Each harness is rebuilt only when one of its sources is newer than the built file, so a second
-# `make test` runs neither Maven nor Go. A missing toolchain is an error, never a skip (docs/style.md §5).
+# `make test` runs neither Maven nor Go. A missing toolchain is an error, never a skip (docs/architecture.md §9).
 
 INTEROP_JAVA_DIR := tests/interop/java
 INTEROP_JAVA_JAR := $(INTEROP_JAVA_DIR)/target/tc-interop.jar

@@ -14,7 +14,7 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBr
     """One real Pulsar 4.2.4 standalone broker for the whole session, with 16 transaction coordinators.
 
     Tests that stop or restart it must leave it running. A broker that cannot start fails the test
-    with its log and the command that installs it; it never skips (docs/style.md, point 5).
+    with its log and the command that installs it; it never skips (docs/architecture.md §9).
     """
     broker = PulsarBroker(tmp_path_factory.mktemp("pulsar-broker"))
     try:

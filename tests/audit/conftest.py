@@ -1,6 +1,6 @@
 """Fixtures for the audit pipeline tests: one local Spark session for the whole run.
 
-A missing Java fails the Spark tests with the fix, it never skips them (docs/style.md, point 5).
+A missing Java fails the Spark tests with the fix, it never skips them (docs/architecture.md §9).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The server is started exactly as an operator would (``tc-server run`` on free ports, embedded store in a
 temporary directory), so SIGKILL and restart on the same data directory are real. The Java and Go
 harnesses are built by ``make interop-java`` / ``make interop-go``; a missing harness or toolchain fails
-the test with the command to run, it never skips (docs/style.md, point 5).
+the test with the command to run, it never skips (docs/architecture.md §9).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""tc_server.wire is sans-IO: importing it must not pull in asyncio or socket (style.md §1)."""
+"""tc_server.wire is sans-IO: importing it must not pull in asyncio or socket (docs/architecture.md §9)."""
 
 import subprocess
 import sys
