@@ -9,26 +9,29 @@ the test with the command to run, it never skips (docs/architecture.md §9).
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tc_server.bench.process import (
+    READY_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    ServerStartError,
+    ServerStopError,
+    TcServerProcess,
+    free_port,
+)
+
 REPO = Path(__file__).resolve().parents[2]
-TC_SERVER = REPO / ".venv" / "bin" / "tc-server"
 JAVA_JAR = REPO / "tests" / "interop" / "java" / "target" / "tc-interop.jar"
 GO_BIN = REPO / "tests" / "interop" / "go" / "bin" / "tc-interop-go"
 # C1 only and the serial collector: each harness run is a short-lived JVM on a 2-core machine, where
@@ -36,97 +39,36 @@ GO_BIN = REPO / "tests" / "interop" / "go" / "bin" / "tc-interop-go"
 JVM_OPTS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
 COORDINATORS = 16
-READY_TIMEOUT_S = 30.0
+
+__all__ = ["ASSIGN_TOPIC", "COORDINATORS", "Harness", "HarnessRun", "RunningHarness", "TcServer", "free_port"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class TcServer(TcServerProcess):
+    """One ``tc-server run`` subprocess (the shared launcher, tc_server/bench/process.py) with the
+    interop tests' defaults: the embedded store, 16 coordinators; ``kill()`` + ``start()`` restarts it
+    on the same ports and data. A server that cannot start or stop fails the test with its log tail."""
 
+    def __init__(self, data_dir: Path, log_path: Path, *, store: str = "embedded", extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        super().__init__(data_dir, "--coordinators", str(COORDINATORS), *extra_args, store=store, env=env,
+                         log_path=log_path, port=port)
 
-@dataclass
-class TcServer:
-    """One ``tc-server run`` subprocess; ``kill()`` + ``start()`` restarts it on the same ports and data."""
-
-    data_dir: Path
-    log_path: Path
-    port: int = field(default_factory=free_port)
-    admin_port: int = field(default_factory=free_port)
-    extra_args: list[str] = field(default_factory=list)
-    store_args: list[str] = field(default_factory=lambda: ["--store", "embedded"])
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        if not TC_SERVER.exists():
-            pytest.fail(f"{TC_SERVER} is missing: run `make setup`")
-        args = [
-            str(TC_SERVER), "run",
-            "--listen", f"127.0.0.1:{self.port}",
-            "--admin-listen", f"127.0.0.1:{self.admin_port}",
-            "--advertised-url", self.url,
-            *self.store_args,
-            "--data-dir", str(self.data_dir),
-            "--coordinators", str(COORDINATORS),
-            "--log-format", "json",
-            *self.extra_args,
-        ]
-        env = {**os.environ, **self.env}
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {' '.join(args)}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=env, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"tc-server exited with {self.proc.returncode} during start\n{self.log_tail()}")
-            if self.admin_status("/readyz") == 200:
-                return
-            time.sleep(0.1)
-        pytest.fail(f"tc-server not ready after {READY_TIMEOUT_S}s\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: nothing acknowledged may be lost."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        """SIGTERM, the graceful stop; SIGKILL if it takes longer than 15 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
+    def start(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> TcServer:
         try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            pytest.fail(f"tc-server ignored SIGTERM for 15 s\n{self.log_tail()}")
+            super().start(wait, timeout_s)
+        except ServerStartError as exc:
+            pytest.fail(str(exc))
+        return self
 
-    def admin_status(self, path: str) -> int:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as e:
-            return int(e.code)
-        except OSError:
-            return 0
-
-    def admin_get(self, path: str) -> tuple[int, Any]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=10) as r:
-                return int(r.status), json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return int(e.code), None
+            return super().stop(timeout_s)
+        except ServerStopError as exc:
+            pytest.fail(str(exc))
 
     def txn(self, most: int, least: int) -> tuple[int, Any]:
-        return self.admin_get(f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+        """The header as the admin API shows it: (HTTP status, JSON body)."""
+        return self.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}", timeout_s=10)
 
     def wait_status(self, most: int, least: int, want: str, timeout_s: float = 10.0) -> str | None:
         """Poll the header until it has ``want``; returns the last status seen (None: 404)."""
@@ -139,13 +81,6 @@ class TcServer:
                 return status
             time.sleep(0.2)
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no server log)"
-        return "---- tc-server log (tail) ----\n" + "\n".join(text[-lines:])
-
 
 @pytest.fixture
 def tc_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -154,7 +89,7 @@ def tc_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]
 
     def make(**kwargs: Any) -> TcServer:
         base = tmp_path_factory.mktemp("tc-server")
-        server = TcServer(data_dir=base / "data", log_path=base / "server.log", **kwargs)
+        server = TcServer(base / "data", base / "server.log", **kwargs)
         servers.append(server)
         return server
 
@@ -184,10 +119,11 @@ def tc_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     """One running server shared by the tests of a module that do not need their own, on the
     embedded store and on Oxia (the stand-in)."""
     base = tmp_path_factory.mktemp("tc-server-shared")
-    store_args = ["--store", "embedded"]
     if request.param == "oxia-standin":
-        store_args = ["--store", "oxia", "--oxia-address", request.getfixturevalue("oxia_standin")]
-    server = TcServer(data_dir=base / "data", log_path=base / "server.log", store_args=store_args)
+        server = TcServer(base / "data", base / "server.log", store="oxia",
+                          extra_args=["--oxia-address", request.getfixturevalue("oxia_standin")])
+    else:
+        server = TcServer(base / "data", base / "server.log")
     server.start()
     yield server
     server.stop()
