@@ -89,8 +89,10 @@ def in_range(key: str, start: str, end: str) -> bool:
 
 
 def path_escape(key: str) -> str:
-    # Go's url.PathEscape keeps unreserved characters and these sub-delimiters.
-    return urllib.parse.quote(key, safe="-._~!$&'()*+,;=:@")
+    """Go's ``url.PathEscape`` (``shouldEscape`` in mode ``encodePathSegment``): letters, digits,
+    ``-_.~`` and the reserved ``$&+:=@`` stay; ``/;,?`` and everything else (``!'()*`` and space
+    too) become ``%XX`` of the UTF-8 bytes, upper-case hex."""
+    return urllib.parse.quote(key, safe="-._~$&+:=@")
 
 
 def now_ms() -> int:

@@ -515,3 +515,79 @@ async def test_notification_stream_ends_on_close(store: MetadataStore) -> None:
     await store.put("/c/k", b"")
     await store.close()
     assert [n.key for n in await collect_notes(stream)] == ["/c/k"]
+
+
+# -- Pulsar 5's key forms (docs/record-layout.md) --------------------------------------------------------
+#
+# The records and index keys a Pulsar 5 broker and tc-server write on a shared store, literally: index
+# keys carry the record's parent path ("/txn/id/…", "/txn/op/…"), so a secondary key holds "/", which
+# moves it one level deeper under Oxia's hierarchical order. Every store must give the same answers.
+
+DEADLINE = "idx:txn-by-deadline"
+OPS_BY_TXN = "idx:ops-by-txn"
+
+
+async def test_header_index_both_key_forms_stay_apart(store: MetadataStore) -> None:
+    # Pulsar 5's deadline keys and tc-server's earlier ones (no parent path), side by side: a scan
+    # of one form never returns the other, and each returns exactly the deadlines before its end.
+    for least, deadline in ((1, 1795447269230), (2, 1795447269231), (3, 1795447300000)):
+        await store.put(f"/txn/id/0_{least}", b"", partition_key=f"0_{least}",
+                        secondary_indexes={DEADLINE: f"/txn/id/{deadline:020d}"})
+    await store.put("/txn/id/0_4", b"", partition_key="0_4", secondary_indexes={DEADLINE: f"{1795447269230:020d}"})
+    before = f"{1795447269231:020d}"
+    assert set(await keys_of(store.scan_index(DEADLINE, "/txn/id/" + "0" * 20, "/txn/id/" + before))) == {
+        "/txn/id/0_1"}
+    assert set(await keys_of(store.scan_index(DEADLINE, "/txn/id/" + "0" * 20, "/txn/id/~"))) == {
+        "/txn/id/0_1", "/txn/id/0_2", "/txn/id/0_3"}
+    assert set(await keys_of(store.scan_index(DEADLINE, "0" * 20, "~"))) == {"/txn/id/0_4"}
+    assert set(await keys_of(store.scan_index(DEADLINE, "0" * 20, before))) == {"/txn/id/0_4"}
+
+
+async def test_final_state_index_with_parent_path(store: MetadataStore) -> None:
+    final = "idx:txn-by-final-state"
+    await store.put("/txn/id/0_1", b"", partition_key="0_1",
+                    secondary_indexes={final: f"/txn/id/COMMITTED:{1795447210114:020d}"})
+    await store.put("/txn/id/0_2", b"", partition_key="0_2",
+                    secondary_indexes={final: f"/txn/id/ABORTED:{1795447210114:020d}"})
+    await store.put("/txn/id/0_3", b"", partition_key="0_3",
+                    secondary_indexes={final: f"/txn/id/COMMITTED:{1795447999999:020d}"})
+    found = await keys_of(store.scan_index(final, "/txn/id/COMMITTED:", f"/txn/id/COMMITTED:{1795447210115:020d}"))
+    assert set(found) == {"/txn/id/0_1"}
+    assert set(await keys_of(store.scan_index(final, "/txn/id/ABORTED:", "/txn/id/ABORTED:~"))) == {"/txn/id/0_2"}
+
+
+async def test_ops_by_txn_exact_key_with_parent_path(store: MetadataStore) -> None:
+    # [k, k + "\x02") is one secondary key on every store (Oxia keeps "<k>\x01<primary>", so the end
+    # must sort after \x01); txn 1_1's lookup must not return 1_10's op records.
+    mine = [(await store.put_sequential("/txn/op/1_1", b"w", partition_key="1_1",
+                                        secondary_indexes={OPS_BY_TXN: "/txn/op/1_1"})).key for _ in range(3)]
+    await store.put_sequential("/txn/op/1_10", b"w", partition_key="1_10",
+                               secondary_indexes={OPS_BY_TXN: "/txn/op/1_10"})
+    assert mine == [sequence_key("/txn/op/1_1", i) for i in (1, 2, 3)]
+    scoped = await keys_of(store.scan_index(OPS_BY_TXN, "/txn/op/1_1", "/txn/op/1_1\x02", partition_key="1_1"))
+    assert scoped == mine  # one shard: ordered by secondary key, then primary key
+    assert set(await keys_of(store.scan_index(OPS_BY_TXN, "/txn/op/1_1", "/txn/op/1_1\x02"))) == set(mine)
+
+
+async def test_op_records_of_one_txn_by_key_range(store: MetadataStore) -> None:
+    # GC's check: every op record of txn 1_1 starts with "/txn/op/1_1-", whatever its index entries.
+    indexed = await store.put_sequential("/txn/op/1_1", b"a", partition_key="1_1",
+                                         secondary_indexes={OPS_BY_TXN: "/txn/op/1_1"})
+    bare = await store.put_sequential("/txn/op/1_1", b"b", partition_key="1_1")
+    await store.put_sequential("/txn/op/1_10", b"c", partition_key="1_10")
+    await store.put("/txn/op", b"")  # the empty parent Pulsar's Oxia store writes
+    assert await keys_of(store.scan_prefix("/txn/op/1_1-", partition_key="1_1")) == [indexed.key, bare.key]
+    assert await keys_of(store.scan_prefix("/txn/op/1_10-", partition_key="1_10")) == [
+        sequence_key("/txn/op/1_10", 1)]
+
+
+async def test_event_streams_with_encoded_names(store: MetadataStore) -> None:
+    segment = "/txn/segment-events/segment%3A%2F%2Fpublic%2Fdefault%2Forders%2F0"
+    subscription = "/txn/subscription-events/segment%3A%2F%2Fpublic%2Fdefault%2Forders%2F0:my+sub"
+    seg_pk, sub_pk = segment.rsplit("/", 1)[1], subscription.rsplit("/", 1)[1]
+    first = await store.put_sequential(segment, b"1", partition_key=seg_pk)
+    second = await store.put_sequential(segment, b"2", partition_key=seg_pk)
+    sub = await store.put_sequential(subscription, b"3", partition_key=sub_pk)
+    assert [first.key, second.key] == [segment + "-00000000000000000001", segment + "-00000000000000000002"]
+    assert sub.key == subscription + "-00000000000000000001"
+    assert await keys_of(store.scan_prefix(segment + "-", partition_key=seg_pk)) == [first.key, second.key]
