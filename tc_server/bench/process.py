@@ -36,6 +36,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def cpu_seconds_of(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc/<pid>/stat, every thread included);
+    NaN where /proc cannot tell."""
+    try:
+        # Fields after the command name, which is in parentheses and may itself hold spaces.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def default_command() -> list[str]:
     """The ``tc-server`` console script next to this interpreter; the module entry point otherwise."""
     script = Path(sys.executable).with_name("tc-server")
@@ -165,12 +176,7 @@ class TcServerProcess:
         read even when other processes share the cores; NaN where /proc cannot tell."""
         if self.proc is None:
             return float("nan")
-        try:
-            # Fields after the command name, which is in parentheses and may itself hold spaces.
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds_of(self.proc.pid)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

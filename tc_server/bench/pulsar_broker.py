@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tc_server.bench.process import free_port
+from tc_server.bench.process import cpu_seconds_of, free_port
 
 # The jars are a development resource of the source checkout (like the tests), not of an installed package.
 REPO = Path(__file__).resolve().parents[2]
@@ -284,6 +284,13 @@ class PulsarBroker:
                 time.sleep(0.2)
 
     # ---- observation -------------------------------------------------------------------------------
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the broker's JVM so far (broker, bookie and metadata store: standalone runs all
+        three in this one process); NaN when it is not running."""
+        if self.proc is None:
+            return float("nan")
+        return cpu_seconds_of(self.proc.pid)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -1,0 +1,10 @@
+# Benchmarks that need more than the venv (the plain `make bench` is in the Makefile).
+#   make bench-vs-pulsar -- tc-server against Pulsar's own transaction coordinator on the same Java load
+#                           (tc_server/bench/vs_pulsar.py; README, *Performance*). Not part of `make test`.
+# BENCH_VS_PULSAR_ARGS passes options, e.g. `make bench-vs-pulsar BENCH_VS_PULSAR_ARGS="--rounds 3"`.
+
+BENCH_VS_PULSAR_ARGS ?=
+
+.PHONY: bench-vs-pulsar
+bench-vs-pulsar: setup pulsar-broker interop-java
+	$(PY) -m tc_server.bench.vs_pulsar $(BENCH_VS_PULSAR_ARGS)
