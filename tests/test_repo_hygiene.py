@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 # regular expressions so that this file does not match them itself.
 OUTSIDE_REFERENCES = re.compile(
     r"design\s§"  # a numbered section of a design note the repository does not hold
-    r"|\.\./shared|shared/docs|/work/shared"
+    r"|\.\./shared|shared[/]docs|/work[/]shared"
     r"|(?<![\w-])(?:design|lessons|pulsar-broker|oxia|style)\.md"
 )
 
