@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -19,10 +20,23 @@ from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.metrics import Metrics
 from tc_server.store.api import StoreError
 
+log = structlog.get_logger("tc_server.admin")
+
 PREFIX = "/admin/v3/transactions"
 READY_PROBE_TIMEOUT_S = 2.0
-# Txn id halves are unsigned 64-bit: at most 20 digits (a longer number is no txn id: 404).
-_ID = r"{%s:\d{1,20}}"
+# Any path segment: a bad number is answered 400 naming the parameter (see number()), not 404.
+_ID = r"{%s:[^/]+}"
+# Txn id halves are Java longs in Pulsar (TxnID), and so are timeouts in ms.
+MAX_LONG = 2**63 - 1
+
+
+def number(text: str, name: str, maximum: int = MAX_LONG) -> int:
+    """A decimal parameter from 0 to ``maximum``, or 400 naming it (issue 15: '²' passes str.isdigit()
+    and breaks int(); Unicode digits would be read by int(); 5,000 digits break it)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(maximum))) or int(text) > maximum:
+        # ascii(): the reason also goes into the status line, which must stay ASCII.
+        raise web.HTTPBadRequest(reason=f"{name}: expected a number from 0 to {maximum}, got {ascii(text[:40])}")
+    return int(text)
 
 
 def json_response(status: int, doc: object) -> web.Response:
@@ -107,21 +121,30 @@ class AdminRoutes:
         coordinator_id = request.query.get("coordinatorId")
         if coordinator_id is None:
             return json_response(200, {str(i): stats(i) for i in range(self._tc.num_partitions)})
-        if not coordinator_id.isdigit() or int(coordinator_id) >= self._tc.num_partitions:
-            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id[:32]}"})
-        return json_response(200, stats(int(coordinator_id)))
+        tc_id = number(coordinator_id, "coordinatorId")
+        if tc_id >= self._tc.num_partitions:
+            return json_response(404, {"reason": f"no transaction coordinator {tc_id}"})
+        return json_response(200, stats(tc_id))
 
     async def metadata(self, request: web.Request) -> web.Response:
-        most, least = int(request.match_info["most"]), int(request.match_info["least"])
+        most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
         record = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
         if record is None:
             return json_response(404, {"reason": f"transaction ({most},{least}) not found"})
-        return json_response(200, txn_metadata(most, least, TxnHeader.from_json(record.value)))
+        try:
+            header = TxnHeader.from_json(record.value)
+        except ValueError as exc:
+            # The detail may quote stored bytes: it goes to the log, not into the answer.
+            log.warning("unreadable txn header", txn=f"({most},{least})", error=str(exc)[:200])
+            return json_response(500, {"reason": f"the stored header of transaction ({most},{least}) is unreadable"})
+        return json_response(200, txn_metadata(most, least, header))
 
     async def slow(self, request: web.Request) -> web.Response:
         """Open txns whose configured timeout is greater than the argument (as Pulsar; not age)."""
-        timeout_ms = int(request.match_info["timeout"])
+        timeout_ms = number(request.match_info["timeout"], "timeout")
         coordinator_id = request.query.get("coordinatorId")
+        if coordinator_id is not None:
+            coordinator_id = str(number(coordinator_id, "coordinatorId"))
         found: dict[str, object] = {}
         async for most, least, header, _ in self._tc.open_headers():
             if coordinator_id is not None and str(most) != coordinator_id:
@@ -131,7 +154,7 @@ class AdminRoutes:
         return json_response(200, found)
 
     async def force_abort(self, request: web.Request) -> web.Response:
-        most, least = int(request.match_info["most"]), int(request.match_info["least"])
+        most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
         try:
             state = await self._tc.partition(most).force_abort(least)
         except CoordinatorNotFound as exc:

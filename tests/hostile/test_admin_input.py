@@ -1,0 +1,82 @@
+"""The admin port's input (issue 15): odd or huge ids and coordinator ids are 400 naming the parameter,
+never 500; a damaged stored header is answered without its bytes. Raw HTTP over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tc_server.app import App
+from tc_server.client import TcClient
+from tc_server.coordinator import layout
+
+from .conftest import tracebacks
+
+T = "/admin/v3/transactions"
+BEYOND_A_LONG = str(2**63)  # txn id halves are Java longs
+TWENTY_NINES = "9" * 20  # beyond even uint64
+HUGE = "9" * 5000  # beyond int()'s 4,300 digits
+SUPERSCRIPT = "%C2%B2"  # '²': str.isdigit() says yes, int() says no
+ARABIC_ONE = "%D9%A1"  # a Unicode decimal digit: int() reads it as 1, a regex's \d matches it
+
+
+async def http(app: App, method: str, target: str) -> tuple[int, dict[str, Any]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+    writer.write(f"{method} {target} HTTP/1.1\r\nHost: tc\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                 .encode("ascii"))
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body) if body.startswith(b"{") else {"raw": body.decode()}
+
+
+BAD_TARGETS = [
+    ("GET", f"{T}/transactionMetadata/{SUPERSCRIPT}/1", "most"),
+    ("GET", f"{T}/transactionMetadata/{ARABIC_ONE}/1", "most"),
+    ("GET", f"{T}/transactionMetadata/1/{BEYOND_A_LONG}", "least"),
+    ("GET", f"{T}/transactionMetadata/{TWENTY_NINES}/1", "most"),
+    ("GET", f"{T}/transactionMetadata/1/{HUGE}", "least"),
+    ("GET", f"{T}/transactionMetadata/1/-1", "least"),
+    ("POST", f"{T}/abort/{BEYOND_A_LONG}/1", "most"),
+    ("POST", f"{T}/abort/1/{HUGE}", "least"),
+    ("POST", f"{T}/abort/1/{SUPERSCRIPT}", "least"),
+    ("GET", f"{T}/slowTransactions/{HUGE}", "timeout"),
+    ("GET", f"{T}/slowTransactions/{SUPERSCRIPT}", "timeout"),
+    ("GET", f"{T}/slowTransactions/1000?coordinatorId={SUPERSCRIPT}", "coordinatorId"),
+    ("GET", f"{T}/slowTransactions/1000?coordinatorId=x", "coordinatorId"),
+    ("GET", f"{T}/coordinatorStats?coordinatorId={SUPERSCRIPT}", "coordinatorId"),
+    ("GET", f"{T}/coordinatorStats?coordinatorId={HUGE}", "coordinatorId"),
+    ("GET", f"{T}/coordinatorStats?coordinatorId=-1", "coordinatorId"),
+]
+
+
+@pytest.mark.parametrize(("method", "target", "parameter"), BAD_TARGETS, ids=lambda v: str(v)[-40:])
+async def test_a_bad_number_is_400_naming_the_parameter(app: App, method: str, target: str, parameter: str,
+                                                        server_log: list[dict[str, Any]]) -> None:
+    status, doc = await http(app, method, target)
+    assert status == 400, doc
+    assert str(doc["reason"]).startswith(f"{parameter}: "), doc
+    assert tracebacks(server_log) == []
+
+
+async def test_a_coordinator_that_does_not_exist_is_still_404(app: App) -> None:
+    status, doc = await http(app, "GET", f"{T}/coordinatorStats?coordinatorId=16")
+    assert status == 404, doc
+
+
+async def test_a_damaged_header_is_reported_without_its_bytes(app: App, client: TcClient,
+                                                              server_log: list[dict[str, Any]]) -> None:
+    opened = await client.new_txn(tc_id=4)
+    assert opened.error is None
+    path = layout.header_path(4, opened.least)
+    stored = await app.store.get(path)
+    assert stored is not None
+    await app.store.put(path, stored.value.replace(b'"OPEN"', b'"<damaged>"'),
+                        partition_key=layout.txn_key(4, opened.least))
+    status, doc = await http(app, "GET", f"{T}/transactionMetadata/4/{opened.least}")
+    assert status == 500, doc
+    assert "damaged" not in json.dumps(doc) and f"(4,{opened.least})" in str(doc["reason"])
+    assert tracebacks(server_log) == []
