@@ -203,7 +203,11 @@ class ClientConnection(asyncio.Protocol):
         self._waiting_pong = False
         if not self._connected:
             if isinstance(cmd, Connect):
-                self._on_connect(cmd)
+                try:
+                    self._on_connect(cmd)
+                except Exception as exc:  # noqa: BLE001 - as below: an answer, never an escape
+                    self._answer_failure(cmd, exc)
+                    self.close()  # the handshake did not happen
             else:
                 request_id = getattr(cmd, "request_id", None)
                 self._log.warning("command before CONNECT; closing", command=command_name(cmd))
