@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tc_server.auth.keys import file_url_path, read_secret_text
+from tc_server.client.connection import ClientAuth
 from tc_server.config import ConfigError
 
 if TYPE_CHECKING:
@@ -45,6 +46,12 @@ class BrokerClientCredentials:
     def auth_data(self) -> bytes:
         """Fresh credentials (a ``file:`` token is read again). Raises ConfigError if it cannot be read."""
         return self._data()
+
+    def client_auth(self) -> ClientAuth:
+        """CONNECT's credentials, read now: ``connect_command(credentials.client_auth())``. Set the
+        connection's ``auth_data_source`` to :meth:`auth_data` so that a refresh challenge is answered
+        with a freshly read token too."""
+        return ClientAuth(self.method, self.auth_data())
 
 
 def broker_client_credentials(settings: Settings) -> BrokerClientCredentials:

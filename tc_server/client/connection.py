@@ -118,6 +118,9 @@ class PulsarConnection(asyncio.Protocol):
         self._pong_waiters: list[asyncio.Future[Pong]] = []
         self.answer_pings = True
         self.pings_received = 0
+        # Where fresh credentials come from when the peer challenges (a token file read again, as
+        # BrokerClientCredentials.auth_data does); None: answer with CONNECT's auth_data again.
+        self.auth_data_source: Callable[[], bytes] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -190,8 +193,8 @@ class PulsarConnection(asyncio.Protocol):
         connect = self._connect
         if connect is None:
             return
-        self.send(AuthResponse(connect.client_version, connect.auth_method_name, connect.auth_data,
-                               connect.protocol_version))
+        data = self.auth_data_source() if self.auth_data_source is not None else connect.auth_data
+        self.send(AuthResponse(connect.client_version, connect.auth_method_name, data, connect.protocol_version))
 
     def set_listener(self, on_command: CommandListener | None) -> None:
         """Where commands that answer no pending request go from now on."""

@@ -1,0 +1,72 @@
+"""What the security tests share: an in-process tc-server started with security settings, and a
+bare CONNECT on a raw socket that reports whether the server closed the connection afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+
+from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
+from tc_server.coordinator import layout
+from tc_server.coordinator.layout import TxnHeader
+from tc_server.wire import Command, Connect, FrameDecoder, decode_command, encode_command
+
+# Bounds every wait of these tests: a server that neither answers nor closes fails the test.
+WAIT_S = 10.0
+
+
+@dataclass
+class RawConnectResult:
+    commands: list[Command]  # everything the server sent, in order
+    closed_by_server: bool  # the server closed the socket (EOF) within WAIT_S
+
+
+async def raw_connect(port: int, connect: Connect, ssl_context: ssl.SSLContext | None = None,
+                      then: list[Command] | None = None) -> RawConnectResult:
+    """Send CONNECT (and ``then``) on a fresh socket, read until the server closes it or WAIT_S passes.
+
+    Our client closes its side after a refused handshake; this one never does, so an EOF here proves
+    the server closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ssl_context,
+                                                   server_hostname="localhost" if ssl_context else None)
+    writer.write(encode_command(connect))
+    for cmd in then or []:
+        writer.write(encode_command(cmd))
+    decoder = FrameDecoder(5 * 1024 * 1024)
+    commands: list[Command] = []
+    closed = False
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while data := await reader.read(65536):
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    commands.append(decode_command(frame))
+            closed = True
+    except TimeoutError:
+        closed = False
+    except (ConnectionResetError, ssl.SSLError):
+        closed = True
+    writer.close()
+    return RawConnectResult(commands, closed)
+
+
+def token_auth(token: str) -> ClientAuth:
+    """What the Java client's AuthenticationToken puts in CONNECT."""
+    return ClientAuth("token", token.encode())
+
+
+async def tls_client(port: int, context: ssl.SSLContext, auth: ClientAuth) -> TcClient:
+    """Our TC client over pulsar+ssl://, handshaken with ``auth``. Raises ConnectionFailed, HandshakeRefused."""
+    url = f"pulsar+ssl://localhost:{port}"
+    conn = await open_connection(url, connect_command(auth, "tc-server-test-client"), ssl_context=context,
+                                 timeout_s=WAIT_S, factory=lambda: TcClient(url))
+    assert isinstance(conn, TcClient)
+    return conn
+
+
+async def owner_of(app, most: int, least: int) -> str | None:
+    """The owner recorded in the txn's header: the role that opened it."""
+    record = await app.coordinator.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
+    assert record is not None
+    return TxnHeader.from_json(record.value).owner

@@ -1,0 +1,104 @@
+"""Credentials that expire while connected (ServerCnx.refreshAuthenticationCredentials): the server
+checks every ``authentication_refresh_check_s``; once the token's ``exp`` has passed it sends
+AUTH_CHALLENGE "PulsarAuthRefresh" to a client that announced ``supports_auth_refresh``. A fresh token
+of the same role keeps the connection; anything else, or no refresh support, closes it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tc_server.client import TcClient, connect
+from tc_server.wire import Connect, FeatureFlags, ServerError
+from tests.security.pki import data_url, make_token
+from tests.security.support import WAIT_S, token_auth
+
+CHECK_S = 0.2
+# exp has whole-second resolution: a token made now with this lifetime expires within 1-2 s.
+SHORT_LIFE_S = 1
+
+
+async def refreshing_client(port: int, token: str, fresh_token: str) -> tuple[TcClient, list[str]]:
+    """A client that announces supports_auth_refresh (as the Java client) and answers a challenge
+    with ``fresh_token``; the list grows by one for every challenge it answered."""
+    client = await connect("127.0.0.1", port, handshake=False)
+    answered: list[str] = []
+
+    def fresh_credentials() -> bytes:
+        answered.append(fresh_token)
+        return fresh_token.encode()
+
+    client.auth_data_source = fresh_credentials
+    await client.handshake(Connect("refresh-test-client", 21, auth_method_name="token", auth_data=token.encode(),
+                                   feature_flags=FeatureFlags(supports_auth_refresh=True)))
+    return client, answered
+
+
+async def wait_for(condition) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+async def test_client_refreshes_with_a_fresh_token_and_stays(start, secret):
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    short = make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S)
+    client, challenges = await refreshing_client(app.listener.port, short,
+                                                 make_token(secret, "HS256", "alice", expires_in_s=3600))
+    try:
+        await wait_for(lambda: challenges)
+        await client.ping(WAIT_S)  # the AUTH_RESPONSE went before it and has been handled
+        await asyncio.sleep(5 * CHECK_S)  # several more checks: none may close the refreshed connection
+        created = await client.new_txn(tc_id=0)
+        assert created.error is None and not client.closed.done()
+        assert len(challenges) == 1  # the fresh token is valid for an hour: no second challenge
+    finally:
+        client.close()
+
+
+async def test_client_without_refresh_support_is_closed_at_expiry(start, secret):
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    # Our plain client does not announce supports_auth_refresh.
+    client = await connect("127.0.0.1", app.listener.port,
+                           auth=token_auth(make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S)))
+    assert (await client.new_txn(tc_id=0)).error is None
+    async with asyncio.timeout(WAIT_S):
+        await client.closed
+
+
+async def test_refresh_with_the_expired_token_again_is_refused_and_closed(start, secret):
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    short = make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S)
+    client, challenges = await refreshing_client(app.listener.port, short, short)
+    async with asyncio.timeout(WAIT_S):
+        await client.closed
+    assert challenges
+    assert [(e.error, e.message) for e in client.errors] == [(ServerError.AuthenticationError, "token expired")]
+
+
+async def test_refresh_may_not_change_the_role(start, secret):
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    client, _ = await refreshing_client(app.listener.port,
+                                        make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S),
+                                        make_token(secret, "HS256", "mallory", expires_in_s=3600))
+    async with asyncio.timeout(WAIT_S):
+        await client.closed
+    assert [e.error for e in client.errors] == [ServerError.AuthenticationError]
+    assert "role cannot change" in client.errors[0].message
+
+
+async def test_token_without_exp_is_never_challenged(start, secret):
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    forever = make_token(secret, "HS256", "alice", expires_in_s=None)
+    client, challenges = await refreshing_client(app.listener.port, forever, forever)
+    try:
+        await asyncio.sleep(5 * CHECK_S)
+        assert (await client.new_txn(tc_id=0)).error is None
+        assert challenges == [] and not client.closed.done()
+    finally:
+        client.close()
+

@@ -1,0 +1,139 @@
+"""The pulsar+ssl:// listener with a CA and certificates generated in the test (real TLS, real
+sockets): server authentication, mutual TLS with the role from the client certificate's CN, a
+listener that refuses clients without a trusted certificate, and certificate reload when the files
+change."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+from cryptography import x509
+
+from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused
+from tc_server.wire import Connect, Error, ServerError
+from tests.security.pki import TestCa, data_url, make_token
+from tests.security.support import WAIT_S, raw_connect, tls_client, token_auth
+
+TLS_AUTH = ClientAuth("tls", b"")  # what the Java client's AuthenticationTls sends in CONNECT
+
+
+def client_context(ca: TestCa, client_cert=None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca.cert_file))
+    if client_cert is not None:
+        context.load_cert_chain(client_cert.cert_file, client_cert.key_file)
+    return context
+
+
+def tls_settings(ca: TestCa, server, **more):
+    return dict(listen="", tls_listen="127.0.0.1:0", tls_cert_file=str(server.cert_file),
+                tls_key_file=str(server.key_file), **more)
+
+
+@pytest.fixture
+def ca(tmp_path) -> TestCa:
+    return TestCa(tmp_path)
+
+
+async def test_token_over_tls_with_the_plain_listener_off(start, ca, secret):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server), authentication_providers="token",
+                      token_secret_key=data_url(secret))
+    assert app.listener is None  # --listen "" turns the plain listener off
+    port = app.tls_listener.port
+    client = await tls_client(port, client_context(ca), token_auth(make_token(secret, "HS256", "alice")))
+    try:
+        created = await client.new_txn(tc_id=0)
+        assert (await client.end_txn(created.most, created.least, commit=True)).error is None
+        # The coordinator's LOOKUP answer sends TLS clients to the TLS URL.
+        answer = await client.lookup("persistent://pulsar/system/transaction_coordinator_assign-partition-0")
+        assert answer.broker_service_url_tls == f"pulsar+ssl://127.0.0.1:{port}"
+    finally:
+        client.close()
+
+
+async def test_a_client_that_does_not_trust_the_ca_cannot_connect(start, ca, tmp_path):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server))
+    other_ca = TestCa(tmp_path, "another CA")
+    with pytest.raises(ConnectionFailed):
+        await tls_client(app.tls_listener.port, client_context(other_ca), ClientAuth())
+
+
+async def test_mutual_tls_role_is_the_certificate_cn(start, ca):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, tls_trust_certs_file=str(ca.cert_file)),
+                      authentication_providers="tls", superuser_roles="ops")
+    alice = await tls_client(app.tls_listener.port, client_context(ca, ca.issue("alice", "alice")), TLS_AUTH)
+    bob = await tls_client(app.tls_listener.port, client_context(ca, ca.issue("bob", "bob")), TLS_AUTH)
+    ops = await tls_client(app.tls_listener.port, client_context(ca, ca.issue("ops", "ops")), TLS_AUTH)
+    try:
+        txn = await alice.new_txn(tc_id=1)
+        assert (await bob.end_txn(txn.most, txn.least, commit=True)).error is ServerError.TransactionNotFound
+        assert (await alice.add_partition(txn.most, txn.least, "persistent://public/default/t")).error is None
+        assert (await ops.end_txn(txn.most, txn.least, commit=True)).error is None
+    finally:
+        for client in (alice, bob, ops):
+            client.close()
+
+
+async def test_tls_method_without_a_client_certificate_is_refused_and_closed(start, ca):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, tls_trust_certs_file=str(ca.cert_file)),
+                      authentication_providers="tls")
+    result = await raw_connect(app.tls_listener.port, Connect("raw", 21, auth_method_name="tls", auth_data=b""),
+                               ssl_context=client_context(ca))
+    assert [type(c) for c in result.commands] == [Error]
+    assert result.commands[0].error is ServerError.AuthenticationError
+    assert "needs a client certificate" in result.commands[0].message
+    assert result.closed_by_server
+    with pytest.raises(HandshakeRefused):
+        await tls_client(app.tls_listener.port, client_context(ca), TLS_AUTH)
+
+
+async def test_required_client_certificate_refuses_the_tls_handshake(start, ca, tmp_path):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, tls_trust_certs_file=str(ca.cert_file),
+                                     tls_require_trusted_client_cert=True), authentication_providers="tls")
+    port = app.tls_listener.port
+    for context in (client_context(ca),  # no certificate at all
+                    client_context(ca, TestCa(tmp_path, "rogue CA").issue("alice", "rogue-alice"))):
+        # TLS 1.3: the server's refusal of the certificate arrives after the client's handshake is done,
+        # so it shows as a failed CONNECT or a closed connection; either way nothing is served.
+        with pytest.raises((ConnectionFailed, HandshakeRefused, ConnectionError)):
+            client = await tls_client(port, context, TLS_AUTH)
+            await client.new_txn(tc_id=0)
+    good = await tls_client(port, client_context(ca, ca.issue("alice", "alice")), TLS_AUTH)
+    assert (await good.new_txn(tc_id=0)).error is None
+    good.close()
+
+
+async def test_certificate_is_reloaded_when_its_files_change(start, ca):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server), tls_cert_refresh_check_s=0.1)
+    port = app.tls_listener.port
+
+    async def served_serial() -> int:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(ca),
+                                                  server_hostname="localhost")
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        return x509.load_der_x509_certificate(der).serial_number
+
+    assert await served_serial() == server.certificate.serial_number
+    renewed = ca.issue("localhost", "server", server=True)  # same paths, new certificate and key
+    async with asyncio.timeout(WAIT_S):
+        while await served_serial() != renewed.certificate.serial_number:
+            await asyncio.sleep(0.1)
+    assert app.tls.reloads >= 1
+
+
+async def test_half_written_certificate_keeps_the_previous_one(start, ca):
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server))
+    server.cert_file.write_text("-----BEGIN CERTIFICATE-----\ntruncated")
+    assert app.tls.reload_if_changed() is False
+    client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
+    assert (await client.new_txn(tc_id=0)).error is None
+    client.close()
