@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from dataclasses import dataclass
 
 import structlog
@@ -61,7 +62,12 @@ class App:
 def cannot_bind(setting: str, address: str, exc: OSError) -> OSError:
     """A bind failure that names the address and the setting that chose it; the CLI prints it after
     "cannot start: " (e.g. ``address already in use: 0.0.0.0:6650 (--listen / TC_SERVER_LISTEN)``)."""
-    reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    # A name that does not resolve is a socket.gaierror, whose errno is no errno (os.strerror(-2)
+    # would say "unknown error -2"): its own text says what happened.
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        reason = f"cannot resolve the host ({exc.strerror or exc})" if isinstance(exc, socket.gaierror) else str(exc)
+    else:
+        reason = os.strerror(exc.errno).lower()
     return OSError(f"{reason}: {address} (--{setting.replace('_', '-')} / {ENV_PREFIX}{setting.upper()})")
 
 

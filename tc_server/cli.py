@@ -124,19 +124,21 @@ def _run(args: argparse.Namespace) -> int:
     from tc_server.app import serve
     from tc_server.coordinator.errors import ParallelismMismatch
     from tc_server.logs import configure_logging
+    from tc_server.store.api import StoreError
 
     configure_logging(settings.log_format, settings.log_level)
     try:
         _run_loop(serve(settings))
+    # Every failure to start is one line naming the setting or the file, and exit code 2 (issue 15).
     except ParallelismMismatch as exc:
         print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
-        return 1
+        return 2
     except ConfigError as exc:  # key and certificate files are read at start
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, StoreError) as exc:  # ports, the data directory, the database file, the store
         print(f"tc-server: cannot start: {exc}", file=sys.stderr)
-        return 1
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

@@ -7,7 +7,10 @@ from, so a typo in a compose file is found at start, not at the first request.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -28,11 +31,41 @@ class ConfigError(ValueError):
     """A setting has a value that cannot be used; the message names the setting."""
 
 
+# A host name (RFC 1123 labels); a host of digits and dots only must be an IPv4 address.
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"  # "_": Compose service names
+_HOST_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
+_DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+
+
 def parse_hostport(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or len(port) > 5 or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    host = host.strip("[]") or "0.0.0.0"
+    if ":" in host or _DOTTED_NUMBERS.fullmatch(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IP address (in {text!r})") from None
+    elif len(host) > 253 or not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"{host[:64]!r} is not a host name (in {text!r})")
+    return host, int(port)
+
+
+# The wire's and the ids' real ranges (issue 15): CONNECTED's max_message_size is an int32 and a frame
+# carries the message plus MESSAGE_SIZE_FRAME_PADDING (10,240) bytes under a 32-bit size.
+MAX_MESSAGE_SIZE = 2**31 - 1 - 10_240
+# A block of ids is reserved per leadership term, out of a Java long's ids: a block this size is
+# a few ms of NEW_TXN at any rate measured here, and 2^63 / 10^6 terms never run out.
+MAX_ID_BLOCK_SIZE = 1_000_000
+# Timeouts in ms are added to wall-clock ms and must stay a Java long; ten years is far beyond any
+# transaction (Pulsar's own default maximum is minutes).
+MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
+# Durations in seconds go to asyncio timers; a day bounds every interval a person would choose.
+MAX_INTERVAL_S = 24 * 3600.0
+MAX_RETENTION_S = 10 * 365 * 24 * 3600
+# A request in flight holds a task of a few KiB: ten million would be tens of GiB.
+MAX_REQUESTS_IN_FLIGHT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -123,16 +156,29 @@ class Settings:
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")
-        check(self.default_txn_timeout_ms > 0, "default_txn_timeout_ms", "must be positive")
+        check(0 < self.default_txn_timeout_ms <= MAX_TIMEOUT_MS, "default_txn_timeout_ms",
+              f"must be between 1 and {MAX_TIMEOUT_MS} (ten years)")
+        check(self.max_txn_timeout_ms <= MAX_TIMEOUT_MS, "max_txn_timeout_ms",
+              f"must be at most {MAX_TIMEOUT_MS} (ten years)")
+        for name in ("keepalive_s", "request_timeout_s", "gc_interval_s", "authentication_refresh_check_s",
+                     "tls_cert_refresh_check_s"):
+            value = getattr(self, name)
+            check(math.isfinite(value) and 0 < value <= MAX_INTERVAL_S, name,
+                  f"must be a number of seconds above 0 and at most {MAX_INTERVAL_S:.0f}")
+        check(self.gc_retention_s <= MAX_RETENTION_S, "gc_retention_s",
+              f"must be at most {MAX_RETENTION_S} (ten years)")
         check(self.max_txn_timeout_ms >= self.default_txn_timeout_ms, "max_txn_timeout_ms",
               "must be at least default_txn_timeout_ms")
         check(self.gc_retention_s >= 0, "gc_retention_s", "must be >= 0")
         check(self.gc_interval_s > 0, "gc_interval_s", "must be positive")
-        check(self.id_block_size >= 1, "id_block_size", "must be >= 1")
+        check(1 <= self.id_block_size <= MAX_ID_BLOCK_SIZE, "id_block_size",
+              f"must be between 1 and {MAX_ID_BLOCK_SIZE}")
         check(self.keepalive_s > 0, "keepalive_s", "must be positive")
-        check(self.max_message_size > 0, "max_message_size", "must be positive")
+        check(0 < self.max_message_size <= MAX_MESSAGE_SIZE, "max_message_size",
+              f"must be between 1 and {MAX_MESSAGE_SIZE} (a 32-bit field, and a frame adds 10240 bytes)")
         check(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
-        check(self.max_requests_in_flight >= 1, "max_requests_in_flight", "must be >= 1")
+        check(1 <= self.max_requests_in_flight <= MAX_REQUESTS_IN_FLIGHT, "max_requests_in_flight",
+              f"must be between 1 and {MAX_REQUESTS_IN_FLIGHT}")
         check(2_000 <= self.oxia_session_timeout_ms <= 300_000, "oxia_session_timeout_ms",
               "must be between 2000 and 300000 (Oxia's limits)")
         check(self.log_format in ("auto", "json", "console"), "log_format", "must be auto, json or console")

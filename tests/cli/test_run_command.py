@@ -84,7 +84,7 @@ def test_address_in_use_names_the_address_and_the_setting(tmp_path: Path, held_p
         tc_server("run", "--store", "embedded", "--data-dir", str(tmp_path / "data"), "--log-format", "json",
                   *[word for pair in ports.items() for word in pair]),
         capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 2  # every failure to start (issue 15)
     assert f"tc-server: cannot start: address already in use: {held_port} ({flag} / {env})" in done.stderr
     # Nothing a person would take for a second problem: no warning, no traceback.
     assert '"warning"' not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -1,0 +1,87 @@
+"""Bad settings and unusable files stop ``tc-server run`` with ONE line naming the setting or the file,
+exit code 2 and no traceback (issue 15, "Settings without bounds"). Real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tc_server.config import ConfigError, Settings
+
+# A start that fails must fail long before this; a start that wrongly succeeds is killed by it.
+RUN_BOUND_S = 30.0
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", "import sys; from tc_server.cli import main; sys.exit(main())", "run",
+               "--log-format", "json", "--admin-listen", "127.0.0.1:0", *args]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=RUN_BOUND_S, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"tc-server {' '.join(args)} started instead of refusing to")
+
+
+def assert_one_line(done: subprocess.CompletedProcess[str], *names: str) -> None:
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2, lines
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    for name in names:
+        assert name in lines[0], lines
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    # CONNECTED's max_message_size is an int32, and a frame (a uint32 size) adds 10,240 bytes.
+    ("--max-message-size", "3000000000", "max_message_size"),
+    ("--max-message-size", "0", "max_message_size"),
+    # A block reserves ids of a Java long; 2e19 used to work until a restart, then NEW_TXN hung.
+    ("--id-block-size", "20000000000000000000", "id_block_size"),
+    ("--id-block-size", "0", "id_block_size"),
+    ("--listen", "999.1.1.1:6650", "listen"),
+    ("--listen", "1.2.3:6650", "listen"),
+    ("--admin-listen", "[::zz]:8080", "admin_listen"),
+    ("--listen", "bad host:6650", "listen"),
+    ("--keepalive-s", "inf", "keepalive_s"),
+    ("--keepalive-s", "nan", "keepalive_s"),
+    ("--request-timeout-s", "1e300", "request_timeout_s"),
+    ("--gc-interval-s", "99999999999999", "gc_interval_s"),
+    ("--max-txn-timeout-ms", "9223372036854775807", "max_txn_timeout_ms"),
+    ("--max-requests-in-flight", "100000000000", "max_requests_in_flight"),
+])
+def test_a_value_out_of_range_is_one_line_naming_the_setting(tmp_path: Path, flag: str, value: str,
+                                                              named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        from tc_server.config import load_settings
+        load_settings(flags={flag[2:].replace("-", "_"): value}, environ={})
+    done = run("--store", "embedded", "--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0", flag, value,
+               cwd=tmp_path)
+    assert_one_line(done, named)
+
+
+def test_a_file_as_data_dir_is_one_line_naming_it(tmp_path: Path) -> None:
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    done = run("--store", "embedded", "--data-dir", str(a_file), "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(a_file))
+
+
+def test_an_unresolvable_listen_host_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    done = run("--store", "embedded", "--data-dir", str(tmp_path / "data"), "--listen", "no-such-host.invalid:0",
+               cwd=tmp_path)
+    assert_one_line(done, "no-such-host.invalid", "--listen")
+    assert "unknown error" not in done.stderr
+
+
+def test_a_damaged_database_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tc-server.sqlite3").write_bytes(b"this is not a database" * 100)
+    done = run("--store", "embedded", "--data-dir", str(data), "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(data))
+
+
+def test_the_defaults_are_within_the_bounds() -> None:
+    Settings().validate()
