@@ -12,12 +12,15 @@ import structlog
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes
+from tc_server.auth.broker_client import broker_client_credentials
 from tc_server.auth.certificates import ServerTlsContext, TlsFiles
 from tc_server.auth.service import AuthenticationService
+from tc_server.client import ClientAuth, ConnectionPool, connect_command
 from tc_server.config import ENV_PREFIX, Settings, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
+from tc_server.participants.delivery import BrokerDelivery
 from tc_server.server.connection import ServerContext
 from tc_server.server.dispatch import Dispatcher
 from tc_server.server.listener import PulsarListener
@@ -40,6 +43,7 @@ class App:
     tls_listener: PulsarListener | None = None  # pulsar+ssl:// (--tls-listen)
     tls: ServerTlsContext | None = None
     tls_reload: asyncio.Task[None] | None = None
+    broker_pool: ConnectionPool | None = None  # tc-server's own connections to brokers (delivery)
 
     @property
     def listeners(self) -> list[PulsarListener]:
@@ -55,6 +59,8 @@ class App:
         for listener in self.listeners:
             await listener.stop()
         await self.coordinator.stop()
+        if self.broker_pool is not None:
+            await self.broker_pool.close()
         await self.store.close()
         log.info("stopped")
 
@@ -107,8 +113,11 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
     if not authentication.enabled and parse_hostport(settings.admin_listen)[0] not in ("127.0.0.1", "::1", "localhost"):
         log.warning("authentication is off: whoever reaches the admin port may read and force-abort any "
                     "transaction (set --authentication-providers)", admin_listen=settings.admin_listen)
+    # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
+    broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
     store = store if store is not None else await open_configured_store(settings)
     coordinator: TransactionCoordinator | None = None
+    broker_pool: ConnectionPool | None = None
     try:
         # The context's dispatcher is set once the coordinator exists; nothing is accepted before.
         context = ServerContext(
@@ -160,9 +169,21 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             gc_interval_s=settings.gc_interval_s,
             timeout_sweep=settings.timeout_sweep,
         )
-        coordinator = TransactionCoordinator(store, config, metrics)
+        delivery = None
+        if broker_credentials is not None:
+            # Decisions reach today's brokers (docs/participants.md); without an upstream the
+            # participant records wait for an instance that has one.
+            broker_pool = ConnectionPool(
+                connect_command(ClientAuth(broker_credentials.method, broker_credentials.auth_data())),
+                ssl_context=broker_credentials.ssl_context, timeout_s=settings.request_timeout_s)
+            delivery = BrokerDelivery(settings.upstream_urls, broker_pool, request_timeout_s=settings.request_timeout_s,
+                                      max_in_flight=settings.delivery_max_in_flight,
+                                      max_in_flight_per_broker=settings.delivery_max_in_flight_per_broker,
+                                      metrics=metrics)
+        coordinator = TransactionCoordinator(store, config, metrics, participant_sender=delivery)
         await coordinator.start()
-        context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s)
+        context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s,
+                                        participant_wait_s=settings.participant_wait_s)
         for started in (listener, tls_listener):
             if started is not None:
                 await started.start()
@@ -177,12 +198,14 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
     except BaseException:
         if coordinator is not None:  # it campaigns in the background: stop it before its store goes
             await coordinator.stop()
+        if broker_pool is not None:
+            await broker_pool.close()
         await store.close()
         raise
     log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised,
              upstream=settings.upstream_url or None)
     tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
-    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload)
+    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload, broker_pool)
 
 
 async def serve(settings: Settings) -> None:

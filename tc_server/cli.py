@@ -37,6 +37,10 @@ HELP = {
                     "coordinator's (lookups, partition metadata, schemas); the first that answers is used",
     "lookup_connections": "how producers/consumers reach the broker a forwarded lookup names: upstream (as "
                           "the broker says), direct (clients connect to brokers), proxy (always through tc-server)",
+    "participant_wait_s": "END_TXN answers once every participant broker acknowledged the decision, or after "
+                          "this many seconds (delivery goes on; keep it below the clients' 30 s operation timeout)",
+    "delivery_max_in_flight": "END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION requests in flight to all brokers",
+    "delivery_max_in_flight_per_broker": "END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION requests in flight per broker",
     "cluster": "value of the cluster label on metrics",
     "oxia_address": "HOST:PORT of the Oxia server (--store oxia)",
     "oxia_namespace": "Oxia namespace",

@@ -94,6 +94,12 @@ class Settings:
     upstream_url: str = ""
     # How producers and consumers reach the broker a forwarded LOOKUP names: upstream | direct | proxy.
     lookup_connections: str = "upstream"
+    # Decisions delivered to today's brokers (docs/participants.md): END_TXN answers once every
+    # participant acknowledged, or after this long (below the Java client's 30 s operation timeout).
+    participant_wait_s: float = 25.0
+    # END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION in flight, overall and per broker (apache/pulsar#23550).
+    delivery_max_in_flight: int = 1000
+    delivery_max_in_flight_per_broker: int = 100
     cluster: str = "standalone"
     oxia_address: str = "127.0.0.1:6648"
     oxia_namespace: str = "default"
@@ -179,6 +185,10 @@ class Settings:
         check(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
         check(1 <= self.max_requests_in_flight <= MAX_REQUESTS_IN_FLIGHT, "max_requests_in_flight",
               f"must be between 1 and {MAX_REQUESTS_IN_FLIGHT}")
+        check(0 <= self.participant_wait_s <= 86_400, "participant_wait_s", "must be between 0 and 86400 s")
+        check(1 <= self.delivery_max_in_flight <= 1_000_000, "delivery_max_in_flight", "must be between 1 and 1000000")
+        check(1 <= self.delivery_max_in_flight_per_broker <= 1_000_000, "delivery_max_in_flight_per_broker",
+              "must be between 1 and 1000000")
         check(2_000 <= self.oxia_session_timeout_ms <= 300_000, "oxia_session_timeout_ms",
               "must be between 2000 and 300000 (Oxia's limits)")
         check(self.log_format in ("auto", "json", "console"), "log_format", "must be auto, json or console")

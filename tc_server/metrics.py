@@ -18,6 +18,9 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 
 TXN_LATENCY_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 300, 1500, 3000)
 REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
+# Seconds from a decision to the last participant's acknowledgement.
+DELIVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
 TC_LABELS = ("cluster", "coordinator_id")
 
 # Every series a dashboard may query; tests check the dashboard only uses these.
@@ -42,6 +45,10 @@ METRIC_NAMES = (
     "tc_server_forwarded_request_seconds",
     "tc_server_forwarded_requests_total",
     "tc_server_proxied_connections",
+    "tc_server_undelivered_decisions",
+    "tc_server_oldest_undelivered_decision_seconds",
+    "tc_server_decision_delivery_seconds",
+    "tc_server_participant_requests_total",
 )
 
 
@@ -101,6 +108,20 @@ class Metrics:
             ["command", "outcome"], registry=r)
         self.proxied_connections = Gauge(
             "tc_server_proxied_connections", "Client connections carried byte for byte to a broker", registry=r)
+        # Decisions delivered to today's brokers (docs/participants.md).
+        self.undelivered = Gauge(
+            "tc_server_undelivered_decisions", "Decided txns of a coordinator led here whose participant "
+            "brokers have not all acknowledged the decision yet", TC_LABELS, registry=r)
+        self.oldest_undelivered = Gauge(
+            "tc_server_oldest_undelivered_decision_seconds", "Age of the oldest undelivered decision "
+            "(0 when none)", TC_LABELS, registry=r)
+        self.delivery_latency = Histogram(
+            "tc_server_decision_delivery_seconds", "Time from the decision until every participant broker "
+            "acknowledged it", TC_LABELS, buckets=DELIVERY_BUCKETS, registry=r)
+        self.participant_requests = Counter(
+            "tc_server_participant_requests", "END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION attempts by "
+            "outcome (ok, or the error: ServiceNotReady, ConnectionFailed, RequestTimedOut, ...; each non-ok "
+            "one is retried)", ["command", "outcome"], registry=r)
 
     def tc(self, coordinator_id: int) -> dict[str, str]:
         return {"cluster": self.cluster, "coordinator_id": str(coordinator_id)}

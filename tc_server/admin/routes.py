@@ -72,6 +72,7 @@ class AdminRoutes:
         app.router.add_get(f"{PREFIX}/transactionMetadata/{_ID % 'most'}/{_ID % 'least'}", self.metadata)
         app.router.add_get(f"{PREFIX}/slowTransactions/{_ID % 'timeout'}", self.slow)
         app.router.add_post(f"{PREFIX}/abort/{_ID % 'most'}/{_ID % 'least'}", self.force_abort)
+        app.router.add_get(f"{PREFIX}/undelivered", self.undelivered)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return json_response(200, {"status": "ok"})
@@ -167,3 +168,41 @@ class AdminRoutes:
             return json_response(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
                                        "status": state.value})
         return json_response(200, {"txnId": f"({most},{least})", "status": state.value})
+
+    async def undelivered(self, request: web.Request) -> web.Response:
+        """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
+        docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
+        decision, when it was decided, and the participants still to be told."""
+        coordinator_id = request.query.get("coordinatorId")
+        if coordinator_id is not None and (not coordinator_id.isdigit()
+                                           or int(coordinator_id) >= self._tc.num_partitions):
+            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id[:32]}"})
+        start, end = layout.participants_by_coordinator_range(None if coordinator_id is None else int(coordinator_id))
+        waiting: dict[tuple[int, int], list[dict[str, str]]] = {}
+        async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+            try:
+                txn = layout.parse_participant_path(record.key)
+                participant = layout.Participant.from_json(record.value)
+            except ValueError as exc:
+                waiting.setdefault((-1, -1), []).append({"key": record.key, "unreadable": str(exc)})
+                continue
+            entry = {"topic": participant.topic}
+            if participant.subscription is not None:
+                entry["subscription"] = participant.subscription
+            waiting.setdefault(txn, []).append(entry)
+        found = []
+        for (most, least), participants in sorted(waiting.items()):
+            doc: dict[str, object] = {"txnId": f"({most},{least})", "participants": participants}
+            if most >= 0:
+                header = await self._tc.store.get(layout.header_path(most, least),
+                                                  partition_key=layout.txn_key(most, least))
+                if header is not None:
+                    parsed = TxnHeader.from_json(header.value)
+                    if parsed.state is TxnState.OPEN:
+                        continue  # not decided yet: nothing to deliver
+                    doc["status"] = parsed.state.value
+                    doc["finalizedTimestamp"] = parsed.finalized_ms
+                else:
+                    doc["status"] = None  # no header: delivered as ABORTED (docs/participants.md)
+            found.append(doc)
+        return json_response(200, found)

@@ -18,7 +18,13 @@ from tc_server.coordinator import layout
 from tc_server.coordinator.errors import CoordinatorNotFound, ParallelismMismatch
 from tc_server.coordinator.layout import TxnHeader
 from tc_server.coordinator.leadership import LeaderElection
-from tc_server.coordinator.partition import Clock, CoordinatorPartition, PartitionConfig, wall_clock_ms
+from tc_server.coordinator.partition import (
+    Clock,
+    CoordinatorPartition,
+    ParticipantSender,
+    PartitionConfig,
+    wall_clock_ms,
+)
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
@@ -51,9 +57,12 @@ class CoordinatorConfig:
 
 class TransactionCoordinator:
     def __init__(
-        self, store: MetadataStore, config: CoordinatorConfig, metrics: Metrics, clock: Clock = wall_clock_ms
+        self, store: MetadataStore, config: CoordinatorConfig, metrics: Metrics, clock: Clock = wall_clock_ms,
+        participant_sender: ParticipantSender | None = None,
     ) -> None:
         self.store = store
+        # Tells today's brokers the decisions (None: no --upstream-url; the records wait).
+        self.participant_sender = participant_sender
         self.config = config
         self.metrics = metrics
         self._clock = clock
@@ -76,7 +85,7 @@ class TransactionCoordinator:
         # dashboard query on a missing series shows "no data" rather than 0).
         for result in ("ok", "conflict", "reject"):
             metrics.header_cas.labels(result)
-        for kind in ("header", "event"):
+        for kind in ("header", "event", "participant"):
             metrics.op_writes.labels(kind)
         for index in (layout.IDX_OPS_BY_TXN, layout.IDX_TXN_BY_FINAL_STATE):
             metrics.index_query.labels(index)
@@ -223,7 +232,7 @@ class TransactionCoordinator:
     async def _elected(self, tc_id: int) -> None:
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
-            sweep_timeouts=self.config.timeout_sweep,
+            sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:
@@ -260,6 +269,12 @@ class TransactionCoordinator:
                     partition.adopt(found.get(tc_id, []))
                     if found.get(tc_id):
                         log.info("recovered open transactions", coordinator_id=tc_id, count=len(found[tc_id]))
+                    # The outbox: decided txns whose brokers were not all told (docs/participants.md).
+                    try:
+                        await partition.recover_outbox()
+                    except (StoreError, TimeoutError) as exc:
+                        log.warning("outbox scan failed; retrying", coordinator_id=tc_id, error=repr(exc))
+                        self._pending_recovery.add(tc_id)
 
     async def _lost(self, tc_id: int) -> None:
         partition = self._partitions.pop(tc_id, None)

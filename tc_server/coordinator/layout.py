@@ -575,3 +575,75 @@ class TcLeader:
                          ("brokerId", "brokerServiceUrl", "brokerServiceUrlTls", "webServiceUrl")))
         except ValueError as exc:
             raise MalformedRecord(f"malformed leader record: {exc}") from exc
+
+
+# -- Participant records (today's brokers) ----------------------------------------------------------
+#
+# A 4.x broker applies a decision only when the coordinator sends it END_TXN_ON_PARTITION /
+# END_TXN_ON_SUBSCRIPTION (PIP-31). So ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN record each
+# participant before they answer, and the records of a decided txn are its outbox: one is deleted once
+# its broker acknowledged the decision (docs/participants.md). tc-server's own records, not PIP-473's;
+# v5 participants (``scalable``) never get one, they read the header.
+#
+#   /txn/participant/<most>_<least>/p:<enc(partition topic)>               {"topic":"..."}
+#   /txn/participant/<most>_<least>/s:<enc(topic)>:<enc(subscription)>     {"topic":"...","subscription":"..."}
+#
+# Partition key: the txn key, so one scan of one shard finds a txn's participants. Secondary index
+# ``idx:participants-by-coordinator`` = ``<20-digit most>/<20-digit least>``: a new leader of a
+# coordinator finds every txn of it that still has participant records with one range scan.
+
+PARTICIPANT_PREFIX = "/txn/participant/"
+IDX_PARTICIPANTS_BY_COORDINATOR = "idx:participants-by-coordinator"
+
+
+def participants_prefix(most: int, least: int) -> str:
+    """The parent of a txn's participant records (scan_prefix lists exactly its children)."""
+    return f"{PARTICIPANT_PREFIX}{txn_key(most, least)}/"
+
+
+@dataclass(frozen=True, slots=True)
+class Participant:
+    """A partition the txn produced to (``subscription`` None) or a subscription it acked on."""
+
+    topic: str
+    subscription: str | None = None
+
+    def path(self, most: int, least: int) -> str:
+        if self.subscription is None:
+            return f"{participants_prefix(most, least)}p:{enc(self.topic)}"
+        return f"{participants_prefix(most, least)}s:{subscription_partition_key(self.topic, self.subscription)}"
+
+    def to_json(self) -> bytes:
+        fields = [("topic", _json_string(self.topic))]
+        if self.subscription is not None:
+            fields.append(("subscription", _json_string(self.subscription)))
+        return _json_object(fields)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Participant:
+        try:
+            doc = load_json_object(raw)
+            return cls(_required_str(doc, "topic"), _str_field(doc, "subscription"))
+        except ValueError as exc:
+            raise MalformedRecord(f"malformed participant record: {exc}") from exc
+
+
+def participants_by_coordinator_key(most: int, least: int) -> str:
+    return f"{pad(most)}/{pad(least)}"
+
+
+def participants_by_coordinator_range(most: int | None = None) -> IndexRange:
+    """Every participant record of coordinator ``most`` (of every coordinator when None)."""
+    if most is None:
+        return pad(0), INDEX_END
+    return f"{pad(most)}/", f"{pad(most)}/{INDEX_END}"
+
+
+def parse_participant_path(path: str) -> tuple[int, int]:
+    """``/txn/participant/<most>_<least>/…`` -> (most, least); ValueError for any other key."""
+    if not path.startswith(PARTICIPANT_PREFIX):
+        raise MalformedRecord(f"not a participant record key: {path!r}")
+    key, sep, _ = path[len(PARTICIPANT_PREFIX):].partition("/")
+    if not sep:
+        raise MalformedRecord(f"not a participant record key: {path!r}")
+    return parse_txn_key(key)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 import structlog
 
+from tc_server.backoff import Backoff
 from tc_server.coordinator import layout
 from tc_server.coordinator.errors import (
     CoordinatorError,
@@ -26,12 +29,13 @@ from tc_server.coordinator.errors import (
 )
 from tc_server.coordinator.events import publish_decision
 from tc_server.coordinator.ids import IdAllocator
-from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Put, StoreError
 
 Clock = Callable[[], int]
+_T = TypeVar("_T")
 
 log = structlog.get_logger("tc_server.coordinator")
 
@@ -45,6 +49,34 @@ TIMEOUT_TICK_S = 0.2
 TIMEOUT_RETRY_MS = 1000
 # Timeouts aborted concurrently per tick, so that a burst of expiries does not flood the store.
 TIMEOUT_CONCURRENCY = 64
+
+
+# The low watermark while this leader does not yet know which txns are open or undelivered (right
+# after winning, before recovery scanned the deadline index and the outbox): Java's -1 (2**64-1 on the
+# wire), which covers no txn id, so the broker aborts nothing and refuses no send (docs/participants.md).
+UNKNOWN_WATERMARK = -1
+# Store failures while reading or deleting participant records are retried with this backoff.
+OUTBOX_RETRY_INITIAL_S = 0.1
+OUTBOX_RETRY_MAX_S = 5.0
+
+_warned_no_sender = False
+
+
+class ParticipantSender(Protocol):
+    """Tells one participant broker a decision (tc_server/participants/delivery.py); returns once the
+    broker acknowledged it, retrying as long as it takes (cancel to stop)."""
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None: ...
+
+
+@dataclass
+class _Outbox:
+    """A decided txn whose participants have not all acknowledged the decision yet."""
+
+    decided_ms: int
+    done: asyncio.Future[None]
+    tasks: set[asyncio.Task[bool]] = field(default_factory=set)
 
 
 def wall_clock_ms() -> int:
@@ -68,6 +100,7 @@ class CoordinatorPartition:
         metrics: Metrics,
         clock: Clock = wall_clock_ms,
         sweep_timeouts: bool = True,
+        sender: ParticipantSender | None = None,
     ) -> None:
         self.tc_id = tc_id
         self._store = store
@@ -101,6 +134,26 @@ class CoordinatorPartition:
         self._unpublished: dict[int, TxnState] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._log = log.bind(coordinator_id=tc_id)
+        # -- participants of today's brokers (docs/participants.md) --
+        self._sender = sender
+        # Participant records written, per OPEN txn: a repeated ADD of the same participant writes nothing.
+        self._recorded: dict[int, dict[str, Participant]] = {}
+        # Txns created by this leader: every ADD went through here, so _recorded lists all their
+        # participants and END_TXN needs no store scan to find them.
+        self._complete: set[int] = set()
+        # Decided txns whose participants have not all acknowledged: the outbox in memory. They hold
+        # the low watermark down until every broker acknowledged.
+        self._undelivered: dict[int, _Outbox] = {}
+        # True once recovery adopted the open txns and re-drove the outbox: only then is the low
+        # watermark computed from what is held here.
+        self._recovered = False
+        self._stopped = False
+        self._participant_writes = metrics.op_writes.labels("participant")
+        self._undelivered_gauge = metrics.undelivered.labels(**labels)
+        self._undelivered_gauge.set_function(lambda: len(self._undelivered))
+        self._oldest_gauge = metrics.oldest_undelivered.labels(**labels)
+        self._oldest_gauge.set_function(self._oldest_undelivered_s)
+        self._delivery_latency = metrics.delivery_latency.labels(**labels)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -118,10 +171,18 @@ class CoordinatorPartition:
         self._active.set(len(self._open))
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
+        # Deliveries stop with leadership; the records stay and the next leader re-drives them.
+        tasks = [task for outbox in self._undelivered.values() for task in outbox.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._undelivered_gauge.set_function(lambda: 0)
+        self._oldest_gauge.set_function(lambda: 0)
         await self._ids.close()
 
     @property
@@ -166,20 +227,27 @@ class CoordinatorPartition:
         self._header_writes.inc()
         self._created.inc()
         self._headers[least] = (header, record.version)
+        self._complete.add(least)
         self._active.set(len(self._open))
         return least
 
-    async def add_participants(self, least: int, principal: str | None) -> None:
-        """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time (the
-        participant itself records its op records)."""
+    async def add_participants(self, least: int, principal: str | None,
+                               participants: Sequence[Participant] = ()) -> None:
+        """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time. The
+        participants (today's brokers; v5 participants pass none) are recorded before this returns,
+        so a decision can always reach them (docs/participants.md)."""
         decision, header = await self._apply(least, Request.ADD, principal)
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
         if decision is Decision.CONFLICT:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
+        if participants:
+            await self._record(least, participants)
 
-    async def end_txn(self, least: int, commit: bool, principal: str | None) -> None:
-        """END_TXN. Idempotent: ending a txn again in the same way succeeds."""
+    async def end_txn(self, least: int, commit: bool, principal: str | None) -> asyncio.Future[None] | None:
+        """END_TXN. Idempotent: ending a txn again in the same way succeeds. Returns, for a new
+        decision, the future of its delivery to the participants (done once every broker
+        acknowledged); None when there is nothing new to wait for."""
         request = Request.COMMIT if commit else Request.ABORT
         decision, header = await self._apply(least, request, principal)
         if decision is Decision.EXPIRE:
@@ -189,6 +257,10 @@ class CoordinatorPartition:
             raise InvalidTxnStatus(
                 f"cannot {request.value} transaction ({self.tc_id},{least}): it is already {header.state.value}"
             )
+        if decision in (Decision.COMMIT, Decision.ABORT):
+            outbox = self._undelivered.get(least)
+            return outbox.done if outbox is not None else None
+        return None
 
     async def force_abort(self, least: int) -> TxnState:
         """Operator abort (apache/pulsar#19786): no owner check; returns the final state."""
@@ -247,6 +319,9 @@ class CoordinatorPartition:
                     continue
                 self._cas_ok.inc()
                 self._header_writes.inc()
+                # Into the outbox before leaving the open set, in the same step: the txn must never be
+                # neither OPEN nor undelivered while its brokers have not heard (the low watermark).
+                self._hold(least, ended)
                 self._ended(least, ended, timed_out=decision is Decision.EXPIRE)
                 try:
                     await self._publish(least, ended.state)
@@ -278,6 +353,8 @@ class CoordinatorPartition:
 
     def _forget(self, least: int) -> None:
         self._headers.pop(least, None)
+        self._recorded.pop(least, None)
+        self._complete.discard(least)
         if self._open.pop(least, None) is not None:
             self._active.set(len(self._open))
 
@@ -348,3 +425,187 @@ class CoordinatorPartition:
                                   error=repr(exc))
                 return
             self._unpublished.pop(least, None)
+
+    # -- participants of today's brokers: records, the outbox, delivery (docs/participants.md) -------
+
+    async def _record(self, least: int, participants: Sequence[Participant]) -> None:
+        """Write the participant records that are not written yet (one batch), then answer."""
+        known = self._recorded.setdefault(least, {})
+        new: dict[str, Participant] = {}
+        for participant in participants:
+            path = participant.path(self.tc_id, least)
+            if path not in known:
+                new[path] = participant
+        if not new:
+            return
+        key = layout.txn_key(self.tc_id, least)
+        index = {layout.IDX_PARTICIPANTS_BY_COORDINATOR: layout.participants_by_coordinator_key(self.tc_id, least)}
+        await self._store.write_batch([
+            Put(path, participant.to_json(), partition_key=key, secondary_indexes=index)
+            for path, participant in new.items()
+        ])
+        self._participant_writes.inc(len(new))
+        if least in self._open:
+            known.update(new)
+            return
+        # Decided while these records were being written (a timeout, an END_TXN on another
+        # connection), or a txn not loaded yet: its delivery may have listed the participants before
+        # these records existed, so look at the header and deliver them too if it is decided.
+        self._recorded.pop(least, None)
+        record = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
+        if record is not None:
+            header = TxnHeader.from_json(record.value)  # unreadable: ValueError, answered as an error
+            if header.state.terminal:
+                self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
+
+    def _hold(self, least: int, ended: TxnHeader) -> None:
+        """Put a txn just decided into the outbox, unless it is known to have no participant records."""
+        complete = least in self._complete
+        recorded = self._recorded.get(least, {})
+        if complete and not recorded:
+            return
+        participants = list(recorded.items()) if complete else None
+        self._start_delivery(least, ended.state, participants, ended.finalized_ms or self._clock())
+
+    def _start_delivery(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,
+                        decided_ms: int) -> asyncio.Future[None]:
+        """Deliver ``state`` to the participants (None: read their records from the store)."""
+        outbox = self._undelivered.get(least)
+        if self._stopped:  # stepped down meanwhile: the next leader re-drives the records
+            return outbox.done if outbox is not None else asyncio.get_running_loop().create_future()
+        if outbox is None:
+            outbox = _Outbox(decided_ms, asyncio.get_running_loop().create_future())
+            self._undelivered[least] = outbox
+        task = asyncio.create_task(self._deliver(least, state, participants),
+                                   name=f"deliver-({self.tc_id},{least})")
+        outbox.tasks.add(task)
+        task.add_done_callback(lambda done: self._delivery_finished(least, outbox, done))
+        return outbox.done
+
+    def _delivery_finished(self, least: int, outbox: _Outbox, task: asyncio.Task[bool]) -> None:
+        outbox.tasks.discard(task)
+        if task.cancelled():
+            return  # stepping down: the next leader re-drives the records
+        error = task.exception()
+        if error is not None:
+            self._log.error("delivering a decision failed", txn=f"({self.tc_id},{least})", exc_info=error)
+            return
+        # Without a sender the records stay (held), but END_TXN need not wait for what cannot happen.
+        if not outbox.done.done():
+            outbox.done.set_result(None)
+        if task.result() and not outbox.tasks and self._undelivered.get(least) is outbox:
+            del self._undelivered[least]
+            self._delivery_latency.observe(max(0, self._clock() - outbox.decided_ms) / 1000)
+
+    async def _deliver(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None) -> bool:
+        """Tell every participant; True once all acknowledged and their records are deleted."""
+        if participants is None:
+            participants = await self._retrying_store(lambda: self._read_participants(least))
+        if not participants:
+            return True
+        if self._sender is None:
+            global _warned_no_sender
+            if not _warned_no_sender:
+                _warned_no_sender = True
+                self._log.warning("no --upstream-url: decisions cannot reach today's brokers; their participant "
+                                  "records are kept (the outbox) until an instance with an upstream leads",
+                                  txn=f"({self.tc_id},{least})")
+            return False
+        sender = self._sender
+        committed = state is TxnState.COMMITTED
+
+        async def one(path: str, participant: Participant) -> None:
+            await sender.end_txn_on(participant, self.tc_id, least, committed, self.low_watermark)
+            key = layout.txn_key(self.tc_id, least)
+            await self._retrying_store(lambda: self._store.delete(path, partition_key=key))
+
+        await asyncio.gather(*(one(path, participant) for path, participant in participants))
+        return True
+
+    async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
+        found = []
+        async for record in self._store.scan_prefix(layout.participants_prefix(self.tc_id, least),
+                                                    partition_key=layout.txn_key(self.tc_id, least)):
+            try:
+                found.append((record.key, Participant.from_json(record.value)))
+            except ValueError as exc:
+                # Kept, so the txn stays held and an operator sees it (admin "undelivered").
+                self._log.error("unreadable participant record", key=record.key, error=str(exc))
+        return found
+
+    async def _retrying_store(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+        backoff = Backoff(OUTBOX_RETRY_INITIAL_S, OUTBOX_RETRY_MAX_S)
+        while True:
+            try:
+                return await operation()
+            except (StoreError, TimeoutError) as exc:
+                self._log.warning("participant record operation failed; retrying", error=repr(exc))
+                await asyncio.sleep(backoff.next_delay())
+
+    async def recover_outbox(self) -> int:
+        """At leadership, after :meth:`adopt`: re-drive every decided txn of this coordinator that still
+        has participant records (a previous leader stopped between the decision and the brokers'
+        acknowledgements), then compute the low watermark from what is held. Returns the number of
+        txns re-driven. Raises StoreError (the caller retries)."""
+        start, end = layout.participants_by_coordinator_range(self.tc_id)
+        found: dict[int, list[tuple[str, Participant]]] = defaultdict(list)
+        async for record in self._store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+            try:
+                most, least = layout.parse_participant_path(record.key)
+                participant = Participant.from_json(record.value)
+            except ValueError as exc:
+                self._log.error("unreadable participant record", key=record.key, error=str(exc))
+                continue
+            if most == self.tc_id:
+                found[least].append((record.key, participant))
+        redriven = 0
+        for least, participants in sorted(found.items()):
+            if least in self._open or least in self._undelivered:
+                continue
+            key = layout.txn_key(self.tc_id, least)
+            stored = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
+            if stored is None:
+                # GC never deletes a header with participant records, so this is damage: a
+                # participant without a header is ABORTED for PIP-473's participants too.
+                self._log.warning("participant records without a header; delivering ABORTED",
+                                  txn=f"({self.tc_id},{least})")
+                self._start_delivery(least, TxnState.ABORTED, participants, self._clock())
+                redriven += 1
+                continue
+            try:
+                header = TxnHeader.from_json(stored.value)
+            except ValueError as exc:
+                self._log.error("unreadable header; its participants wait", txn=f"({self.tc_id},{least})",
+                                error=str(exc))
+                continue
+            if header.state is TxnState.OPEN:
+                self.adopt([(least, header, stored.version)])  # created after the deadline scan
+                continue
+            self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock())
+            redriven += 1
+        self._recovered = True
+        if redriven:
+            self._log.info("re-driving undelivered decisions", count=redriven)
+        return redriven
+
+    def low_watermark(self) -> int:
+        """What END_TXN_ON_* carries: (the smallest txn id of this coordinator that is OPEN or has
+        undelivered participants) - 1, never more. A 4.x broker aborts its earliest open txn of this
+        coordinator at or below it and refuses later sends there (docs/participants.md)."""
+        if not self._recovered:
+            return UNKNOWN_WATERMARK
+        lowest = [least for least in (min(self._open, default=None), min(self._undelivered, default=None))
+                  if least is not None]
+        if not lowest:
+            return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
+        return min(lowest) - 1
+
+    def undelivered(self) -> dict[int, int]:
+        """least -> decision time (ms) of each decided txn still in the outbox here."""
+        return {least: outbox.decided_ms for least, outbox in self._undelivered.items()}
+
+    def _oldest_undelivered_s(self) -> float:
+        if not self._undelivered:
+            return 0.0
+        oldest = min(outbox.decided_ms for outbox in self._undelivered.values())
+        return max(0, self._clock() - oldest) / 1000

@@ -34,6 +34,8 @@ class GcResult:
     deleted: int = 0
     republished: int = 0
     outstanding_ops: int = 0
+    # Headers kept because participant records remain: brokers not yet told the decision (the outbox).
+    undelivered: int = 0
 
 
 async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, retention_s: int) -> GcResult:
@@ -57,6 +59,11 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
                 continue
             if not header.state.terminal:
                 continue  # an index entry out of step with its record: only a terminal header may go
+            if await _has_participant_records(store, most, least):
+                # The header plus its participant records are the outbox (docs/participants.md):
+                # deleting the header would leave brokers that were never told the decision.
+                result.undelivered += 1
+                continue
             ops = await publish_decision(store, metrics, most, least, header.state, by_key_range=True)
             if ops:
                 result.republished += 1
@@ -70,7 +77,16 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
             except BadVersionError:
                 pass  # changed since the scan; the next pass looks again
     metrics.outstanding_ops.set(result.outstanding_ops)
+    if result.undelivered:
+        log.info("gc kept headers whose participants were not all told", count=result.undelivered)
     if result.deleted or result.republished:
         log.info("gc pass", deleted=result.deleted, republished=result.republished,
                  outstanding_ops=result.outstanding_ops)
     return result
+
+
+async def _has_participant_records(store: MetadataStore, most: int, least: int) -> bool:
+    # Read to the end (a txn has few participants) so that no backend is left with an open scan.
+    found = [record.key async for record in
+             store.scan_prefix(layout.participants_prefix(most, least), partition_key=layout.txn_key(most, least))]
+    return bool(found)

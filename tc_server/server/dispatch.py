@@ -15,6 +15,7 @@ import structlog
 
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorError
+from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.server import discovery
 from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
@@ -77,10 +78,14 @@ class Dispatcher:
         coordinator: TransactionCoordinator,
         metrics: Metrics,
         request_timeout_s: float,
+        participant_wait_s: float = 25.0,
     ) -> None:
         self.coordinator = coordinator
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
+        # END_TXN answers once every participant broker acknowledged the decision, or after this long
+        # (the decision is durable either way; docs/participants.md).
+        self.participant_wait_s = participant_wait_s
         commands = ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
         self._observe = {name: metrics.request_seconds.labels(name).observe for name in commands}
         for name in commands:
@@ -146,18 +151,23 @@ class Dispatcher:
         errors included: the Java client routes responses by it and closes the connection on an
         unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
+        delivered: list[asyncio.Future[None]] = []  # END_TXN: the delivery of a new decision
         if isinstance(cmd, NewTxn):
             name, most = "NEW_TXN", cmd.tc_id
             work: Callable[[], Awaitable[int]] = lambda: self._new_txn(cmd, principal)  # noqa: E731
         elif isinstance(cmd, EndTxn):
             name, most = "END_TXN", cmd.most
-            work = lambda: self._end_txn(cmd, principal)  # noqa: E731
+            work = lambda: self._end_txn(cmd, principal, delivered)  # noqa: E731
         elif isinstance(cmd, AddPartitionToTxn):
             name, most = "ADD_PARTITION_TO_TXN", cmd.most
-            work = lambda: self._add(cmd.most, cmd.least, principal)  # noqa: E731
+            # v5 participants (scalable) read the decision from the store: nothing to record for them.
+            partitions = () if cmd.scalable else tuple(Participant(topic) for topic in cmd.partitions)
+            work = lambda: self._add(cmd.most, cmd.least, principal, partitions)  # noqa: E731
         else:
             name, most = "ADD_SUBSCRIPTION_TO_TXN", cmd.most
-            work = lambda: self._add(cmd.most, cmd.least, principal)  # noqa: E731
+            subscriptions = () if cmd.scalable else tuple(
+                Participant(s.topic, s.subscription) for s in cmd.subscriptions)
+            work = lambda: self._add(cmd.most, cmd.least, principal, subscriptions)  # noqa: E731
         least = 0 if isinstance(cmd, NewTxn) else cmd.least
         error: ServerError | None = None
         message: str | None = None
@@ -169,6 +179,8 @@ class Dispatcher:
             self.metrics.request_errors.labels(name, error.name).inc()
             log.info("request failed", command=name, request_id=cmd.request_id,
                      txn=f"({most},{least})", error=error.name, message=message)
+        if delivered and error is None:
+            await self._wait_delivered(delivered[0], most, least)
         self._observe[name](time.perf_counter() - started)
         response_type = _RESPONSES[type(cmd)]
         return response_type(cmd.request_id, most, least, error, message)
@@ -183,13 +195,27 @@ class Dispatcher:
     async def _new_txn(self, cmd: NewTxn, principal: str | None) -> int:
         return await self.coordinator.partition(cmd.tc_id).new_txn(cmd.ttl_ms, principal)
 
-    async def _end_txn(self, cmd: EndTxn, principal: str | None) -> int:
+    async def _end_txn(self, cmd: EndTxn, principal: str | None, delivered: list[asyncio.Future[None]]) -> int:
         partition = self.coordinator.partition(cmd.most)
-        await partition.end_txn(cmd.least, commit=cmd.action is TxnAction.COMMIT, principal=principal)
+        delivery = await partition.end_txn(cmd.least, commit=cmd.action is TxnAction.COMMIT, principal=principal)
+        if delivery is not None:
+            delivered.append(delivery)
         return cmd.least
 
-    async def _add(self, most: int, least: int, principal: str | None) -> int:
-        await self.coordinator.partition(most).add_participants(least, principal)
+    async def _wait_delivered(self, delivery: asyncio.Future[None], most: int, least: int) -> None:
+        """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
+        so that consumers see a commit once commit() returns; outside the request timeout, which
+        bounds the decision only. Past participant_wait_s (below the Java client's 30 s operation
+        timeout) answer anyway: the decision is durable and delivery goes on."""
+        try:
+            async with asyncio.timeout(self.participant_wait_s):
+                await asyncio.shield(delivery)
+        except TimeoutError:
+            log.info("answering END_TXN before every participant acknowledged; delivery continues",
+                     txn=f"({most},{least})", waited_s=self.participant_wait_s)
+
+    async def _add(self, most: int, least: int, principal: str | None, participants: tuple[Participant, ...]) -> int:
+        await self.coordinator.partition(most).add_participants(least, principal, participants)
         return least
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import structlog
@@ -55,6 +55,39 @@ MAX_LOOKUP_REDIRECTS = 20
 #   upstream: as the broker answered (`proxy_through_service_url`): through tc-server when it says so
 #   direct:   clients connect to the broker themselves (they can reach it)
 #   proxy:    every producer/consumer connection goes through tc-server (clients cannot reach brokers)
+
+
+async def follow_lookup(
+    conn: PulsarConnection,
+    cmd: Lookup,
+    connection_to: Callable[[str], Awaitable[PulsarConnection]],
+    *,
+    use_tls: bool,
+    request_id_for: Callable[[PulsarConnection], int] | None = None,
+) -> tuple[Command, bytes]:
+    """Send LOOKUP on ``conn`` and follow REDIRECT answers to the brokers they name (at most
+    MAX_LOOKUP_REDIRECTS, as a client does). Returns the last answer and its frame: CONNECT, FAILED,
+    an ERROR, a REDIRECT without a URL to follow, or a FAILED of our own past the limit.
+
+    The one implementation of following lookups: client lookups forwarded by :class:`ForwardingSession`
+    (the client's request id on the client's own connections) and tc-server's own lookups for
+    delivering decisions (``request_id_for``: a fresh id on each pooled connection).
+    Raises ClientError (ConnectionFailed, ConnectionClosed, HandshakeRefused)."""
+    request = cmd
+    for _ in range(MAX_LOOKUP_REDIRECTS + 1):
+        if request_id_for is not None:
+            request = replace(request, request_id=request_id_for(conn))
+        answer, frame = await conn.request_frame(encode_command(request), request.request_id)
+        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.REDIRECT:
+            return answer, frame
+        target = answer.broker_service_url_tls if use_tls else answer.broker_service_url
+        if not target:
+            return answer, frame
+        conn = await connection_to(target)
+        request = replace(request, authoritative=answer.authoritative)
+    failed = LookupResponse(cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
+                            message=f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} lookup redirects")
+    return failed, encode_command(failed)
 
 
 class Upstream:
@@ -167,29 +200,16 @@ class ForwardingSession:
     async def _lookup(self, cmd: Lookup) -> bytes:
         """LOOKUP, following redirects here (the client may not reach the broker a redirect names; a
         Pulsar proxy does the same), and answering in the configured connection mode."""
-        conn = await self._primary_connection()
-        request = cmd
-        for _ in range(MAX_LOOKUP_REDIRECTS + 1):
-            answer, frame = await conn.request_frame(encode_command(request), cmd.request_id)
-            if not isinstance(answer, LookupResponse) or answer.response is LookupType.FAILED:
-                return frame
-            if answer.response is LookupType.REDIRECT:
-                target = answer.broker_service_url_tls if self._upstream.ssl_context else answer.broker_service_url
-                if not target:
-                    return frame
-                conn = await self._connection_to(target)
-                request = replace(cmd, authoritative=answer.authoritative)
-                continue
-            self._upstream.note_brokers(answer.broker_service_url, answer.broker_service_url_tls)
-            mode = self._upstream.connection_mode
-            proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
-            if proxied == answer.proxy_through_service_url:
-                return frame
-            return encode_command(replace(answer, proxy_through_service_url=proxied))
-        return encode_command(LookupResponse(
-            cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
-            message=f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} lookup redirects",
-        ))
+        answer, frame = await follow_lookup(await self._primary_connection(), cmd, self._connection_to,
+                                            use_tls=self._upstream.ssl_context is not None)
+        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
+            return frame
+        self._upstream.note_brokers(answer.broker_service_url, answer.broker_service_url_tls)
+        mode = self._upstream.connection_mode
+        proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
+        if proxied == answer.proxy_through_service_url:
+            return frame
+        return encode_command(replace(answer, proxy_through_service_url=proxied))
 
     async def _primary_connection(self) -> PulsarConnection:
         if self._primary is not None and self._primary.is_usable:

@@ -1,0 +1,166 @@
+"""Telling today's brokers a decision: END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION (docs/participants.md).
+
+One job: given a participant (a partition topic, or a topic and subscription), a txn id, the decision
+and the coordinator's low watermark, find the broker owning the topic (LOOKUP through the upstream,
+following redirects: :func:`tc_server.server.upstream.follow_lookup`), send the command on a pooled
+connection opened with tc-server's own broker credential (brokers accept these commands from a
+superuser only), and return once the broker acknowledged. Never gives up: the decision stands, and a
+broker that is not told keeps the partition's read horizon pinned.
+
+- Retryable answers (ServiceNotReady, a timeout, a closed connection, a failed lookup) are retried with
+  backoff and a fresh lookup; a non-retryable one (e.g. TransactionNotFound "... is not a super user")
+  is logged with the broker and the error, counted, and retried slowly.
+- Requests in flight are bounded overall and per broker: Pulsar's own coordinator got stuck with an
+  unbounded queue of these (apache/pulsar#23550).
+- A standalone broker answers LOOKUP with proxy_through_service_url=true; tc-server is not a client
+  behind a proxy, so it connects to the broker URL in the answer all the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from tc_server.backoff import Backoff
+from tc_server.client import (
+    BrokerError,
+    ClientError,
+    ConnectionFailed,
+    ConnectionPool,
+    HandshakeRefused,
+    PulsarConnection,
+    error_of,
+    is_retryable,
+)
+from tc_server.coordinator.layout import Participant
+from tc_server.metrics import Metrics
+from tc_server.server.upstream import follow_lookup
+from tc_server.wire import (
+    EndTxnOnPartition,
+    EndTxnOnSubscription,
+    Lookup,
+    LookupResponse,
+    LookupType,
+    ServerError,
+    Subscription,
+    TxnAction,
+)
+
+log = structlog.get_logger("tc_server.delivery")
+
+# Retryable failures: first retry after 100 ms, doubling up to 5 s. Pulsar's own coordinator retries
+# every 1 s; starting faster matters because END_TXN waits for the acknowledgements.
+RETRY_INITIAL_S = 0.1
+RETRY_MAX_S = 5.0
+# A non-retryable answer (a refused credential, a topic the broker will not serve): the decision
+# stands, so keep trying, slowly, until an operator fixes the cause.
+NON_RETRYABLE_RETRY_S = 30.0
+PARTITION_COMMAND = "END_TXN_ON_PARTITION"
+SUBSCRIPTION_COMMAND = "END_TXN_ON_SUBSCRIPTION"
+
+
+class BrokerDelivery:
+    """Implements the coordinator's ParticipantSender over the Pulsar protocol."""
+
+    def __init__(self, upstream_urls: list[str], pool: ConnectionPool, *, request_timeout_s: float,
+                 max_in_flight: int, max_in_flight_per_broker: int, metrics: Metrics) -> None:
+        if not upstream_urls:
+            raise ValueError("delivering decisions needs at least one upstream URL")
+        self._urls = list(upstream_urls)
+        self._use_tls = any(url.startswith("pulsar+ssl://") for url in upstream_urls)
+        self._pool = pool
+        self._timeout_s = request_timeout_s
+        self._overall = asyncio.Semaphore(max_in_flight)
+        self._per_broker_limit = max_in_flight_per_broker
+        self._per_broker: dict[str, asyncio.Semaphore] = {}
+        # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
+        self._owners: dict[str, str] = {}
+        self._requests = metrics.participant_requests
+        for command in (PARTITION_COMMAND, SUBSCRIPTION_COMMAND):
+            self._requests.labels(command, "ok")
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        """Return once the broker owning the participant acknowledged the decision."""
+        command = PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
+        backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+        while True:
+            broker: str | None = None
+            try:
+                async with self._overall:
+                    async with asyncio.timeout(self._timeout_s):
+                        broker = await self._owner(participant.topic)
+                    async with self._broker_gate(broker), asyncio.timeout(self._timeout_s):
+                        await self._send(broker, participant, most, least, committed, low_watermark())
+            except (ClientError, TimeoutError) as exc:
+                self._owners.pop(participant.topic, None)
+                outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
+                self._requests.labels(command, outcome).inc()
+                where = {"txn": f"({most},{least})", "topic": participant.topic, "broker": broker,
+                         "error": str(exc) or type(exc).__name__}
+                if participant.subscription is not None:
+                    where["subscription"] = participant.subscription
+                if isinstance(exc, TimeoutError) or is_retryable(exc):
+                    log.info(f"{command} failed; retrying", **where)
+                    await asyncio.sleep(backoff.next_delay())
+                else:
+                    log.warning(f"{command} refused by the broker; the decision stands, retrying slowly",
+                                retry_in_s=NON_RETRYABLE_RETRY_S, **where)
+                    await asyncio.sleep(NON_RETRYABLE_RETRY_S)
+                continue
+            self._requests.labels(command, "ok").inc()
+            return
+
+    def _broker_gate(self, broker: str) -> asyncio.Semaphore:
+        gate = self._per_broker.get(broker)
+        if gate is None:
+            gate = self._per_broker[broker] = asyncio.Semaphore(self._per_broker_limit)
+        return gate
+
+    async def _owner(self, topic: str) -> str:
+        """The URL of the broker that owns ``topic``. Raises ClientError (BrokerError for a failed lookup)."""
+        cached = self._owners.get(topic)
+        if cached is not None:
+            return cached
+        conn, url = await self._upstream_connection()
+        answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
+                                        request_id_for=lambda c: c.next_request_id())
+        failure = error_of(answer)
+        if failure is not None:
+            raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
+        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
+            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} ended without a broker: {answer}")
+        owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
+        if not owner:
+            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
+        self._owners[topic] = owner
+        return owner
+
+    async def _upstream_connection(self) -> tuple[PulsarConnection, str]:
+        last: ClientError | None = None
+        for url in self._urls:
+            try:
+                return await self._pool.get(url), url
+            except ConnectionFailed as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _send(self, broker: str, participant: Participant, most: int, least: int, committed: bool,
+                    low_watermark: int) -> None:
+        conn = await self._pool.get(broker)
+        action = TxnAction.COMMIT if committed else TxnAction.ABORT
+        request_id = conn.next_request_id()
+        if participant.subscription is None:
+            request: EndTxnOnPartition | EndTxnOnSubscription = EndTxnOnPartition(
+                request_id, most, least, participant.topic, action, low_watermark)
+        else:
+            request = EndTxnOnSubscription(request_id, most, least,
+                                           Subscription(participant.topic, participant.subscription),
+                                           action, low_watermark)
+        answer = await conn.request(request)
+        failure = error_of(answer)
+        if failure is not None:
+            raise BrokerError(broker, failure[0], failure[1])
