@@ -24,6 +24,7 @@ from typing import Any
 
 from tc_server.bench.process import ServerStartError, TcServerProcess
 from tc_server.client import TcClient, connect
+from tc_server.store import LOCAL_STORE_KINDS, STORE_KINDS
 
 
 def percentiles(samples: list[float], points: tuple[float, ...] = (50, 99, 99.9)) -> list[float]:
@@ -92,7 +93,7 @@ async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", action="append", choices=["memory", "embedded", "oxia"])
+    parser.add_argument("--store", action="append", choices=list(STORE_KINDS))
     parser.add_argument("--pairs", type=int, default=40_000)
     parser.add_argument("--warmup", type=int, default=2_000)
     parser.add_argument("--connections", type=int, default=4)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinators", type=int, default=16)
     parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
     args = parser.parse_args(argv)
-    stores = args.store or ["memory", "embedded"]
+    stores = args.store or list(LOCAL_STORE_KINDS)
     import uvloop
 
     print(f"# tc-server benchmark: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "

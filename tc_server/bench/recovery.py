@@ -15,6 +15,7 @@ import time
 
 from tc_server.bench.__main__ import bench_server
 from tc_server.client import connect
+from tc_server.store import DURABLE_STORE_KINDS
 
 
 async def open_txns(port: int, count: int, coordinators: int) -> None:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.recovery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--open", type=int, default=50_000, help="open transactions at the kill")
-    parser.add_argument("--store", default="embedded", choices=["embedded", "oxia"])
+    parser.add_argument("--store", default="embedded", choices=DURABLE_STORE_KINDS)
     parser.add_argument("--coordinators", type=int, default=16)
     parser.add_argument("--server-arg", action="append", default=[])
     args = parser.parse_args(argv)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tc_server.store import open_store
+from tc_server.store import LOCAL_STORE_KINDS, open_store
 from tc_server.store.api import EXPECT_ABSENT, MetadataStore
 from tc_server.store.embedded import EmbeddedStore
 
@@ -74,8 +74,8 @@ async def bench(kind: str, ops: int, concurrency: int, data_dir: str) -> list[st
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.store",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--store", action="append", choices=["memory", "embedded"],
-                        help="a backend to measure (repeatable; default: both)")
+    parser.add_argument("--store", action="append", choices=LOCAL_STORE_KINDS,
+                        help="a backend to measure (repeatable; default: all of them)")
     parser.add_argument("--ops", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--data-dir", help="directory for the embedded store (default: a fresh temp dir)")
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
         uvloop.install()
     print(f"{args.ops} ops, concurrency {args.concurrency}")
-    for kind in args.store or ["memory", "embedded"]:
+    for kind in args.store or LOCAL_STORE_KINDS:
         with tempfile.TemporaryDirectory(prefix="tc-bench-") as tmp:
             for line in asyncio.run(bench(kind, args.ops, args.concurrency, args.data_dir or tmp)):
                 print(line, flush=True)

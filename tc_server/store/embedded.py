@@ -46,7 +46,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +55,6 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from tc_server.store.api import (
-    EXPECT_ABSENT,
-    BadVersionError,
     Delete,
     Notification,
     NotificationType,
@@ -72,6 +70,7 @@ from tc_server.store.api import (
 )
 from tc_server.store.keys import is_child, now_ms, sequence_suffix, sequence_upper_bound
 from tc_server.store.notify import NotificationHub, Subscription
+from tc_server.store.writes import StoreWrites, version_matches
 
 log = structlog.get_logger(__name__)
 
@@ -150,7 +149,7 @@ class _WriteRequest:
 _STOP: Final = object()
 
 
-class EmbeddedStore:
+class EmbeddedStore(StoreWrites):
     """A :class:`~tc_server.store.api.MetadataStore` on one SQLite file; open it with :meth:`open`.
 
     ``on_commit``, if set, is called on the event loop with the number of operations of each group
@@ -207,50 +206,9 @@ class EmbeddedStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    async def put(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        expected_version: int | None = None,
-        partition_key: str | None = None,
-        secondary_indexes: Mapping[str, str] | None = None,
-        ephemeral: bool = False,
-    ) -> Record:
-        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
-        return await self._single_put(op)
-
-    async def put_sequential(
-        self,
-        prefix: str,
-        value: bytes,
-        *,
-        partition_key: str,
-        secondary_indexes: Mapping[str, str] | None = None,
-    ) -> Record:
-        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
-                 sequential=True)
-        return await self._single_put(op)
-
-    async def _single_put(self, op: Put) -> Record:
-        validate_put(op)
+    async def _put_record(self, op: Put) -> Record | None:
         done = await self._submit([op])
-        record = done.records[0]
-        if record is None:
-            raise BadVersionError(done.results[0].key,
-                                  op.expected_version if op.expected_version is not None else -1)
-        return record
-
-    async def delete(
-        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
-    ) -> bool:
-        op = Delete(key, expected_version=expected_version, partition_key=partition_key)
-        done = await self._submit([op])
-        outcome = done.results[0].outcome
-        if outcome is Outcome.BAD_VERSION:
-            raise BadVersionError(key, expected_version if expected_version is not None else -1)
-        return outcome is Outcome.OK
+        return done.records[0]
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Applies the operations in order, in one transaction (possibly shared with other callers'
@@ -479,7 +437,7 @@ def _put(conn: sqlite3.Connection, op: Put, version: int,
          now: int) -> tuple[int, Record | None, Notification]:
     key = sequence_key(op.key, _highest_sequence(conn, op.key) + 1) if op.sequential else op.key
     row = conn.execute("SELECT version, created_ms FROM records WHERE key = ?", (key,)).fetchone()
-    if not _version_matches(row[0] if row else None, op.expected_version):
+    if not version_matches(row[0] if row else None, op.expected_version):
         return version, None, Notification(NotificationType.MODIFIED, key)
     version += 1
     created = row[1] if row else now
@@ -499,7 +457,7 @@ def _put(conn: sqlite3.Connection, op: Put, version: int,
 
 def _delete(conn: sqlite3.Connection, op: Delete) -> Outcome:
     row = conn.execute("SELECT version FROM records WHERE key = ?", (op.key,)).fetchone()
-    if not _version_matches(row[0] if row else None, op.expected_version):
+    if not version_matches(row[0] if row else None, op.expected_version):
         return Outcome.BAD_VERSION
     if row is None:
         return Outcome.NOT_FOUND
@@ -525,15 +483,6 @@ def _highest_sequence(conn: sqlite3.Connection, prefix: str) -> int:
         return 0
     finally:
         cursor.close()
-
-
-def _version_matches(stored: int | None, expected: int | None) -> bool:
-    """Oxia's checkExpectedVersionId: absent + expected >= 0 fails; present + expected -1 fails."""
-    if expected is None:
-        return True
-    if stored is None:
-        return expected == EXPECT_ABSENT
-    return stored == expected
 
 
 def _children_page(conn: sqlite3.Connection, *, prefix: str, after: str | None, limit: int) -> list[Record]:

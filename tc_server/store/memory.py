@@ -26,8 +26,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tc_server.store.api import (
-    EXPECT_ABSENT,
-    BadVersionError,
     Delete,
     Notification,
     NotificationType,
@@ -41,6 +39,7 @@ from tc_server.store.api import (
 )
 from tc_server.store.keys import is_child, now_ms, sequence_suffix, sequence_upper_bound
 from tc_server.store.notify import NotificationHub, Subscription
+from tc_server.store.writes import StoreWrites, version_matches
 
 
 @dataclass(slots=True)
@@ -100,7 +99,7 @@ class MemoryBackend:
     def _apply_put(self, op: Put, session: int) -> tuple[WriteResult, Notification | None]:
         key = sequence_key(op.key, self._highest_sequence(op.key) + 1) if op.sequential else op.key
         existing = self._entries.get(key)
-        if not _version_matches(existing.record.version if existing else None, op.expected_version):
+        if not version_matches(existing.record.version if existing else None, op.expected_version):
             return WriteResult(Outcome.BAD_VERSION, key), None
         now = now_ms()
         version = next(self._versions)
@@ -120,7 +119,7 @@ class MemoryBackend:
 
     def _apply_delete(self, op: Delete) -> tuple[WriteResult, Notification | None]:
         existing = self._entries.get(op.key)
-        if not _version_matches(existing.record.version if existing else None, op.expected_version):
+        if not version_matches(existing.record.version if existing else None, op.expected_version):
             return WriteResult(Outcome.BAD_VERSION, op.key), None
         if existing is None:
             return WriteResult(Outcome.NOT_FOUND, op.key), None
@@ -183,16 +182,7 @@ class MemoryBackend:
         return position, self._entries[position[1]].record
 
 
-def _version_matches(stored: int | None, expected: int | None) -> bool:
-    """Oxia's checkExpectedVersionId: absent + expected >= 0 fails; present + expected -1 fails."""
-    if expected is None:
-        return True
-    if stored is None:
-        return expected == EXPECT_ABSENT
-    return stored == expected
-
-
-class MemoryStore:
+class MemoryStore(StoreWrites):
     """One session on a :class:`MemoryBackend` (a private one by default); implements
     :class:`~tc_server.store.api.MetadataStore`. Every method raises :class:`StoreClosedError`
     after :meth:`close`; ``close`` itself may be called again."""
@@ -211,49 +201,12 @@ class MemoryStore:
     async def get(self, key: str, *, partition_key: str | None = None) -> Record | None:
         return self._check_open()._get(key)
 
-    async def put(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        expected_version: int | None = None,
-        partition_key: str | None = None,
-        secondary_indexes: Mapping[str, str] | None = None,
-        ephemeral: bool = False,
-    ) -> Record:
-        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
-        return self._single_put(op)
-
-    async def put_sequential(
-        self,
-        prefix: str,
-        value: bytes,
-        *,
-        partition_key: str,
-        secondary_indexes: Mapping[str, str] | None = None,
-    ) -> Record:
-        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
-                 sequential=True)
-        return self._single_put(op)
-
-    def _single_put(self, op: Put) -> Record:
+    async def _put_record(self, op: Put) -> Record | None:
         backend = self._check_open()
         (result,) = backend._apply([op], self._session)
         if result.outcome is not Outcome.OK:
-            raise BadVersionError(result.key, op.expected_version if op.expected_version is not None else -1)
-        record = backend._get(result.key)
-        assert record is not None
-        return record
-
-    async def delete(
-        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
-    ) -> bool:
-        op = Delete(key, expected_version=expected_version, partition_key=partition_key)
-        (result,) = self._check_open()._apply([op], self._session)
-        if result.outcome is Outcome.BAD_VERSION:
-            raise BadVersionError(key, expected_version if expected_version is not None else -1)
-        return result.outcome is Outcome.OK
+            return None
+        return backend._get(result.key)
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Applies the operations in order, atomically with respect to other callers."""

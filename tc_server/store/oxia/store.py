@@ -27,13 +27,12 @@ side filter then drops anything that is not a direct child (deeper keys under na
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server.store.api import (
-    BadVersionError,
     Delete,
     Outcome,
     Put,
@@ -51,6 +50,7 @@ from tc_server.store.oxia.notifications import NotificationPump, OxiaSubscriptio
 from tc_server.store.oxia.routing import ShardInfo, ShardMap
 from tc_server.store.oxia.sessions import SessionManager, default_client_identity
 from tc_server.store.oxia.write_stream import ShardWriter
+from tc_server.store.writes import StoreWrites
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +67,7 @@ def is_child(key: str, prefix: str) -> bool:
     return key.startswith(prefix) and "/" not in key[len(prefix):]
 
 
-class OxiaStore:
+class OxiaStore(StoreWrites):
     """A :class:`~tc_server.store.api.MetadataStore` session on one Oxia namespace. Open it with
     :func:`connect`.
 
@@ -169,56 +169,11 @@ class OxiaStore:
         info = self._route(key, partition_key)
         return await reads.get(self._pool.stub(info.leader), info.shard, key, self._timeout)
 
-    async def put(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        expected_version: int | None = None,
-        partition_key: str | None = None,
-        secondary_indexes: Mapping[str, str] | None = None,
-        ephemeral: bool = False,
-    ) -> Record:
-        """Write ``key``. Raises :class:`BadVersionError` when ``expected_version`` does not match,
-        :class:`InvalidOperationError` for an index name Oxia would refuse."""
-        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
-        return await self._single_put(op)
-
-    async def put_sequential(
-        self,
-        prefix: str,
-        value: bytes,
-        *,
-        partition_key: str,
-        secondary_indexes: Mapping[str, str] | None = None,
-    ) -> Record:
-        """Write ``prefix-%020d`` with the next number. Raises :class:`InvalidOperationError`
-        without a partition key (Oxia would end the write stream)."""
-        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
-                 sequential=True)
-        return await self._single_put(op)
-
-    async def _single_put(self, op: Put) -> Record:
+    async def _put_record(self, op: Put) -> Record | None:
         self._check_open()
-        validate_put(op)
         (response,) = await self._send([op])
         assert isinstance(response, pb.PutResponse)
-        if response.status != pb.OK:
-            raise BadVersionError(op.key, op.expected_version if op.expected_version is not None else -1)
-        return self._record(op, response)
-
-    async def delete(
-        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
-    ) -> bool:
-        """Delete ``key``; False if it did not exist. Raises :class:`BadVersionError` when
-        ``expected_version`` does not match (a version on a missing key does not match)."""
-        self._check_open()
-        (response,) = await self._send([Delete(key, expected_version=expected_version,
-                                               partition_key=partition_key)])
-        if response.status == pb.UNEXPECTED_VERSION_ID:
-            raise BadVersionError(key, expected_version if expected_version is not None else -1)
-        return response.status == pb.OK
+        return self._record(op, response) if response.status == pb.OK else None
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Send every operation at once: operations of one shard submitted together travel in one

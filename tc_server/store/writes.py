@@ -1,0 +1,100 @@
+"""The single-operation writes of :class:`~tc_server.store.api.MetadataStore`, written once.
+
+``put``, ``put_sequential`` and ``delete`` mean the same on every backend: build one operation, check
+it as Oxia would, apply it, and turn a failed condition into :class:`BadVersionError`. A backend
+subclasses :class:`StoreWrites` and provides only how one put is applied (``_put_record``, which must
+return the record as stored, timestamps included) and ``write_batch``; deletes go through
+``write_batch`` as a batch of one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+from tc_server.store.api import (
+    EXPECT_ABSENT,
+    BadVersionError,
+    Delete,
+    Outcome,
+    Put,
+    Record,
+    WriteResult,
+    validate_put,
+)
+
+
+def version_matches(stored: int | None, expected: int | None) -> bool:
+    """Whether a conditional write may proceed, as Oxia's ``checkExpectedVersionId`` decides: no
+    condition always; "must not exist" only on an absent key; a version only on that very version
+    (so a version on an absent key fails)."""
+    if expected is None:
+        return True
+    if stored is None:
+        return expected == EXPECT_ABSENT
+    return stored == expected
+
+
+def _condition_failed(key: str, expected_version: int | None) -> BadVersionError:
+    return BadVersionError(key, expected_version if expected_version is not None else EXPECT_ABSENT)
+
+
+class StoreWrites(ABC):
+    """``put`` / ``put_sequential`` / ``delete`` on top of a backend's ``_put_record`` and ``write_batch``."""
+
+    @abstractmethod
+    async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        """See :meth:`MetadataStore.write_batch`."""
+
+    @abstractmethod
+    async def _put_record(self, op: Put) -> Record | None:
+        """Apply one put that passed :func:`validate_put`; the record as stored, or None when its
+        expected version did not match. Raises like any write (unavailable, closed)."""
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+        ephemeral: bool = False,
+    ) -> Record:
+        """See :meth:`MetadataStore.put`. Raises :class:`BadVersionError` when the condition fails,
+        :class:`InvalidOperationError` for an operation Oxia would refuse."""
+        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
+                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
+        return await self._put_checked(op)
+
+    async def put_sequential(
+        self,
+        prefix: str,
+        value: bytes,
+        *,
+        partition_key: str,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> Record:
+        """See :meth:`MetadataStore.put_sequential`. Raises :class:`InvalidOperationError` without a
+        partition key (Oxia would end the write stream)."""
+        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
+                 sequential=True)
+        return await self._put_checked(op)
+
+    async def _put_checked(self, op: Put) -> Record:
+        validate_put(op)
+        record = await self._put_record(op)
+        if record is None:
+            raise _condition_failed(op.key, op.expected_version)
+        return record
+
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, partition_key: str | None = None
+    ) -> bool:
+        """See :meth:`MetadataStore.delete`: False if the key did not exist; :class:`BadVersionError`
+        when ``expected_version`` does not match (a version on a missing key does not match)."""
+        (result,) = await self.write_batch([Delete(key, expected_version=expected_version,
+                                                   partition_key=partition_key)])
+        if result.outcome is Outcome.BAD_VERSION:
+            raise _condition_failed(key, expected_version)
+        return result.outcome is Outcome.OK
