@@ -26,9 +26,11 @@ second read-only connection (keyset pagination, :data:`SCAN_PAGE_ROWS` rows a pa
 millions of rows neither holds the loop nor memory; a scan is not one snapshot (neither is Oxia's).
 
 Sessions. The process is the session: ephemeral records are deleted by :meth:`EmbeddedStore.close`
-and, after a crash, when the file is next opened (the session that owned them is gone). A lock file
-keeps a second process (or store) from opening the same data directory: the writer holds the
-version counter in memory and must be the only writer.
+and, after a crash, when the file is next opened (the session that owned them is gone). An
+exclusive ``flock`` on the database file itself keeps a second process (or store) out: the writer
+holds the version counter in memory and must be the only writer. It is no separate file a person
+could delete (issue 15), and the kernel drops it with the process, ``kill -9`` included. (SQLite's
+own locks are POSIX ``fcntl`` locks, which on Linux never conflict with ``flock``.)
 
 Like the memory store, the data is one "shard": ``partition_key`` is stored but never narrows reads.
 
@@ -78,7 +80,6 @@ log = structlog.get_logger(__name__)
 INLINE_SCAN_ROWS = 64
 
 DB_FILENAME: Final = "tc-server.sqlite3"
-LOCK_FILENAME: Final = "tc-server.lock"
 # Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
 # one transaction holds the writer and how many callers one failed fsync affects.
 MAX_GROUP_OPS: Final = 1000
@@ -529,19 +530,21 @@ def _index_page(conn: sqlite3.Connection, *, name: str, start: str, end: str,
 
 def _open_files(
         directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Connection, sqlite3.Connection, int]:
-    """Lock the directory, open both connections, prepare the schema and drop stale ephemerals."""
+    """Lock the database file, open the connections, prepare the schema and drop stale ephemerals."""
+    path = directory / DB_FILENAME
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(directory / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
+        # This descriptor stays open until every connection is closed: closing any descriptor of the
+        # file would drop SQLite's POSIX locks of this process (see "How To Corrupt" in SQLite's docs).
+        lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise _unavailable(f"opening {directory}", exc) from exc
+        raise _unavailable(f"opening {path}", exc) from exc
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(lock_fd)
         raise StoreUnavailableError(
-            f"embedded store: {directory} is in use by another tc-server store") from exc
-    path = directory / DB_FILENAME
+            f"embedded store: {path} is in use by another tc-server process (or store)") from exc
     opened: list[sqlite3.Connection] = []
     try:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves (one transaction per group).
