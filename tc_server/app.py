@@ -15,7 +15,7 @@ from tc_server.admin.routes import AdminRoutes
 from tc_server.auth.broker_client import broker_client_credentials
 from tc_server.auth.certificates import ServerTlsContext, TlsFiles
 from tc_server.auth.service import AuthenticationService
-from tc_server.client import ClientAuth, ConnectionPool, connect_command
+from tc_server.client import ConnectionPool, connect_command
 from tc_server.config import ENV_PREFIX, Settings, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
@@ -129,6 +129,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             max_message_size=settings.max_message_size,
             max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
             max_in_flight=settings.max_requests_in_flight,
+            max_connections=settings.max_connections,
+            max_connections_per_address=settings.max_connections_per_address,
         )
         listener, advertised = None, ""
         if settings.listen:
@@ -174,7 +176,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             # Decisions reach today's brokers (docs/participants.md); without an upstream the
             # participant records wait for an instance that has one.
             broker_pool = ConnectionPool(
-                connect_command(ClientAuth(broker_credentials.method, broker_credentials.auth_data())),
+                connect_command(broker_credentials.client_auth()),
                 ssl_context=broker_credentials.ssl_context, timeout_s=settings.request_timeout_s)
             delivery = BrokerDelivery(settings.upstream_urls, broker_pool, request_timeout_s=settings.request_timeout_s,
                                       max_in_flight=settings.delivery_max_in_flight,

@@ -33,6 +33,9 @@ HELP = {
     "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
     "max_requests_in_flight": "requests in flight on all connections before the server stops reading "
                               "new ones until some finish (back-pressure, not an error)",
+    "max_connections": "client connections at once; past it a new one is closed at once (logged, counted in "
+                       "tc_server_connections_refused_total)",
+    "max_connections_per_address": "client connections at once from one remote address; past it as --max-connections",
     "upstream_url": "pulsar://HOST:PORT[,HOST:PORT...] of brokers that get every request that is not the "
                     "coordinator's (lookups, partition metadata, schemas); the first that answers is used",
     "lookup_connections": "how producers/consumers reach the broker a forwarded lookup names: upstream (as "

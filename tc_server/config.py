@@ -66,6 +66,8 @@ MAX_INTERVAL_S = 24 * 3600.0
 MAX_RETENTION_S = 10 * 365 * 24 * 3600
 # A request in flight holds a task of a few KiB: ten million would be tens of GiB.
 MAX_REQUESTS_IN_FLIGHT = 1_000_000
+# Each connection is a file descriptor: a million is beyond any descriptor limit set in practice.
+MAX_CONNECTIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,10 @@ class Settings:
     request_timeout_s: float = 10.0
     # Requests in flight across all connections before the server stops reading (back-pressure).
     max_requests_in_flight: int = 65_536
+    # Client connections, overall and per remote address (issue 15): past them a new connection is
+    # closed at once. Each holds a descriptor and up to a frame of buffered input.
+    max_connections: int = 4096
+    max_connections_per_address: int = 1024
     # The front door (README "One service URL"): brokers that get every request that is not the
     # coordinator's, comma-separated; the first that answers is used, the next on failure.
     upstream_url: str = ""
@@ -185,6 +191,10 @@ class Settings:
         check(self.request_timeout_s > 0, "request_timeout_s", "must be positive")
         check(1 <= self.max_requests_in_flight <= MAX_REQUESTS_IN_FLIGHT, "max_requests_in_flight",
               f"must be between 1 and {MAX_REQUESTS_IN_FLIGHT}")
+        check(1 <= self.max_connections <= MAX_CONNECTIONS, "max_connections",
+              f"must be between 1 and {MAX_CONNECTIONS}")
+        check(1 <= self.max_connections_per_address <= self.max_connections, "max_connections_per_address",
+              "must be between 1 and max_connections")
         check(0 <= self.participant_wait_s <= 86_400, "participant_wait_s", "must be between 0 and 86400 s")
         check(1 <= self.delivery_max_in_flight <= 1_000_000, "delivery_max_in_flight", "must be between 1 and 1000000")
         check(1 <= self.delivery_max_in_flight_per_broker <= 1_000_000, "delivery_max_in_flight_per_broker",

@@ -39,6 +39,7 @@ METRIC_NAMES = (
     "tc_server_request_errors_total",
     "tc_server_coordinator_leader",
     "tc_server_connections",
+    "tc_server_connections_refused_total",
     "tc_server_requests_in_flight",
     "tc_server_store_batch_size",
     "tc_server_upstream_up",
@@ -90,6 +91,9 @@ class Metrics:
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
             ["coordinator_id"], registry=r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
+        self.connections_refused = Counter(
+            "tc_server_connections_refused", "Client connections closed at once because a limit was reached "
+            "(max_connections, max_connections_per_address)", ["reason"], registry=r)
         self.in_flight = Gauge("tc_server_requests_in_flight", "Transaction requests being served", registry=r)
         self.store_batch_size = Histogram(
             "tc_server_store_batch_size", "Operations per store commit/batch",

@@ -27,6 +27,7 @@ from tc_server.server.handshake import (
     negotiate,
     wall_clock_ms,
 )
+from tc_server.server.log_limit import LogLimiter
 from tc_server.server.relay import BrokerSide, open_relay
 from tc_server.server.upstream import ForwardingSession, Upstream, host_port
 from tc_server.wire import (
@@ -64,6 +65,8 @@ MAX_IN_FLIGHT = 16_384
 # ERROR needs a request id; -1 is what the broker sends when there is none (authentication errors).
 NO_REQUEST_ID = -1
 NOT_SERVED = "not served by a transaction coordinator; set --upstream-url to forward it to a broker"
+# Why a connection was closed at once (the label values of tc_server_connections_refused_total).
+REFUSAL_REASONS = ("max_connections", "max_connections_per_address")
 
 
 @dataclass
@@ -86,9 +89,35 @@ class ServerContext:
     # HOST:PORT this instance is reached at (CONNECT's proxy_to_broker_url naming one of them is for us:
     # the v5 SDK dials its coordinators that way).
     own_addresses: frozenset[str] = frozenset()
+    # Client connections at once, overall and per remote host (issue 15): past them, closed at once.
+    max_connections: int = 4096
+    max_connections_per_address: int = 1024
     in_flight: int = 0
     paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
+    connections_per_address: dict[str, int] = field(default_factory=dict)
+    # Server-wide warnings (refused connections) are rate-limited: a flood must not flood the log.
+    log_limiter: LogLimiter = field(default_factory=LogLimiter)
+
+    def __post_init__(self) -> None:
+        for reason in REFUSAL_REASONS:
+            self.metrics.connections_refused.labels(reason)
+
+    def admit(self, address: str) -> str | None:
+        """Count a new connection from ``address`` in, or say which limit refuses it."""
+        if len(self.connections) >= self.max_connections:
+            return "max_connections"
+        if self.connections_per_address.get(address, 0) >= self.max_connections_per_address:
+            return "max_connections_per_address"
+        self.connections_per_address[address] = self.connections_per_address.get(address, 0) + 1
+        return None
+
+    def release(self, address: str) -> None:
+        left = self.connections_per_address.get(address, 0) - 1
+        if left > 0:
+            self.connections_per_address[address] = left
+        else:
+            self.connections_per_address.pop(address, None)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -97,6 +126,8 @@ class ClientConnection(asyncio.Protocol):
         self._decoder = FrameDecoder(context.max_frame_size)
         self._transport: asyncio.Transport | None = None
         self._log: Any = log
+        self._address = ""  # the remote host, counted against --max-connections-per-address
+        self._admitted = False
         self._connected = False
         self._closing = False
         self._principal: str | None = None
@@ -127,12 +158,34 @@ class ClientConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self._log = log.bind(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
+        self._address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        refusal = self._ctx.admit(self._address)
+        if refusal is not None:
+            self._refuse_connection(refusal)
+            return
+        self._admitted = True
         self._ctx.connections.add(self)
         self._ctx.metrics.connections.inc()
         self._schedule_keepalive()
         self._log.debug("connection opened")
 
+    def _refuse_connection(self, reason: str) -> None:
+        """Past a connection limit: close at once (no CONNECT is read; the client retries, as it does
+        when a broker's maxConnectionsPerIp closes it), count it, log it once per interval."""
+        self._closing = True
+        self._ctx.metrics.connections_refused.labels(reason).inc()
+        left_out = self._ctx.log_limiter.allow("connection refused")
+        if left_out is not None:
+            self._log.warning("connection refused", reason=reason, max_connections=self._ctx.max_connections,
+                              max_connections_per_address=self._ctx.max_connections_per_address,
+                              refused_since_last_line=left_out)
+        assert self._transport is not None
+        self._transport.abort()  # nothing to flush: give the descriptor back now
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return  # refused in connection_made: nothing was set up
+        self._ctx.release(self._address)
         self._closing = True
         if self._keepalive is not None:
             self._keepalive.cancel()

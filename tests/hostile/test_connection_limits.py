@@ -1,0 +1,100 @@
+"""--max-connections and --max-connections-per-address (issue 15, "No connection limit"): a connection
+past a limit is closed at once, counted in a metric and logged (one line per interval, not per
+connection); the connections already open and the admin probes keep working."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tc_server.app import App
+from tc_server.client import TcClient
+from tc_server.config import Settings
+
+from .conftest import BASE, tracebacks
+
+CLOSE_BOUND_S = 5.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return replace(BASE, data_dir=str(tmp_path / "data"), max_connections=4, max_connections_per_address=2)
+
+
+async def open_from(app: App, source: str, handshake: bool = True) -> TcClient:
+    """A client connection from ``source`` (any 127.x.y.z address is this machine's loopback)."""
+    assert app.listener is not None
+    loop = asyncio.get_running_loop()
+    url = f"pulsar://127.0.0.1:{app.listener.port}"
+    _, client = await loop.create_connection(lambda: TcClient(url), "127.0.0.1", app.listener.port,
+                                             local_addr=(source, 0))
+    if handshake:
+        await client.handshake_as()
+    return client
+
+
+async def refused(client: TcClient) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.shield(client.closed), CLOSE_BOUND_S)
+    except TimeoutError:
+        return False
+    return True
+
+
+def refusals(app: App) -> dict[str, float]:
+    from prometheus_client import generate_latest
+
+    exposition = generate_latest(app.metrics.registry).decode()
+    return {sample.labels["reason"]: sample.value
+            for family in text_string_to_metric_families(exposition)
+            if family.name == "tc_server_connections_refused"
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
+async def readyz(app: App) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+    writer.write(b"GET /readyz HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n")
+    status = int((await reader.read()).split(b" ")[1])
+    writer.close()
+    return status
+
+
+async def test_past_max_connections_a_connection_is_closed_at_once(
+        app: App, server_log: list[dict[str, Any]]) -> None:
+    held = [await open_from(app, source) for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.4")]
+    extra = [await open_from(app, f"127.0.0.{5 + i}", handshake=False) for i in range(30)]
+    assert all([await refused(c) for c in extra])
+    assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0}
+    # One log line for the burst, not one per connection.
+    lines = [e for e in server_log if e["event"] == "connection refused"]
+    assert len(lines) == 1 and lines[0]["reason"] == "max_connections", lines
+    assert await readyz(app) == 200
+    for client in held:
+        assert (await client.new_txn(tc_id=1)).error is None
+    held.pop().close()
+    await asyncio.sleep(0)  # let the server see the close
+    for _ in range(100):
+        if len(app.listener.context.connections) < 4:  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0.05)
+    again = await open_from(app, "127.0.0.9")
+    assert (await again.new_txn(tc_id=2)).error is None
+    assert tracebacks(server_log) == []
+    for client in [*held, again]:
+        client.close()
+
+
+async def test_past_max_connections_per_address_only_that_address_is_refused(app: App) -> None:
+    first = [await open_from(app, "127.0.0.2") for _ in range(2)]
+    third = await open_from(app, "127.0.0.2", handshake=False)
+    assert await refused(third)
+    other = await open_from(app, "127.0.0.3")
+    assert (await other.new_txn(tc_id=3)).error is None
+    assert refusals(app)["max_connections_per_address"] == 1
+    for client in [*first, other]:
+        client.close()
