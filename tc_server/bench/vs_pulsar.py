@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,20 +54,33 @@ class Run:
     errors: int
 
 
-def run_load(service_url: str, concurrency: int, duration_s: float, warmup_s: float,
+def private_harness(workdir: Path) -> Path:
+    """A copy of the harness jar and its lib/ (the manifest's Class-Path) in ``workdir``: a `make
+    interop-java` run by anyone during the benchmark replaces the jar under the running JVM, which then
+    fails to load its own classes (NoClassDefFoundError) and hangs on the client's non-daemon threads."""
+    dest = workdir / "harness"
+    shutil.copytree(HARNESS_JAR.parent / "lib", dest / "lib")
+    shutil.copy2(HARNESS_JAR, dest / HARNESS_JAR.name)
+    return dest / HARNESS_JAR.name
+
+
+def run_load(jar: Path, service_url: str, concurrency: int, duration_s: float, warmup_s: float,
              server_cpu: Callable[[], float], server: str) -> Run:
-    """One ``pair-bench`` run of the Java harness against ``service_url``; ``server_cpu`` is read when the
-    harness opens and closes its counted window."""
+    """One ``pair-bench`` run of the Java harness ``jar`` against ``service_url``; ``server_cpu`` is read
+    when the harness opens and closes its counted window. A run that outlives its bound is killed."""
     java = shutil.which("java")
     if java is None:
         raise SystemExit("java not found on PATH: the benchmark's load is the Java client (Java 17+)")
-    argv = [java, "-jar", str(HARNESS_JAR), "pair-bench", "--service-url", service_url,
+    argv = [java, "-jar", str(jar), "pair-bench", "--service-url", service_url,
             "--concurrency", str(concurrency), "--duration-ms", str(int(duration_s * 1000)),
             "--warmup-ms", str(int(warmup_s * 1000))]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True)
     marks: dict[str, tuple[float, float]] = {}
     result: dict[str, Any] | None = None
+    # Reading stdout blocks until the JVM exits; the watchdog bounds that.
+    watchdog = threading.Timer(duration_s + warmup_s + RUN_SLACK_S, proc.kill)
+    watchdog.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -79,8 +93,9 @@ def run_load(service_url: str, concurrency: int, duration_s: float, warmup_s: fl
                 marks[kind] = (server_cpu(), cpu_seconds_of(proc.pid))
             elif kind in ("result", "fatal"):
                 result = event
-        proc.wait(timeout=duration_s + warmup_s + RUN_SLACK_S)
+        proc.wait(timeout=RUN_SLACK_S)
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -147,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     server: TcServerProcess | None = None
     try:
+        jar = private_harness(workdir)
         try:
             broker.start()
         except BrokerStartError as exc:
@@ -168,14 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             # One uncounted run per server first: the broker's JIT and both servers' caches warm up on
             # real load, so the first counted run of either is not its cold start.
             for name, (url, cpu) in targets.items():
-                run_load(url, max(concurrencies), args.prime_s, 0.0, cpu, name)
+                run_load(jar, url, max(concurrencies), args.prime_s, 0.0, cpu, name)
         runs: list[Run] = []
         for concurrency in concurrencies:
             for round_no in range(args.rounds):
                 order = ["pulsar", tc_name] if round_no % 2 == 0 else [tc_name, "pulsar"]
                 for name in order:
                     url, cpu = targets[name]
-                    run = run_load(url, concurrency, args.duration_s, args.warmup_s, cpu, name)
+                    run = run_load(jar, url, concurrency, args.duration_s, args.warmup_s, cpu, name)
                     runs.append(run)
                     print_run(run)
         summary(runs, concurrencies, tc_name)
