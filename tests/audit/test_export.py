@@ -110,6 +110,31 @@ async def test_empty_store(tmp_path: Path) -> None:
     assert not (tmp_path / "snap" / "rejects.jsonl").exists()
 
 
+def test_both_header_forms_give_the_same_row() -> None:
+    # Pulsar 5's own coordinator writes nanosecond decimal seconds (docs/record-layout.md); tc-server's
+    # earlier form held integer ms. Both are exported, in ms (floored as Java's toEpochMilli).
+    pulsar = (b'{"state":"COMMITTED","timeout":60.000000000,"createdAt":1795447209.230663502,'
+              b'"finalizedAt":1795447210.114201337,"owner":"app-1"}')
+    earlier = (b'{"version":1,"state":"COMMITTED","createdMs":1795447209230,"timeoutMs":60000,'
+               b'"finalizedMs":1795447210114,"owner":"app-1"}')
+    rows = [parse_header(Record(key="/txn/id/3_17", value=raw, version=4)) for raw in (pulsar, earlier)]
+    assert rows[0] == rows[1] == {
+        "txn_most": 3, "txn_least": 17, "coordinator_id": 3, "state": "COMMITTED", "created_ms": 1795447209230,
+        "timeout_ms": 60000, "deadline_ms": 1795447269230, "finalized_ms": 1795447210114, "owner": "app-1",
+        "version": 4,
+    }
+
+
+def test_pulsar_op_record_is_exported() -> None:
+    raw = (b'{"kind":"ACK","segment":"segment://public/default/orders/0","subscription":"my sub",'
+           b'"ledgerId":12,"entryId":9,"cumulative":true}')
+    row = parse_op(Record(key="/txn/op/3_17-00000000000000000002", value=raw, version=1, created_ms=7))
+    assert row == {
+        "txn_most": 3, "txn_least": 17, "seq": 2, "kind": "ACK", "segment": "segment://public/default/orders/0",
+        "subscription": "my sub", "ledger_id": 12, "entry_id": 9, "created_ms": 7,
+    }
+
+
 def test_module_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # `python -m tc_server.audit.export` on an (empty) memory store, through the store factory.
     assert main(["--store", "memory", "--data-dir", str(tmp_path), "--out", str(tmp_path / "snap")]) == 0
@@ -153,8 +178,8 @@ _FIELDS = st.fixed_dictionaries(
     {},
     optional={
         k: _JSON
-        for k in ("state", "createdMs", "timeoutMs", "finalizedMs", "owner", "kind", "segment", "ledgerId",
-                  "entryId", "subscription", "next")
+        for k in ("state", "createdMs", "timeoutMs", "finalizedMs", "createdAt", "timeout", "finalizedAt",
+                  "owner", "kind", "segment", "ledgerId", "entryId", "subscription", "cumulative", "next")
     },
 )
 
