@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from tc_server.app import App, start_app
 from tc_server.config import Settings
+from tests.interop.conftest import go_harness, java_harness  # noqa: F401 - the built harnesses, for test_clients.py
 
 BASE = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=4,
                 keepalive_s=30, log_format="json")
