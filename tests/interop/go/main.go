@@ -8,6 +8,7 @@
 //	  ends        end-state errors the Go API can reach: commit twice, abort after commit
 //	  commit-loop -until-file F            open+commit in a loop, one line per commit, until F exists
 //	  build-only                           build a client and report how long it took
+//	  produce-consume -topic T -count N    N messages through a front-door tc-server (frontdoor.go)
 //
 // The Go client hides its coordinator client, so unlike the Java harness it cannot send END_TXN for an
 // id of its choosing: Transaction.Commit/Abort check the client-side state first.
@@ -30,12 +31,15 @@ import (
 
 type options struct {
 	serviceURL   string
-	token        string // -token JWT: AuthenticationToken (tests/security/test_clients.py)
 	opTimeoutMs  int
 	count        int
 	txnTimeoutMs int
 	sleepMs      int
 	untilFile    string
+	// produce-consume (frontdoor.go)
+	topic            string
+	subscription     string
+	receiveTimeoutMs int
 }
 
 type obj = map[string]any
@@ -62,12 +66,14 @@ func main() {
 	fs := flag.NewFlagSet(scenario, flag.ExitOnError)
 	var o options
 	fs.StringVar(&o.serviceURL, "service-url", "", "pulsar://host:port of the coordinator")
-	fs.StringVar(&o.token, "token", "", "authenticate with this JWT (AuthenticationToken)")
 	fs.IntVar(&o.opTimeoutMs, "op-timeout-ms", 10_000, "client OperationTimeout")
 	fs.IntVar(&o.count, "count", 1000, "concurrent: number of transactions")
 	fs.IntVar(&o.txnTimeoutMs, "txn-timeout-ms", 60_000, "transaction timeout")
 	fs.IntVar(&o.sleepMs, "sleep-ms", 3_000, "timeout: how long to wait before committing")
 	fs.StringVar(&o.untilFile, "until-file", "", "commit-loop: stop when this file exists")
+	fs.StringVar(&o.topic, "topic", "", "produce-consume: the topic")
+	fs.StringVar(&o.subscription, "subscription", "front-door-go", "produce-consume: the subscription")
+	fs.IntVar(&o.receiveTimeoutMs, "receive-timeout-ms", 30_000, "produce-consume: wait this long for the next message")
 	_ = fs.Parse(os.Args[2:])
 	if o.serviceURL == "" {
 		fmt.Fprintln(os.Stderr, "-service-url is required")
@@ -86,6 +92,8 @@ func main() {
 		err = commitLoop(o)
 	case "build-only":
 		buildOnly(o)
+	case "produce-consume":
+		err = produceConsume(o)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown scenario:", scenario)
 		os.Exit(2)
@@ -101,17 +109,13 @@ func newClient(o options) (pulsar.Client, error) {
 	logger.SetOutput(os.Stderr)
 	logger.SetLevel(logrus.WarnLevel)
 	opTimeout := time.Duration(o.opTimeoutMs) * time.Millisecond
-	options := pulsar.ClientOptions{
+	return pulsar.NewClient(pulsar.ClientOptions{
 		URL:               o.serviceURL,
 		EnableTransaction: true,
 		OperationTimeout:  opTimeout,
 		ConnectionTimeout: min(opTimeout, 10*time.Second),
 		Logger:            pulsarlog.NewLoggerWithLogrus(logger),
-	}
-	if o.token != "" {
-		options.Authentication = pulsar.NewAuthenticationToken(o.token)
-	}
-	return pulsar.NewClient(options)
+	})
 }
 
 func concurrent(o options) error {
