@@ -27,7 +27,6 @@ from tc_server.server.listener import PulsarListener
 from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore
-from tc_server.wire import MESSAGE_SIZE_FRAME_PADDING
 
 log = structlog.get_logger("tc_server")
 
@@ -127,7 +126,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             authentication_refresh_check_s=settings.authentication_refresh_check_s,
             keepalive_s=settings.keepalive_s,
             max_message_size=settings.max_message_size,
-            max_frame_size=settings.max_message_size + MESSAGE_SIZE_FRAME_PADDING,
+            max_frame_size=settings.max_frame_size,
+            max_buffered_input=settings.max_buffered_input_bytes,
             max_in_flight=settings.max_requests_in_flight,
             max_connections=settings.max_connections,
             max_connections_per_address=settings.max_connections_per_address,

@@ -3,21 +3,25 @@
 tc-server runs in front of the session's broker (``--upstream-url``); a stock Java client (the interop
 harness's ``txn-produce`` scenario, pulsar-client 4.2.4) produces in one txn over the 4 partitions of a
 fresh topic. The Python ``pulsar-client`` wheel (3.13) has no transaction API, so the C++ client path
-cannot be driven from Python here.
+cannot be driven from Python here. The broker-down test speaks the protocol itself (tc_server.client):
+a txn needs no message for END_TXN_ON_PARTITION to be sent and acknowledged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.client import connect
 from tests.interop.conftest import Harness, java_harness
-from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import PulsarBroker
+from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
 
 __all__ = ["java_harness"]
 
@@ -26,11 +30,26 @@ pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(600)]
 PARTITIONS = 4
 COUNT = 8
 HARNESS_TIMEOUT_S = 180
+# How long the broker-down test lets END_TXN wait for the participants (--participant-wait-s).
+SHORT_WAIT_S = 2
+# Bound on re-delivery once the broker is back (a restart, then the topic's transaction buffer recovery).
+REDELIVERY_BOUND_S = 180
+
+
+def start_server(broker: PulsarBroker, workdir: Path, *extra_args: str) -> TcServerProcess:
+    server = TcServerProcess(workdir / "data", "--upstream-url", broker.url, "--coordinators", str(COORDINATORS),
+                             *extra_args, log_path=workdir / "tc-server.log")
+    try:
+        server.start()
+    except ServerStartError as exc:
+        server.kill()
+        pytest.fail(f"tc-server did not start: {exc}")
+    return server
 
 
 @pytest.fixture
-def server(pulsar_broker: PulsarBroker, tmp_path: Path) -> Any:
-    server = start_front_door(pulsar_broker.url, tmp_path)
+def server(pulsar_broker: PulsarBroker, tmp_path: Path) -> Iterator[TcServerProcess]:
+    server = start_server(pulsar_broker, tmp_path)
     yield server
     server.stop()
 
@@ -85,3 +104,46 @@ def test_abort_is_never_delivered_and_later_messages_are(pulsar_broker: PulsarBr
     # The plain messages sent after the abort arrive, and none of the aborted ones with them.
     assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"])
     assert undelivered(server) == []
+
+
+def metric(server: TcServerProcess, prefix: str) -> float:
+    """The sum of the samples whose line starts with ``prefix`` (name and the labels given)."""
+    status, body = server.get("/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines() if line.startswith(prefix))
+
+
+async def test_end_txn_answers_after_the_wait_while_the_broker_is_down(pulsar_broker: PulsarBroker,
+                                                                       tmp_path: Path) -> None:
+    topic = fresh_topic(pulsar_broker)
+    partition = f"{topic}-partition-0"
+    server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", str(SHORT_WAIT_S))
+    client = await connect("127.0.0.1", server.port)
+    try:
+        opened = await client.new_txn(tc_id=3)
+        assert opened.error is None, opened
+        added = await client.add_partition(3, opened.least, partition)
+        assert added.error is None, added
+        pulsar_broker.stop()
+        try:
+            ended = await client.end_txn(3, opened.least, commit=True)
+            # The decision is durable: answered with success once --participant-wait-s passed.
+            assert ended.error is None, ended
+            waiting = await asyncio.to_thread(undelivered, server)
+            assert waiting == [{"txnId": f"(3,{opened.least})", "status": "COMMITTED",
+                                "finalizedTimestamp": waiting[0]["finalizedTimestamp"],
+                                "participants": [{"topic": partition}]}]
+            failures = metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION"') - \
+                metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="ok"}')
+            assert failures >= 1, "no failed attempt was counted while the broker was down"
+        finally:
+            pulsar_broker.start()
+        # Delivery goes on by itself once the broker is back.
+        deadline = time.monotonic() + REDELIVERY_BOUND_S
+        while await asyncio.to_thread(undelivered, server):
+            assert time.monotonic() < deadline, f"not delivered after the broker came back\n{server.log_tail()}"
+            await asyncio.sleep(0.5)
+        assert metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="ok"}') == 1
+    finally:
+        client.close()
+        server.stop()

@@ -1,0 +1,286 @@
+"""Participant records and the outbox below the wire (docs/participants.md), on real stores.
+
+The broker side is a stand-in here (``RecordingSender``: it records what a broker would be told and
+acknowledges at once); tests/participants/test_real_broker.py drives a real Pulsar 4.2.4 broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from tc_server.app import start_app
+from tc_server.bench.process import TcServerProcess
+from tc_server.client import connect
+from tc_server.config import Settings
+from tc_server.coordinator import layout
+from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
+from tc_server.coordinator.partition import UNKNOWN_WATERMARK, CoordinatorPartition, PartitionConfig
+from tc_server.coordinator.sweeps import collect_garbage
+from tc_server.metrics import Metrics
+from tc_server.store import open_store
+from tc_server.store.api import MetadataStore
+from tc_server.wire import AddPartitionToTxn
+from tests.coordinator.test_partition import eventually
+
+TOPIC = "persistent://public/default/t-partition-0"
+OTHER = "persistent://public/default/t-partition-1"
+
+
+@dataclass(frozen=True)
+class Told:
+    participant: Participant
+    most: int
+    least: int
+    committed: bool
+    low_watermark: int
+
+
+class RecordingSender:
+    """Stand-in for the brokers (the real one is in test_real_broker.py): acknowledges at once."""
+
+    def __init__(self) -> None:
+        self.told: list[Told] = []
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        self.told.append(Told(participant, most, least, committed, low_watermark()))
+
+
+@pytest.fixture(params=["memory", "embedded"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    opened = await open_store(request.param, data_dir=str(tmp_path / "data"))
+    yield opened
+    await opened.close()
+
+
+def coordinator(store: MetadataStore, sender: RecordingSender | None = None, partitions: int = 2
+                ) -> TransactionCoordinator:
+    config = CoordinatorConfig(partitions=partitions, partition=PartitionConfig(id_block_size=10),
+                               timeout_sweep=False)
+    return TransactionCoordinator(store, config, Metrics("test"), participant_sender=sender)
+
+
+async def records(store: MetadataStore, most: int, least: int) -> dict[str, Participant]:
+    return {r.key: Participant.from_json(r.value) async for r in
+            store.scan_prefix(layout.participants_prefix(most, least), partition_key=layout.txn_key(most, least))}
+
+
+async def test_add_records_each_participant_once(store: MetadataStore) -> None:
+    tc = coordinator(store)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        partition = tc.partition(1)
+        least = await partition.new_txn(60_000, None)
+        await partition.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
+        written = tc.metrics.op_writes.labels("participant")._value.get()
+        # Repeated ADDs of the same participants write nothing more (a txn sends one per message batch).
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+        await partition.add_participants(least, None, [Participant(TOPIC, "sub"), Participant(TOPIC)])
+        assert tc.metrics.op_writes.labels("participant")._value.get() == written == 2
+        assert await records(store, 1, least) == {
+            Participant(TOPIC).path(1, least): Participant(TOPIC),
+            Participant(TOPIC, "sub").path(1, least): Participant(TOPIC, "sub"),
+        }
+        # The index a new leader scans finds them under their coordinator.
+        start, end = layout.participants_by_coordinator_range(1)
+        indexed = [r.key async for r in store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end)]
+        assert sorted(indexed) == sorted((await records(store, 1, least)).keys())
+    finally:
+        await tc.stop()
+
+
+async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) -> None:
+    sender = RecordingSender()
+    tc = coordinator(store, sender)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        partition = tc.partition(0)
+        first = await partition.new_txn(60_000, None)
+        second = await partition.new_txn(60_000, None)
+        await partition.add_participants(second, None, [Participant(TOPIC), Participant(OTHER, "s")])
+        delivered = await partition.end_txn(second, commit=True, principal=None)
+        assert delivered is not None
+        await delivered
+        assert sorted((t.participant.topic, t.committed) for t in sender.told) == [(TOPIC, True), (OTHER, True)]
+        # ``first`` is still OPEN: the watermark stays below it.
+        assert {t.low_watermark for t in sender.told} == {first - 1}
+        assert await records(store, 0, second) == {}
+        # A repeated END_TXN answers as before and starts no second delivery.
+        assert await partition.end_txn(second, commit=True, principal=None) is None
+        assert len(sender.told) == 2
+        # A txn without participants has nothing to wait for.
+        assert await partition.end_txn(first, commit=False, principal=None) is None
+    finally:
+        await tc.stop()
+
+
+async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:
+    store = await open_store("memory", data_dir="")
+    tc = coordinator(store)  # no sender: decisions stay undelivered (the outbox)
+    await tc.start()
+    try:
+        partition = tc.partition(0)
+        await tc.wait_recovered()
+        assert partition.low_watermark() == UNKNOWN_WATERMARK  # nothing held
+        ids = [await partition.new_txn(60_000, None) for _ in range(4)]  # 0, 1, 2, 3
+        assert partition.low_watermark() == ids[0] - 1 == -1
+        await partition.add_participants(ids[1], None, [Participant(TOPIC)])
+        await partition.end_txn(ids[0], commit=True, principal=None)  # no participants: not held
+        assert partition.low_watermark() == ids[1] - 1
+        await partition.end_txn(ids[1], commit=True, principal=None)  # undelivered: held
+        await partition.end_txn(ids[2], commit=False, principal=None)
+        assert partition.low_watermark() == ids[1] - 1
+        assert partition.undelivered().keys() == {ids[1]}
+    finally:
+        await tc.stop()
+        await store.close()
+
+
+async def test_watermark_is_unknown_until_the_outbox_was_scanned(store: MetadataStore) -> None:
+    partition = CoordinatorPartition(0, store, PartitionConfig(), Metrics("test"), sweep_timeouts=False)
+    partition.adopt([(5, TxnHeader(TxnState.OPEN, 0, 60_000), 1)])
+    # Open txns alone do not tell what a previous leader left undelivered below them.
+    assert partition.low_watermark() == UNKNOWN_WATERMARK
+    await partition.recover_outbox()
+    assert partition.low_watermark() == 4
+    await partition.stop()
+
+
+async def test_watermark_is_unknown_until_recovery_and_then_from_the_store(store: MetadataStore) -> None:
+    first = coordinator(store)
+    await first.start()
+    await first.wait_recovered()
+    p = first.partition(0)
+    open_least = await p.new_txn(60_000, None)
+    undelivered_least = await p.new_txn(60_000, None)
+    await p.add_participants(undelivered_least, None, [Participant(TOPIC)])
+    await p.end_txn(undelivered_least, commit=True, principal=None)
+    await p.end_txn(open_least, commit=False, principal=None)  # ended, no participants: not held
+    open_later = await p.new_txn(60_000, None)
+    await first.stop()
+
+    second = coordinator(store)  # a new leader: memory is empty, the store is not
+    await second.start()
+    try:
+        partition = second.partition(0)
+        await second.wait_recovered()
+        # The undelivered decision (from the outbox) and the open txn (from the deadline index) hold it.
+        assert partition.low_watermark() == min(undelivered_least, open_later) - 1
+        assert partition.undelivered().keys() == {undelivered_least}
+    finally:
+        await second.stop()
+
+
+async def test_outbox_is_redriven_when_a_coordinator_is_led_again(store: MetadataStore) -> None:
+    first = coordinator(store)  # no upstream: the decision cannot be delivered, the records wait
+    await first.start()
+    await first.wait_recovered()
+    p = first.partition(1)
+    still_open = await p.new_txn(60_000, None)
+    least = await p.new_txn(60_000, None)
+    await p.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
+    await p.end_txn(least, commit=False, principal=None)
+    await first.stop()
+    assert len(await records(store, 1, least)) == 2
+
+    sender = RecordingSender()
+    second = coordinator(store, sender)
+    await second.start()
+    try:
+        await second.wait_recovered()
+        assert await eventually(lambda: len(sender.told) == 2)
+        assert {(t.most, t.least, t.committed) for t in sender.told} == {(1, least, False)}
+        assert sorted(t.participant.subscription or "" for t in sender.told) == ["", "sub"]
+        # Never a watermark that reaches the txn still OPEN (found in the deadline index, not memory).
+        assert all(t.low_watermark < still_open for t in sender.told)
+        assert await eventually(lambda: not second.partition(1).undelivered())
+        assert await records(store, 1, least) == {}
+    finally:
+        await second.stop()
+
+
+async def test_gc_keeps_a_header_while_participant_records_remain(store: MetadataStore) -> None:
+    tc = coordinator(store)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        await p.add_participants(least, None, [Participant(TOPIC)])
+        await p.end_txn(least, commit=True, principal=None)
+        far_future = 10**15
+        result = await collect_garbage(store, tc.metrics, far_future, retention_s=0)
+        assert (result.deleted, result.undelivered) == (0, 1)
+        assert await store.get(layout.header_path(0, least), partition_key=layout.txn_key(0, least)) is not None
+        for key in await records(store, 0, least):
+            await store.delete(key, partition_key=layout.txn_key(0, least))
+        result = await collect_garbage(store, tc.metrics, far_future, retention_s=0)
+        assert result.deleted == 1
+    finally:
+        await tc.stop()
+
+
+async def test_scalable_add_records_nothing_and_classic_add_does(tmp_path: Path) -> None:
+    settings = replace(Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
+                                log_format="json"), data_dir=str(tmp_path / "data"))
+    app = await start_app(settings)
+    client = await connect("127.0.0.1", app.listener.port if app.listener else 0)
+    try:
+        opened = await client.new_txn(tc_id=0)
+        v5 = await client.request(AddPartitionToTxn(client.next_request_id(), 0, opened.least, (TOPIC,), True))
+        assert v5.error is None
+        assert await records(app.store, 0, opened.least) == {}
+        classic = await client.add_partition(0, opened.least, TOPIC)
+        assert classic.error is None
+        recorded = await records(app.store, 0, opened.least)
+        assert recorded == {Participant(TOPIC).path(0, opened.least): Participant(TOPIC)}
+    finally:
+        client.close()
+        await app.stop()
+
+
+async def test_records_written_before_add_answers_survive_kill_9(tmp_path: Path) -> None:
+    server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log")
+    server.start()
+    try:
+        client = await connect("127.0.0.1", server.port)
+        opened = await client.new_txn(tc_id=1)
+        added = await client.add_subscription(1, opened.least, TOPIC, "sub")
+        assert added.error is None
+        client.close()
+    finally:
+        server.kill()  # SIGKILL right after the answer: nothing is flushed on the way out
+    store = await open_store("embedded", data_dir=str(tmp_path / "data"))
+    try:
+        assert await records(store, 1, opened.least) == {
+            Participant(TOPIC, "sub").path(1, opened.least): Participant(TOPIC, "sub")}
+        header = await store.get(layout.header_path(1, opened.least), partition_key=layout.txn_key(1, opened.least))
+        assert header is not None and TxnHeader.from_json(header.value).state is TxnState.OPEN
+    finally:
+        await store.close()
+
+
+async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp_path: Path) -> None:
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
+                        log_format="json", data_dir=str(tmp_path / "data"), participant_wait_s=600)
+    app = await start_app(settings)
+    client = await connect("127.0.0.1", app.listener.port if app.listener else 0)
+    try:
+        opened = await client.new_txn(tc_id=0)
+        await client.add_partition(0, opened.least, TOPIC)
+        # Not the 600 s wait: without --upstream-url nothing can be delivered, so nothing is waited for.
+        ended = await asyncio.wait_for(client.end_txn(0, opened.least, commit=True), timeout=60)
+        assert ended.error is None
+        assert app.coordinator.partition(0).undelivered().keys() == {opened.least}
+        assert len(await records(app.store, 0, opened.least)) == 1
+    finally:
+        client.close()
+        await app.stop()
