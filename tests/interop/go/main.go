@@ -31,6 +31,7 @@ import (
 
 type options struct {
 	serviceURL   string
+	token        string // -token JWT: AuthenticationToken (tests/security/test_clients.py)
 	opTimeoutMs  int
 	count        int
 	txnTimeoutMs int
@@ -66,6 +67,7 @@ func main() {
 	fs := flag.NewFlagSet(scenario, flag.ExitOnError)
 	var o options
 	fs.StringVar(&o.serviceURL, "service-url", "", "pulsar://host:port of the coordinator")
+	fs.StringVar(&o.token, "token", "", "authenticate with this JWT (AuthenticationToken)")
 	fs.IntVar(&o.opTimeoutMs, "op-timeout-ms", 10_000, "client OperationTimeout")
 	fs.IntVar(&o.count, "count", 1000, "concurrent: number of transactions")
 	fs.IntVar(&o.txnTimeoutMs, "txn-timeout-ms", 60_000, "transaction timeout")
@@ -109,13 +111,17 @@ func newClient(o options) (pulsar.Client, error) {
 	logger.SetOutput(os.Stderr)
 	logger.SetLevel(logrus.WarnLevel)
 	opTimeout := time.Duration(o.opTimeoutMs) * time.Millisecond
-	return pulsar.NewClient(pulsar.ClientOptions{
+	options := pulsar.ClientOptions{
 		URL:               o.serviceURL,
 		EnableTransaction: true,
 		OperationTimeout:  opTimeout,
 		ConnectionTimeout: min(opTimeout, 10*time.Second),
 		Logger:            pulsarlog.NewLoggerWithLogrus(logger),
-	})
+	}
+	if o.token != "" {
+		options.Authentication = pulsar.NewAuthenticationToken(o.token)
+	}
+	return pulsar.NewClient(options)
 }
 
 func concurrent(o options) error {

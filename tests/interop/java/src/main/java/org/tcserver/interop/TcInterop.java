@@ -13,6 +13,8 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import org.apache.pulsar.client.api.AuthenticationFactory;
+import org.apache.pulsar.client.api.ClientBuilder;
 import org.apache.pulsar.client.api.PulsarClient;
 import org.apache.pulsar.client.api.PulsarClientException;
 import org.apache.pulsar.client.api.transaction.Transaction;
@@ -34,7 +36,8 @@ import org.apache.pulsar.client.impl.transaction.TransactionCoordinatorClientImp
  *   tc-errors                        END_TXN error mapping through the TC client, then a fresh txn
  *   commit-loop --until-file F       open+commit in a loop, one line per commit, until F exists
  *   build-only                       build a client (--op-timeout-ms bounds it) and report how long it took
- * common: --op-timeout-ms T (client operationTimeout, default 10000)
+ * common: --op-timeout-ms T (client operationTimeout, default 10000); --token JWT, --tls-trust-certs CA.pem,
+ *         --tls-cert C.pem --tls-key K.pem (see withSecurity)
  * </pre>
  */
 public final class TcInterop {
@@ -227,13 +230,31 @@ public final class TcInterop {
 
     private static PulsarClient build(Args args) throws PulsarClientException {
         int opTimeoutMs = (int) args.longOpt("op-timeout-ms", DEFAULT_OP_TIMEOUT_MS);
-        return PulsarClient.builder()
+        ClientBuilder builder = PulsarClient.builder()
                 .serviceUrl(args.required("service-url"))
                 .enableTransaction(true)
                 .operationTimeout(opTimeoutMs, TimeUnit.MILLISECONDS)
                 .connectionTimeout(Math.min(opTimeoutMs, 10_000), TimeUnit.MILLISECONDS)
-                .statsInterval(0, TimeUnit.SECONDS)
-                .build();
+                .statsInterval(0, TimeUnit.SECONDS);
+        return withSecurity(builder, args.options).build();
+    }
+
+    /**
+     * The security options (tests/security/test_clients.py): {@code --token JWT} (AuthenticationToken),
+     * {@code --tls-trust-certs CA.pem} (the CA of a pulsar+ssl:// service URL), {@code --tls-cert} and
+     * {@code --tls-key} (AuthenticationTls: mutual TLS, the role is the certificate's CN).
+     */
+    static ClientBuilder withSecurity(ClientBuilder builder, Map<String, String> options)
+            throws PulsarClientException {
+        if (options.containsKey("tls-trust-certs")) {
+            builder.tlsTrustCertsFilePath(options.get("tls-trust-certs"));
+        }
+        if (options.containsKey("token")) {
+            builder.authentication(AuthenticationFactory.token(options.get("token")));
+        } else if (options.containsKey("tls-cert") && options.containsKey("tls-key")) {
+            builder.authentication(AuthenticationFactory.TLS(options.get("tls-cert"), options.get("tls-key")));
+        }
+        return builder;
     }
 
     private static void close(PulsarClient client) {
