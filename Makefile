@@ -58,7 +58,7 @@ test: setup proto-check lint $(TEST_DEPS)
 
 lint: setup
 	$(VENV)/bin/ruff check tc_server tests
-	$(VENV)/bin/mypy tc_server
+	$(VENV)/bin/mypy tc_server tests
 
 # Generated protobuf code is quarantined in tc_server/_proto and committed; CI checks it is current.
 PROTO_OUT := tc_server/_proto

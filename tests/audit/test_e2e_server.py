@@ -33,7 +33,8 @@ async def _drive(port: int) -> dict[str, Any]:
         short = [await client.new_txn(tc, SHORT_TTL_MS) for tc in (0, 1)]
         assert all(r.error is None for r in short)
         timed_out, left_open = short
-        committed, aborted = [], []
+        committed: list[tuple[int, int]] = []
+        aborted: list[tuple[int, int]] = []
         for i in range(6):
             r = await client.new_txn(i % 2, 60_000)
             assert r.error is None

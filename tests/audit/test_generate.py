@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tc_server.audit import generate
+from tc_server.audit import generate, schema
 from tc_server.audit.job import validate_local_snapshot
 from tc_server.audit.schema import HEADERS_SCHEMA, OPS_SCHEMA, TC_SEQ_SCHEMA
 
@@ -31,7 +31,7 @@ def test_expected_violations_derives_gc_backlog_ops() -> None:
     assert expected["gc_backlog"] == 3
     assert expected["gc_backlog_ops"] == 3 * generate.GC_BACKLOG_OPS_PER_TXN
     assert expected["late_ops"] == 1
-    assert set(expected) == set(generate.VIOLATIONS)
+    assert set(expected) == set(schema.VIOLATIONS)
 
 
 def test_snapshot_shape(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tc_server.audit import cli, findings, generate
-from tc_server.audit.job import EXIT_OK, EXIT_VIOLATIONS, VIOLATIONS
+from tc_server.audit.job import EXIT_OK, EXIT_VIOLATIONS
+from tc_server.audit.schema import VIOLATIONS
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 

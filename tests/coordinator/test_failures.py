@@ -13,7 +13,7 @@ from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoor
 from tc_server.coordinator.layout import TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
-from tc_server.store.api import StoreUnavailableError
+from tc_server.store.api import Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.coordinator.test_partition import eventually
 
@@ -112,6 +112,7 @@ async def test_txns_created_by_the_old_leader_during_hand_over_are_timed_out():
     state = None
     for _ in range(200):  # bounded poll: the new leader recovers the txn and aborts it at its deadline
         record = await b_store.get(layout.header_path(1, late))
+        assert record is not None
         state = layout.TxnHeader.from_json(record.value).state
         if state is TxnState.ABORTED:
             break
@@ -142,7 +143,7 @@ async def test_decision_events_are_retried_after_a_failed_publication():
     store.failures = 1
     with pytest.raises(StoreUnavailableError):
         await p.end_txn(least, commit=True, principal=None)
-    events = []
+    events: list[Record] = []
 
     async def published():
         events[:] = [r async for r in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]

@@ -67,8 +67,8 @@ def dockerfile_stages(path: Path = DOCKERFILE) -> list[Stage]:
         elif keyword == "FROM":
             words = rest.split()
             base = re.sub(r"\$\{(\w+)\}", lambda m: build_args.get(m.group(1), m.group(0)), words[0])
-            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base, name))
+            stage = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(base, stage))
         else:
             stages[-1].instructions.append((keyword, rest))
     return stages

@@ -25,6 +25,7 @@ def families() -> dict[str, tuple[str, frozenset[str]]]:
     for value in vars(Metrics("test")).values():
         if isinstance(value, MetricWrapperBase):
             kind = value._type  # noqa: SLF001 - prometheus_client keeps type and labels private
+            assert kind is not None, value
             name = value._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
             found[name] = (kind, frozenset(value._labelnames))  # noqa: SLF001
     return found

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import structlog
@@ -31,7 +31,8 @@ def settings(tmp_path: Path) -> Settings:
 def server_log() -> Iterator[list[dict[str, Any]]]:
     """Every event the server logs during the test (structlog's capture)."""
     with structlog.testing.capture_logs() as captured:
-        yield captured
+        # structlog types the events as MutableMapping; what it captures are dicts.
+        yield cast(list[dict[str, Any]], captured)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tests.oxia_standin.server import StandinOxia, compare_with_slash
 WAIT = 10.0
 
 
-async def eventually(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+async def eventually(condition, what: str) -> None:
     async with asyncio.timeout(WAIT):
         while not condition():
             await asyncio.sleep(0.01)

@@ -76,7 +76,7 @@ async def client_for(bootstrap: ServerProcess, tc_id: int) -> TcClient:
         found = await probe.lookup(f"{ASSIGN_TOPIC}-partition-{tc_id}")
     finally:
         probe.close()
-    assert found.response is LookupType.CONNECT, found
+    assert found.response is LookupType.CONNECT and found.broker_service_url, found
     host, port = found.broker_service_url.removeprefix("pulsar://").rsplit(":", 1)
     client = await connect(host, int(port))
     answer = await client.tc_client_connect(tc_id)

@@ -41,7 +41,7 @@ class Load:
         self.errors: collections.Counter[ServerError] = collections.Counter()
         self.answered = 0
 
-    async def request(self, coro):  # type: ignore[no-untyped-def]
+    async def request(self, coro):
         response = await asyncio.wait_for(coro, HANG_BOUND_S)  # TimeoutError here = a hang
         self.answered += 1
         if response.error is not None:

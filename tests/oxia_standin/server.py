@@ -221,16 +221,16 @@ class Shard:
             notes[key] = pb.Notification(
                 type=pb.KEY_MODIFIED if entry.modifications else pb.KEY_CREATED, version_id=offset)
         for delete in request.deletes:
-            result = response.deletes.add()
+            deleted = response.deletes.add()
             existing = self.kv.get(delete.key)
             expected = delete.expected_version_id if delete.HasField("expected_version_id") else None
             if not self._check_version(existing, expected):
-                result.status = pb.UNEXPECTED_VERSION_ID
+                deleted.status = pb.UNEXPECTED_VERSION_ID
             elif existing is None:
-                result.status = pb.KEY_NOT_FOUND
+                deleted.status = pb.KEY_NOT_FOUND
             else:
                 self._set(delete.key, None)
-                result.status = pb.OK
+                deleted.status = pb.OK
                 notes[delete.key] = pb.Notification(type=pb.KEY_DELETED)
         self._commit(offset, notes)
         return response
@@ -357,7 +357,7 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             raise RequestError(f"no shard {shard_id}")
         return self.oxia.shards[shard_id]
 
-    async def GetShardAssignments(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetShardAssignments(self, request, context):
         if request.namespace != self.oxia.namespace:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"namespace {request.namespace!r} not found")
         message = pb.ShardAssignments()
@@ -370,7 +370,7 @@ class _Servicer(pb_grpc.OxiaClientServicer):
         yield message
         await asyncio.Event().wait()  # the stream stays open, as the real one does
 
-    async def WriteStream(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def WriteStream(self, request_iterator, context):
         metadata = dict(context.invocation_metadata())
         if "shard-id" not in metadata or "namespace" not in metadata:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing shard-id or namespace metadata")
@@ -408,7 +408,7 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             except RequestError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
-    async def Read(self, request, context):  # type: ignore[no-untyped-def]
+    async def Read(self, request, context):
         shard = self.oxia.shards[request.shard]
         response = pb.ReadResponse()
         for get in request.gets:
@@ -423,14 +423,14 @@ class _Servicer(pb_grpc.OxiaClientServicer):
                 result.value = entry.value
         yield response
 
-    async def List(self, request, context):  # type: ignore[no-untyped-def]
+    async def List(self, request, context):
         shard = self.oxia.shards[request.shard]
         index = request.secondary_index_name if request.HasField("secondary_index_name") else None
         keys = [k for k, _ in shard.scan(request.start_inclusive, request.end_exclusive, index)]
         for i in range(0, len(keys), SCAN_CHUNK):
             yield pb.ListResponse(keys=keys[i:i + SCAN_CHUNK])
 
-    async def RangeScan(self, request, context):  # type: ignore[no-untyped-def]
+    async def RangeScan(self, request, context):
         shard = self.oxia.shards[request.shard]
         index = request.secondary_index_name if request.HasField("secondary_index_name") else None
         hits = shard.scan(request.start_inclusive, request.end_exclusive, index)
@@ -440,7 +440,7 @@ class _Servicer(pb_grpc.OxiaClientServicer):
                 response.records.add(status=pb.OK, key=key, value=entry.value, version=entry.version())
             yield response
 
-    async def GetNotifications(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetNotifications(self, request, context):
         self.oxia.notification_requests.append(request)
         shard = self.oxia.shards[request.shard]
         if request.HasField("start_offset_exclusive"):
@@ -458,7 +458,7 @@ class _Servicer(pb_grpc.OxiaClientServicer):
                 if not shard.batches or shard.batches[-1].offset <= last:
                     await shard.changed.wait()
 
-    async def CreateSession(self, request, context):  # type: ignore[no-untyped-def]
+    async def CreateSession(self, request, context):
         self._shard(request.shard)
         if not MIN_SESSION_MS <= request.session_timeout_ms <= MAX_SESSION_MS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid session timeout")
@@ -467,14 +467,14 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             request.shard, request.session_timeout_ms, request.client_identity, time.monotonic())
         return pb.CreateSessionResponse(session_id=session_id)
 
-    async def KeepAlive(self, request, context):  # type: ignore[no-untyped-def]
+    async def KeepAlive(self, request, context):
         session = self.oxia.sessions.get(request.session_id)
         if session is None or session.shard != request.shard:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")
+            return await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")  # raises
         session.last_beat = time.monotonic()
         return pb.KeepAliveResponse()
 
-    async def CloseSession(self, request, context):  # type: ignore[no-untyped-def]
+    async def CloseSession(self, request, context):
         session = self.oxia.sessions.get(request.session_id)
         if session is None or session.shard != request.shard:
             await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")

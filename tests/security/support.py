@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
@@ -23,7 +24,7 @@ class RawConnectResult:
 
 
 async def raw_connect(port: int, connect: Connect, ssl_context: ssl.SSLContext | None = None,
-                      then: list[Command] | None = None) -> RawConnectResult:
+                      then: Sequence[Command] | None = None) -> RawConnectResult:
     """Send CONNECT (and ``then``) on a fresh socket, read until the server closes it or WAIT_S passes.
 
     Our client closes its side after a refused handshake; this one never does, so an EOF here proves

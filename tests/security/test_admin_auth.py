@@ -9,6 +9,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from typing import Any
 
 from tc_server.client import connect
 from tests.security.pki import TestCa, data_url, make_token
@@ -28,7 +29,7 @@ def call(url: str, method: str = "GET", token: str | None = None,
 
 
 async def admin(app, path: str, method: str = "GET", token: str | None = None,
-                context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], object]:
+                context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
     scheme = "https" if context is not None else "http"
     host = "localhost" if context is not None else "127.0.0.1"
     status, headers, body = await asyncio.to_thread(call, f"{scheme}://{host}:{app.admin.port}{path}", method,

@@ -84,9 +84,10 @@ async def test_tls_method_without_a_client_certificate_is_refused_and_closed(sta
                       authentication_providers="tls")
     result = await raw_connect(app.tls_listener.port, Connect("raw", 21, auth_method_name="tls", auth_data=b""),
                                ssl_context=client_context(ca))
-    assert [type(c) for c in result.commands] == [Error]
-    assert result.commands[0].error is ServerError.AuthenticationError
-    assert "needs a client certificate" in result.commands[0].message
+    (refusal,) = result.commands
+    assert isinstance(refusal, Error)
+    assert refusal.error is ServerError.AuthenticationError
+    assert "needs a client certificate" in refusal.message
     assert result.closed_by_server
     with pytest.raises(HandshakeRefused):
         await tls_client(app.tls_listener.port, client_context(ca), TLS_AUTH)

@@ -129,7 +129,7 @@ async def test_role_from_a_configured_claim(start, secret):
 async def test_nothing_is_served_before_connect(start, secret):
     app = await start(authentication_providers="token", token_secret_key=data_url(secret))
     result = await raw_connect(app.listener.port, NewTxn(request_id=3, ttl_ms=1000, tc_id=0))  # type: ignore[arg-type]
-    assert [(type(c), c.error) for c in result.commands] == [(Error, ServerError.NotAllowedError)]
+    assert [(type(c), getattr(c, "error", None)) for c in result.commands] == [(Error, ServerError.NotAllowedError)]
     assert result.closed_by_server
 
 

@@ -34,6 +34,6 @@ async def app(settings):
 
 @pytest.fixture
 async def client(app: App):
-    c = await connect("127.0.0.1", app.listener.port)
+    c = await connect("127.0.0.1", app.listeners[0].port)
     yield c
     c.close()

@@ -6,9 +6,10 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 
-def fetch(app, path: str, method: str = "GET") -> tuple[int, object]:
+def fetch(app, path: str, method: str = "GET") -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{app.admin.port}{path}", method=method)
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
@@ -17,7 +18,7 @@ def fetch(app, path: str, method: str = "GET") -> tuple[int, object]:
         return error.code, json.loads(error.read())
 
 
-async def get(app, path: str, method: str = "GET") -> tuple[int, object]:
+async def get(app, path: str, method: str = "GET") -> tuple[int, Any]:
     return await asyncio.to_thread(fetch, app, path, method)
 
 

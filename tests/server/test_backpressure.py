@@ -29,7 +29,7 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
     store = GatedStore()
     app = await start_app(replace(settings, max_requests_in_flight=4), store=store)
     try:
-        clients = [await connect("127.0.0.1", app.listener.port) for _ in range(2)]
+        clients = [await connect("127.0.0.1", app.listeners[0].port) for _ in range(2)]
         store.gate.clear()
         pending = [asyncio.ensure_future(c.new_txn(tc_id=i % 16)) for c in clients for i in range(25)]
         # The store is stalled: the in-flight count climbs to the bound and must stay there. Poll
@@ -38,7 +38,7 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
         watched_at_bound = 0
         for _ in range(500):
             await asyncio.sleep(0.01)
-            peak = max(peak, app.listener.context.in_flight)
+            peak = max(peak, app.listeners[0].context.in_flight)
             watched_at_bound += peak >= 4
             if watched_at_bound >= 20:
                 break
@@ -47,7 +47,7 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
         answers = await asyncio.wait_for(asyncio.gather(*pending), 30)
         assert all(a.error is None for a in answers)
         assert len({(a.most, a.least) for a in answers}) == 50
-        assert app.listener.context.in_flight == 0
+        assert app.listeners[0].context.in_flight == 0
         for c in clients:
             c.close()
     finally:

@@ -39,7 +39,7 @@ async def test_sigkill_loses_nothing_and_ids_never_go_back(tmp_path):
         ]:
             status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/{r.most}/{r.least}")
             assert status == 200 and doc["status"] == want, (r, doc)
-        before = {}
+        before: dict[int, int] = {}
         for r in opened:
             before[r.most] = max(before.get(r.most, -1), r.least)
         for p in pending:
@@ -85,12 +85,12 @@ def test_refuses_another_parallelism(tmp_path):
     server.stop()
     other = ServerProcess(tmp_path / "data", "--coordinators", "8")
     other.start(wait=False)
-    assert other.proc.wait(30) == 1
+    assert other.proc is not None and other.proc.wait(30) == 1
     assert "--coordinators 8" in other.log_tail()
 
 
 def test_bad_configuration_names_the_setting(tmp_path):
     bad = ServerProcess(tmp_path / "data", "--coordinators", "zero")
     bad.start(wait=False)
-    assert bad.proc.wait(30) == 2
+    assert bad.proc is not None and bad.proc.wait(30) == 2
     assert "coordinators" in bad.log_tail()

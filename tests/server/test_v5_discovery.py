@@ -42,8 +42,8 @@ async def committed(app: App, most: int, least: int) -> bool:
 
 @pytest.mark.parametrize("form", ["{host}:{port}", "pulsar://{host}:{port}"])
 async def test_connect_naming_this_instance_is_served_here(app: App, form: str) -> None:
-    own = form.format(host="127.0.0.1", port=app.listener.port)
-    client = await proxied_client(app.listener.port, own)
+    own = form.format(host="127.0.0.1", port=app.listeners[0].port)
+    client = await proxied_client(app.listeners[0].port, own)
     try:
         assert (await client.tc_client_connect(5)).error is None
         assert proxied(app) == 0  # served here, not relayed (even to itself)
@@ -64,7 +64,7 @@ async def test_connect_naming_a_peer_is_served_by_the_peer(settings, monkeypatch
     try:
         b = await start_app(replace(settings, listen="127.0.0.1:0", admin_listen="127.0.0.1:0"),
                             store=MemoryStore(backend))
-        b_url = f"pulsar://127.0.0.1:{b.listener.port}"
+        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
         for _ in range(400):  # bounded: until a knows the 8/8 split
             if [a.coordinator.leader_url(i) for i in range(16)].count(b_url) == 8:
                 break
@@ -73,7 +73,7 @@ async def test_connect_naming_a_peer_is_served_by_the_peer(settings, monkeypatch
         a_led = [i for i in range(16) if a.coordinator.leads(i)]
         assert len(b_led) == 8 and len(a_led) == 8
 
-        client = await proxied_client(a.listener.port, b_url)
+        client = await proxied_client(a.listeners[0].port, b_url)
         # The connection is b's: b's coordinators are served, a's are not found there.
         assert (await client.tc_client_connect(b_led[0])).error is None
         assert (proxied(a), proxied(b)) == (1, 0)

@@ -17,7 +17,7 @@ async def test_flag_and_snapshot(app, client):
     connected = await client._connected
     assert connected.feature_flags is not None and connected.feature_flags.supports_tc_metadata_discovery
     update = await client.watch_assignments(7)
-    url = f"pulsar://127.0.0.1:{app.listener.port}"
+    url = f"pulsar://127.0.0.1:{app.listeners[0].port}"
     assert update.watch_id == 7 and update.error is None
     assert update.snapshot.parallelism == 16
     assert update.snapshot.assignments == tuple(TcAssignment(i, url) for i in range(16))
@@ -31,19 +31,22 @@ async def test_updates_follow_a_rebalance(settings, monkeypatch):
     a = await start_app(settings, store=MemoryStore(backend))
     b = None
     try:
-        watcher = await connect("127.0.0.1", a.listener.port)
+        watcher = await connect("127.0.0.1", a.listeners[0].port)
         first = await watcher.watch_assignments(1)
-        a_url = f"pulsar://127.0.0.1:{a.listener.port}"
+        assert first.snapshot is not None
+        a_url = f"pulsar://127.0.0.1:{a.listeners[0].port}"
         assert {x.broker_service_url for x in first.snapshot.assignments} == {a_url}
         b = await start_app(replace(settings, listen="127.0.0.1:0", admin_listen="127.0.0.1:0"),
                             store=MemoryStore(backend))
-        b_url = f"pulsar://127.0.0.1:{b.listener.port}"
+        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
         latest = first
         for _ in range(200):  # bounded: until the update shows the 8/8 split
             latest = await asyncio.wait_for(watcher.assignment_updates.get(), 10)
+            assert latest.snapshot is not None
             urls = [x.broker_service_url for x in latest.snapshot.assignments]
             if len(urls) == 16 and urls.count(b_url) == 8:
                 break
+        assert latest.snapshot is not None
         assert [x.broker_service_url for x in latest.snapshot.assignments] == [a_url] * 8 + [b_url] * 8
         watcher.close()
     finally:
