@@ -68,6 +68,8 @@ MAX_RETENTION_S = 10 * 365 * 24 * 3600
 MAX_REQUESTS_IN_FLIGHT = 1_000_000
 # Each connection is a file descriptor: a million is beyond any descriptor limit set in practice.
 MAX_CONNECTIONS = 1_000_000
+# A CONNECT with a large token must still fit.
+MIN_FRAME_SIZE = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,11 @@ class Settings:
     # closed at once. Each holds a descriptor and up to a frame of buffered input.
     max_connections: int = 4096
     max_connections_per_address: int = 1024
+    # The largest frame a client may send: TC commands, lookups and CONNECT are small; producers'
+    # payloads reach brokers through relay.py, never the frame decoder (issue 15).
+    max_frame_size: int = 256 * 1024
+    # Input buffered by all connections together (frames not yet complete or not yet served).
+    max_buffered_input_bytes: int = 64 * 1024 * 1024
     # The front door (README "One service URL"): brokers that get every request that is not the
     # coordinator's, comma-separated; the first that answers is used, the next on failure.
     upstream_url: str = ""
@@ -195,6 +202,10 @@ class Settings:
               f"must be between 1 and {MAX_CONNECTIONS}")
         check(1 <= self.max_connections_per_address <= self.max_connections, "max_connections_per_address",
               "must be between 1 and max_connections")
+        check(MIN_FRAME_SIZE <= self.max_frame_size <= MAX_MESSAGE_SIZE + 10_240, "max_frame_size",
+              f"must be between {MIN_FRAME_SIZE} and {MAX_MESSAGE_SIZE + 10_240} (a 32-bit frame size)")
+        check(self.max_frame_size <= self.max_buffered_input_bytes <= 2**40, "max_buffered_input_bytes",
+              "must be at least max_frame_size (and at most 1 TiB)")
         check(0 <= self.participant_wait_s <= 86_400, "participant_wait_s", "must be between 0 and 86400 s")
         check(1 <= self.delivery_max_in_flight <= 1_000_000, "delivery_max_in_flight", "must be between 1 and 1000000")
         check(1 <= self.delivery_max_in_flight_per_broker <= 1_000_000, "delivery_max_in_flight_per_broker",

@@ -92,8 +92,8 @@ class Metrics:
             ["coordinator_id"], registry=r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
-            "tc_server_connections_refused", "Client connections closed at once because a limit was reached "
-            "(max_connections, max_connections_per_address)", ["reason"], registry=r)
+            "tc_server_connections_refused", "Client connections closed because a limit was reached "
+            "(max_connections, max_connections_per_address, max_buffered_input)", ["reason"], registry=r)
         self.in_flight = Gauge("tc_server_requests_in_flight", "Transaction requests being served", registry=r)
         self.store_batch_size = Histogram(
             "tc_server_store_batch_size", "Operations per store commit/batch",

@@ -66,7 +66,10 @@ MAX_IN_FLIGHT = 16_384
 NO_REQUEST_ID = -1
 NOT_SERVED = "not served by a transaction coordinator; set --upstream-url to forward it to a broker"
 # Why a connection was closed at once (the label values of tc_server_connections_refused_total).
-REFUSAL_REASONS = ("max_connections", "max_connections_per_address")
+REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffered_input")
+# Past the input budget, a connection still holding more than this after serving what it can is
+# growing a large unfinished frame (TC commands are far smaller): it is the one closed.
+SMALL_INPUT_BYTES = 16 * 1024
 
 
 @dataclass
@@ -92,6 +95,9 @@ class ServerContext:
     # Client connections at once, overall and per remote host (issue 15): past them, closed at once.
     max_connections: int = 4096
     max_connections_per_address: int = 1024
+    # Input buffered by all connections together, and its cap (issue 15: 200 stalled 5 MB frames took 1 GB).
+    max_buffered_input: int = 64 * 1024 * 1024
+    buffered_input: int = 0
     in_flight: int = 0
     paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
@@ -128,6 +134,7 @@ class ClientConnection(asyncio.Protocol):
         self._log: Any = log
         self._address = ""  # the remote host, counted against --max-connections-per-address
         self._admitted = False
+        self._counted_input = 0  # this connection's part of the context's buffered_input
         self._connected = False
         self._closing = False
         self._principal: str | None = None
@@ -187,6 +194,7 @@ class ClientConnection(asyncio.Protocol):
             return  # refused in connection_made: nothing was set up
         self._ctx.release(self._address)
         self._closing = True
+        self._count_input()
         if self._keepalive is not None:
             self._keepalive.cancel()
         if self._auth_check is not None:
@@ -211,6 +219,21 @@ class ClientConnection(asyncio.Protocol):
             return
         self._decoder.feed(data)
         self._process_frames()
+        ctx = self._ctx
+        if (ctx.buffered_input > ctx.max_buffered_input and not self._read_paused_for
+                and self._decoder.buffered > SMALL_INPUT_BYTES and not self._closing):
+            ctx.metrics.connections_refused.labels("max_buffered_input").inc()
+            if (left_out := ctx.log_limiter.allow("input budget")) is not None:
+                self._log.warning("closing: buffered input over the server's budget", buffered=self._decoder.buffered,
+                                  budget=ctx.max_buffered_input, closed_since_last_line=left_out)
+            self.close()
+            self._count_input()
+
+    def _count_input(self) -> None:
+        """Keep the context's buffered_input up to date with this connection's decoder."""
+        now = 0 if self._closing else self._decoder.buffered
+        self._ctx.buffered_input += now - self._counted_input
+        self._counted_input = now
 
     def _process_frames(self) -> None:
         # Stop at once when paused: pause_reading() only stops the socket, while the frames of
@@ -228,6 +251,8 @@ class ClientConnection(asyncio.Protocol):
         except FrameError as exc:
             self._log.warning("bad frame; closing", error=str(exc))
             self.close()
+        finally:
+            self._count_input()
 
     def pause_writing(self) -> None:
         # The client is not reading its answers: stop reading its requests (or, when carried to a
@@ -468,6 +493,7 @@ class ClientConnection(asyncio.Protocol):
         self._ctx.metrics.proxied_connections.inc()
         broker.transport.write(encode_command(replace(connect, proxy_to_broker_url=None))
                                + self._decoder.take_buffered())
+        self._count_input()
         self._log.info("proxying to broker")
         self._resume_reading("relay-setup")
 

@@ -69,7 +69,7 @@ async def test_past_max_connections_a_connection_is_closed_at_once(
     held = [await open_from(app, source) for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.4")]
     extra = [await open_from(app, f"127.0.0.{5 + i}", handshake=False) for i in range(30)]
     assert all([await refused(c) for c in extra])
-    assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0}
+    assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0, "max_buffered_input": 0}
     # One log line for the burst, not one per connection.
     lines = [e for e in server_log if e["event"] == "connection refused"]
     assert len(lines) == 1 and lines[0]["reason"] == "max_connections", lines
