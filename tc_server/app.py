@@ -165,6 +165,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
                 default_timeout_ms=settings.default_txn_timeout_ms,
                 max_timeout_ms=settings.max_txn_timeout_ms,
                 id_block_size=settings.id_block_size,
+                max_active_txns=settings.max_active_transactions_per_coordinator,
                 superusers=authentication.superusers,
             ),
             gc_retention_s=settings.gc_retention_s,

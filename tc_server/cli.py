@@ -27,6 +27,9 @@ HELP = {
     "gc_retention_s": "how long ended txn headers are kept before GC deletes them",
     "gc_interval_s": "how often the GC pass runs (on the leader of coordinator 0)",
     "timeout_sweep": "abort open txns at their deadline (disable only to inspect stuck txns)",
+    "max_active_transactions_per_coordinator": "open transactions per coordinator before NEW_TXN is answered "
+                                               "NotAllowedError (broker.conf maxActiveTransactionsPerCoordinator; "
+                                               "0: no limit)",
     "id_block_size": "txn ids reserved per store round trip",
     "keepalive_s": "PING idle clients this often; drop those that do not answer by the next tick",
     "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",

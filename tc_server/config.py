@@ -88,6 +88,9 @@ class Settings:
     # 0 disables the timeout sweep (used by the audit end-to-end test to leave a txn stuck).
     timeout_sweep: bool = True
     id_block_size: int = 1000
+    # Open txns per coordinator before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator;
+    # 0: no limit). ~550 B each: 16 coordinators x 10,000 stay within the memory limit we ship (issue 15).
+    max_active_transactions_per_coordinator: int = 10_000
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
@@ -190,6 +193,8 @@ class Settings:
               "must be at least default_txn_timeout_ms")
         check(self.gc_retention_s >= 0, "gc_retention_s", "must be >= 0")
         check(self.gc_interval_s > 0, "gc_interval_s", "must be positive")
+        check(0 <= self.max_active_transactions_per_coordinator <= MAX_REQUESTS_IN_FLIGHT * 100,
+              "max_active_transactions_per_coordinator", "must be between 0 (no limit) and 100000000")
         check(1 <= self.id_block_size <= MAX_ID_BLOCK_SIZE, "id_block_size",
               f"must be between 1 and {MAX_ID_BLOCK_SIZE}")
         check(self.keepalive_s > 0, "keepalive_s", "must be positive")

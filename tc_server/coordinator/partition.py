@@ -89,6 +89,8 @@ class PartitionConfig:
     max_timeout_ms: int = 3_600_000
     id_block_size: int = 1000
     superusers: frozenset[str] = frozenset()
+    # Open txns tracked here before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator); 0: none.
+    max_active_txns: int = 0
 
 
 class CoordinatorPartition:
@@ -206,6 +208,11 @@ class CoordinatorPartition:
             raise NotAllowed(
                 f"transaction timeout {ttl_ms} ms is above the maximum of {self._config.max_timeout_ms} ms"
             )
+        if 0 < self._config.max_active_txns <= len(self._open):
+            # Pulsar's broker leaves such a NEW_TXN unanswered so the client does not retry it
+            # (apache/pulsar#15133); an answer that is not retried says the same and names the limit.
+            raise NotAllowed(f"transaction coordinator {self.tc_id} has {len(self._open)} open transactions, "
+                             f"its limit (--max-active-transactions-per-coordinator); end some first")
         least = await self._ids.next_id()
         header = TxnHeader(TxnState.OPEN, created_ms=self._clock(), timeout_ms=ttl_ms, owner=owner)
         key = layout.txn_key(self.tc_id, least)
