@@ -1,0 +1,34 @@
+# A real Apache Pulsar 5 broker (5.0.0-M1) for tests/v5: its own v5 coordinator and participants on the
+# Oxia stand-in that tc-server uses (tests/v5/broker5.py starts it standalone with --metadata-url oxia://).
+#   make pulsar-broker5   -- org.apache.pulsar:pulsar-broker:5.0.0-M1 and its runtime jars in .cache/pulsar-broker5/lib
+#   make test-broker5     -- resolve it and run tests/v5
+#
+# Resolved by Maven from tests/v5/pom.xml (which pins the netty, jackson and log4j BOMs: the 5.x POMs are
+# flattened, so nearest-wins would mix versions); about 315 jars, once. Pulsar 5 needs Java 21+ (class
+# version 65): a missing one is an error, never a skip (docs/architecture.md §9). TC_SERVER_JAVA21 names
+# the java binary; otherwise the newest JDK under /usr/lib/jvm that is 21 or later is used.
+
+BROKER5_POM := tests/v5/pom.xml
+BROKER5_CACHE := .cache/pulsar-broker5
+BROKER5_LIB := $(BROKER5_CACHE)/lib
+BROKER5_STAMP := $(BROKER5_CACHE)/lib.stamp
+
+.PHONY: pulsar-broker5 test-broker5
+pulsar-broker5: $(BROKER5_STAMP)
+# tests/v5 takes under two minutes (broker start included), so `make test` runs it.
+TEST_DEPS += pulsar-broker5
+
+$(BROKER5_STAMP): $(BROKER5_POM)
+	@command -v mvn >/dev/null || { echo "error: mvn not found; resolving the Pulsar 5 broker needs Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
+	@$(PY) -c 'from tests.v5.broker5 import find_java21; find_java21()' || exit 1
+	rm -rf $(BROKER5_LIB) $(BROKER5_LIB).partial
+	@mkdir -p $(BROKER5_CACHE)
+	mvn -q -B -Dstyle.color=never -f $(BROKER5_POM) package -Dbroker.lib.dir=$(abspath $(BROKER5_LIB).partial) \
+	    > $(BROKER5_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER5_CACHE)/mvn.log >&2; \
+	    echo "error: resolving the Pulsar 5 broker with Maven failed (log above, $(BROKER5_CACHE)/mvn.log)" >&2; exit 1; }
+	mv $(BROKER5_LIB).partial $(BROKER5_LIB)
+	@echo "pulsar-broker5: $$(ls $(BROKER5_LIB) | wc -l) jars in $(BROKER5_LIB)"
+	@touch $@
+
+test-broker5: setup pulsar-broker5
+	$(PY) -m pytest tests/v5 $(PYTEST_ARGS)

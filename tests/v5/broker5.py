@@ -1,0 +1,110 @@
+"""A real Pulsar 5 (5.0.0-M1) standalone broker whose metadata store is an Oxia (the project's stand-in).
+
+The jars come from Maven Central through ``make pulsar-broker5`` (mk/broker5.mk, tests/v5/pom.xml). It is
+the 4.2.4 launcher (tc_server/bench/pulsar_broker.py) with what 5.x changes: Java 21+, no
+``--bookkeeper-port`` (the bookie takes an ephemeral loopback port, which BookKeeper refuses unless
+``allowLoopback``), and ``--metadata-url oxia://HOST:PORT/NAMESPACE`` instead of RocksDB, so that the
+broker's v5 coordinator and participants share their records with tc-server. The v5 coordinator runs
+with 16 partitions of its own (``/txn/tc/parallelism``), so the legacy coordinator is not scaled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from tc_server.bench.pulsar_broker import (
+    ADD_OPENS,
+    JVM_MEMORY,
+    MAIN_CLASS,
+    START_TIMEOUT_S,
+    BrokerStartError,
+    PulsarBroker,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+BROKER5_LIB = REPO / ".cache" / "pulsar-broker5" / "lib"
+# Written by mk/broker5.mk only once every jar is in place.
+BROKER5_STAMP = REPO / ".cache" / "pulsar-broker5" / "lib.stamp"
+MAKE_COMMAND = "make pulsar-broker5"
+JDK_ROOT = Path("/usr/lib/jvm")
+# Pulsar 5 is compiled for class version 65.
+MIN_JAVA = 21
+# What the 5.x broker reflects into beyond what 4.2.4 needs (its load manager reads the container limits).
+ADD_OPENS_5 = [*ADD_OPENS, "java.base/java.nio", "java.base/sun.nio.ch", "java.base/jdk.internal.platform"]
+
+
+def java_major(java: str) -> int | None:
+    """The feature version of the ``java`` binary (``java.specification.version``), None if it does not run."""
+    try:
+        out = subprocess.run([java, "-XshowSettings:properties", "-version"], capture_output=True, text=True,
+                             timeout=60, check=False).stderr
+    except OSError:
+        return None
+    for line in out.splitlines():
+        name, _, value = line.strip().partition(" = ")
+        if name == "java.specification.version" and value.split(".")[0].isdigit():
+            return int(value.split(".")[0])
+    return None
+
+
+def find_java21() -> str:
+    """``$TC_SERVER_JAVA21``, else the newest JDK under /usr/lib/jvm that is 21+. Raises BrokerStartError
+    naming what was found otherwise (the machine's default java may well be 17)."""
+    named = os.environ.get("TC_SERVER_JAVA21")
+    candidates = [named] if named else [str(p) for p in sorted(JDK_ROOT.glob("*/bin/java"))]
+    found = {java: java_major(java) for java in candidates}
+    usable = [(major, java) for java, major in found.items() if major is not None and major >= MIN_JAVA]
+    if not usable:
+        raise BrokerStartError(
+            f"no Java {MIN_JAVA}+ found (Pulsar 5 needs it): {found or 'no JDK under ' + str(JDK_ROOT)}; "
+            f"install one (e.g. Temurin 21) or set TC_SERVER_JAVA21 to its java binary")
+    return max(usable)[1]
+
+
+class Pulsar5Broker(PulsarBroker):
+    """One standalone Pulsar 5 broker under ``workdir`` on the Oxia at ``oxia_address`` (namespace default)."""
+
+    def __init__(self, workdir: Path, oxia_address: str, extra_config: Mapping[str, str] | None = None) -> None:
+        super().__init__(workdir, extra_config)
+        self.oxia_address = oxia_address
+
+    @property
+    def metadata_url(self) -> str:
+        return f"oxia://{self.oxia_address}/default"
+
+    def config(self) -> dict[str, str]:
+        settings = super().config()
+        del settings["metadataStoreUrl"]  # given on the command line
+        settings["allowLoopback"] = "true"  # the embedded bookie listens on 127.0.0.1
+        return settings
+
+    def command(self, java: str) -> list[str]:
+        opens = [arg for module in ADD_OPENS_5 for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
+        return [java, *JVM_MEMORY, "-Djava.net.preferIPv4Stack=true", *opens,
+                "-cp", f"{BROKER5_LIB}/*", MAIN_CLASS,
+                "--config", str(self.config_path), "--no-functions-worker", "--no-stream-storage",
+                "--metadata-url", self.metadata_url,
+                "--bookkeeper-dir", str(self.workdir / "bookkeeper"), "--advertised-address", "127.0.0.1"]
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Pulsar5Broker:
+        """Start it (again: same ports, same data) and wait until its admin API serves ``public/default``.
+        Raises BrokerStartError with the reason and the log tail."""
+        if self.running():
+            raise RuntimeError(f"the broker on port {self.port} is already running")
+        java = find_java21()
+        if not BROKER5_STAMP.exists():
+            raise BrokerStartError(f"the Pulsar 5 broker jars are missing ({BROKER5_LIB}): run `{MAKE_COMMAND}`")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
+        argv = self.command(java)
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start {' '.join(argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self._wait_serving(time.monotonic() + timeout_s)
+        return self
