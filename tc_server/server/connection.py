@@ -418,7 +418,7 @@ class ClientConnection(asyncio.Protocol):
         self._in_flight += 1
         ctx.in_flight += 1
         ctx.metrics.in_flight.set(ctx.in_flight)
-        if self._in_flight >= MAX_IN_FLIGHT:
+        if self._in_flight >= self._in_flight_share():
             self._pause_reading("in-flight")
         task = asyncio.get_running_loop().create_task(self._run(work))
         self._tasks.add(task)
@@ -432,12 +432,19 @@ class ClientConnection(asyncio.Protocol):
             self._in_flight -= 1
             ctx.in_flight -= 1
             ctx.metrics.in_flight.set(ctx.in_flight)
-            if self._in_flight < MAX_IN_FLIGHT // 2:
+            if self._in_flight < max(1, self._in_flight_share() // 2):
                 self._resume_reading("in-flight")
             if ctx.paused and ctx.in_flight < max(1, ctx.max_in_flight // 2):
                 for connection in list(ctx.paused):
                     connection._resume_reading("server-busy")
                 ctx.paused.clear()
+
+    def _in_flight_share(self) -> int:
+        """Requests this connection may have in flight: an equal share of the server-wide bound, so that
+        one flooding connection cannot take it all and starve the others (issue 15: a flooder made a
+        well-behaved client fail 5 of 81 requests), and never above MAX_IN_FLIGHT."""
+        ctx = self._ctx
+        return max(1, min(MAX_IN_FLIGHT, ctx.max_in_flight // max(1, len(ctx.connections))))
 
     async def _serve_txn(self, cmd: TxnRequest) -> None:
         response = await self._ctx.dispatcher.transaction(cmd, self._principal)

@@ -1,0 +1,69 @@
+"""Fairness under a flood (issue 15, "One client starves the others"): one connection pipelining far
+more requests than the server-wide bound gets only its share of it, so a well-behaved connection's
+request is still read and served while the store is stalled under the flood.
+
+The stall is a stand-in: a memory store whose header writes wait for a gate (as in
+tests/server/test_backpressure.py); a real store cannot be stalled on cue."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from tc_server.app import start_app
+from tc_server.client import connect
+from tc_server.config import Settings
+from tc_server.server.connection import ClientConnection
+from tc_server.store.memory import MemoryStore
+
+BOUND = 8
+ANSWER_BOUND_S = 30.0
+
+
+class GatedStore(MemoryStore):
+    """Header writes wait for the gate: a stalled store, on cue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def put(self, key: str, value: bytes, **kwargs: Any) -> Any:
+        if key.startswith("/txn/id/"):
+            await self.gate.wait()
+        return await super().put(key, value, **kwargs)
+
+
+async def test_a_flooding_connection_cannot_take_the_whole_bound(settings: Settings) -> None:
+    store = GatedStore()
+    app = await start_app(replace(settings, max_requests_in_flight=BOUND), store=store)
+    try:
+        context = app.listeners[0].context
+        flooder = await connect("127.0.0.1", app.listeners[0].port)
+        polite = await connect("127.0.0.1", app.listeners[0].port)
+        store.gate.clear()
+        flood = [asyncio.ensure_future(flooder.new_txn(tc_id=i % 16)) for i in range(200)]
+        for _ in range(500):  # until the flood has taken what it may (bounded)
+            await asyncio.sleep(0.01)
+            if context.in_flight >= BOUND // 2:
+                break
+        request = asyncio.ensure_future(polite.new_txn(tc_id=3))
+        served: dict[ClientConnection, int] = {}
+        for _ in range(500):  # until the polite request is read (bounded)
+            await asyncio.sleep(0.01)
+            served = {c: c._in_flight for c in context.connections}
+            if sorted(served.values()) == [1, BOUND // 2]:
+                break
+        # The flooder holds its share (half of the bound with two connections); the polite
+        # connection's one request was read although 196 of the flood still wait.
+        assert sorted(served.values()) == [1, BOUND // 2], served
+        assert context.in_flight <= BOUND
+        store.gate.set()
+        assert (await asyncio.wait_for(request, ANSWER_BOUND_S)).error is None
+        answers = await asyncio.wait_for(asyncio.gather(*flood), ANSWER_BOUND_S)
+        assert all(a.error is None for a in answers)
+        flooder.close()
+        polite.close()
+    finally:
+        await app.stop()
