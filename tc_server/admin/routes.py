@@ -86,6 +86,7 @@ class AdminRoutes:
             problems.append(f"metadata store unreachable: {exc!r}")
         if not self._tc.ready:
             problems.append("not every transaction coordinator has a leader yet")
+        problems.extend(self._tc.health.problems())
         if problems:
             return json_response(503, {"ready": False, "problems": problems})
         return json_response(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})

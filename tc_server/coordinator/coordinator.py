@@ -26,6 +26,7 @@ from tc_server.coordinator.partition import (
     wall_clock_ms,
 )
 from tc_server.coordinator.sweeps import collect_garbage
+from tc_server.health import Health
 from tc_server.metrics import Metrics
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
 
@@ -61,6 +62,8 @@ class TransactionCoordinator:
         participant_sender: ParticipantSender | None = None,
     ) -> None:
         self.store = store
+        # Failures seen lately, which /readyz reports (the recovery scan's, the requests' store errors).
+        self.health = Health()
         # Tells today's brokers the decisions (None: no --upstream-url; the records wait).
         self.participant_sender = participant_sender
         self.config = config
@@ -260,8 +263,11 @@ class TransactionCoordinator:
                 found = await self._scan_open_txns()
             except (StoreError, TimeoutError) as exc:
                 log.warning("recovery scan failed; retrying", coordinators=sorted(wanted), error=repr(exc))
+                # Until it succeeds, open txns of these coordinators are not tracked: their timeouts wait.
+                self.health.failed("recovery scan", repr(exc), until_recovered=True)
                 await asyncio.sleep(RECOVERY_RETRY_S)
                 continue
+            self.health.recovered("recovery scan")
             for tc_id in wanted:
                 self._pending_recovery.discard(tc_id)
                 partition = self._partitions.get(tc_id)

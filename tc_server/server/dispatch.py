@@ -179,6 +179,10 @@ class Dispatcher:
             self.metrics.request_errors.labels(name, error.name).inc()
             log.info("request failed", command=name, request_id=cmd.request_id,
                      txn=f"({most},{least})", error=error.name, message=message)
+            if isinstance(exc, StoreUnavailableError):  # a fact for /readyz (tc_server/health.py)
+                self.coordinator.health.failed("metadata store", message)
+        else:
+            self.coordinator.health.recovered("metadata store")
         if delivered and error is None:
             await self._wait_delivered(delivered[0], most, least)
         self._observe[name](time.perf_counter() - started)

@@ -1,0 +1,49 @@
+"""What /readyz reports besides reachability: failures the server has actually seen (issue 15: the probe
+stayed 200 while every write failed on a full disk, and while recovery failed forever on a damaged
+database).
+
+Each component reports its failures and its successes here. A failure the component keeps retrying by
+itself (the recovery scan) stands until it succeeds; a failure seen by requests (store writes) stands
+while it keeps happening and for FRESH_S after, so an instance taken out of service, which then gets no
+requests, is tried again instead of staying out for good."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# How long a request-driven failure keeps the instance unready after it was last seen.
+FRESH_S = 30.0
+
+
+@dataclass
+class _Failure:
+    since: float
+    last: float
+    message: str
+    sticky: bool
+
+
+class Health:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures: dict[str, _Failure] = {}
+
+    def failed(self, component: str, message: str, *, until_recovered: bool = False) -> None:
+        """``component`` failed just now; ``until_recovered``: it stands until :meth:`recovered`."""
+        now = self._clock()
+        previous = self._failures.get(component)
+        since = previous.since if previous is not None else now
+        self._failures[component] = _Failure(since, now, message[:300], until_recovered)
+
+    def recovered(self, component: str) -> None:
+        if self._failures:  # the common case costs one check
+            self._failures.pop(component, None)
+
+    def problems(self) -> list[str]:
+        """One line per failing component, naming it, for how long, and the last error."""
+        now = self._clock()
+        return [f"{component} failing for {now - failure.since:.0f} s: {failure.message}"
+                for component, failure in sorted(self._failures.items())
+                if failure.sticky or now - failure.last <= FRESH_S]

@@ -1,0 +1,92 @@
+"""/readyz from facts (issue 15, "/readyz lies"): store writes that fail and a recovery scan that fails
+make it 503 with a reason naming them; it turns 200 again once they work.
+
+The failing disk and the damaged index are stand-ins: a memory store that raises the error the
+embedded store raises for a full disk or a corrupt file, on cue (neither can be produced on cue
+on this machine without root)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from tc_server.app import App, start_app
+from tc_server.client import connect
+from tc_server.config import Settings
+from tc_server.store.api import Record, StoreUnavailableError
+from tc_server.store.memory import MemoryStore
+
+BOUND_S = 30.0
+
+
+class FailingStore(MemoryStore):
+    """Header writes fail while ``disk_full``; deadline-index scans fail while ``index_damaged``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.disk_full = False
+        self.index_damaged = False
+
+    async def put(self, key: str, value: bytes, **kwargs: Any) -> Record:
+        if self.disk_full and key.startswith("/txn/id/"):
+            raise StoreUnavailableError("embedded store: write failed: OperationalError: database or disk is full")
+        return await super().put(key, value, **kwargs)
+
+    def scan_index(self, index_name: str, start_inclusive: str, end_exclusive: str, *,
+                   partition_key: str | None = None) -> AsyncIterator[Record]:
+        if self.index_damaged and "deadline" in index_name:
+            raise StoreUnavailableError("embedded store: scan failed: DatabaseError: database disk image is malformed")
+        return super().scan_index(index_name, start_inclusive, end_exclusive, partition_key=partition_key)
+
+
+async def readyz(app: App) -> tuple[int, dict[str, Any]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+    writer.write(b"GET /readyz HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n")
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+async def until_status(app: App, status: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for _ in range(int(BOUND_S / 0.05)):
+        code, doc = await readyz(app)
+        if code == status:
+            return doc
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/readyz never answered {status}; last: {doc}")
+
+
+async def test_failing_writes_make_readyz_fail_with_a_reason(settings: Settings) -> None:
+    store = FailingStore()
+    app = await start_app(settings, store=store)
+    try:
+        await until_status(app, 200)
+        client = await connect("127.0.0.1", app.listeners[0].port)
+        store.disk_full = True
+        assert (await client.new_txn(tc_id=1)).error is not None
+        doc = await until_status(app, 503)
+        assert any("metadata store failing" in p and "disk is full" in p for p in doc["problems"]), doc
+        store.disk_full = False
+        assert (await client.new_txn(tc_id=1)).error is None
+        await until_status(app, 200)
+        client.close()
+    finally:
+        await app.stop()
+
+
+async def test_a_failing_recovery_scan_makes_readyz_fail_until_it_succeeds(settings: Settings) -> None:
+    store = FailingStore()
+    store.index_damaged = True
+    app = await start_app(replace(settings, store="memory"), store=store)
+    try:
+        doc = await until_status(app, 503)
+        assert any("recovery scan failing" in p and "malformed" in p for p in doc["problems"]), doc
+        store.index_damaged = False
+        await until_status(app, 200)
+    finally:
+        await app.stop()
