@@ -7,10 +7,12 @@ ledger metadata, and the v5 coordinator's records (leader election on ephemeral 
 partition keys and secondary indexes, the id sequence) all live there. One shard because 5.0.0-M1's
 index scans read without the partition key and miss records on other shards (a Pulsar bug).
 
-What this proves: tc-server reads, through its own Oxia client and layout module, the records Pulsar's
-own v5 coordinator writes (headers, index keys, tc-seq, parallelism, leader records), and a tc-server
-process started on that store accepts Pulsar's parallelism record and answers discovery from Pulsar's
-leader records. Not covered here: a v5 SDK producing to a scalable topic in a txn minted by tc-server.
+What this proves, in one scenario: a Pulsar 5 broker started on a store where tc-server leads the 16
+coordinators parses tc-server's parallelism and leader records and sends v5 clients to tc-server; when
+tc-server steps down, Pulsar's own v5 coordinator takes over, and a restarted tc-server follows it,
+reading Pulsar's leader records; tc-server's Oxia client and layout module read the headers, index keys,
+id sequence and parallelism Pulsar's coordinator writes. Not covered here: a v5 SDK producing to a
+scalable topic in a txn minted by tc-server, and the broker's participants reading tc-server's decisions.
 
 `make test-broker5` resolves the broker (`make pulsar-broker5`) and runs these tests; a missing broker or
 Java 21 fails them, it never skips (docs/architecture.md §9).
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 
@@ -50,16 +52,52 @@ def oxia_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail(str(exc))
 
 
+@dataclass
+class Shared:
+    """One store, a tc-server process started on it first (so it leads all 16 coordinators), then the broker."""
+
+    oxia_address: str
+    tc_server: ServerProcess
+    broker: Pulsar5Broker
+
+
 @pytest.fixture(scope="module")
-def broker5(tmp_path_factory: pytest.TempPathFactory, oxia_address: str) -> Iterator[Pulsar5Broker]:
+def shared(tmp_path_factory: pytest.TempPathFactory, oxia_address: str) -> Iterator[Shared]:
+    server = ServerProcess(tmp_path_factory.mktemp("tc-server") / "data", "--oxia-address", oxia_address,
+                           "--coordinators", "16", store="oxia")
+    server.start()
     broker = Pulsar5Broker(tmp_path_factory.mktemp("pulsar5"), oxia_address)
     try:
         broker.start()
     except BrokerStartError as exc:
         broker.kill()
+        server.stop()
         pytest.fail(f"the Pulsar 5 broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
-    yield broker
+    yield Shared(oxia_address, server, broker)
     broker.stop()
+    server.stop()
+
+
+async def assignments(port: int) -> dict[int, str | None]:
+    """WATCH_TC_ASSIGNMENTS as the server on ``port`` answers it: tcId -> leader URL."""
+    client = await connect("127.0.0.1", port)
+    try:
+        update = await asyncio.wait_for(client.watch_assignments(1), 30)
+    finally:
+        client.close()
+    assert update.snapshot is not None, update
+    return {a.tc_id: a.broker_service_url for a in update.snapshot.assignments}
+
+
+async def poll_assignments(port: int, expected: dict[int, str | None], what: str) -> None:
+    """Bounded poll (a test timeout, not a timing assertion): leadership moves through store notifications."""
+    last: dict[int, str | None] = {}
+    for _ in range(300):
+        last = await assignments(port)
+        if last == expected:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what}: WATCH_TC_ASSIGNMENTS still says {last}")
 
 
 @pytest.fixture
@@ -77,8 +115,35 @@ async def v5_client(broker: Pulsar5Broker, tc_id: int) -> TcClient:
     return client
 
 
-async def test_pulsars_coordinator_records_are_read_by_tc_server(broker5: Pulsar5Broker,
-                                                                  store: MetadataStore) -> None:
+async def test_leadership_moves_between_tc_server_and_pulsars_coordinator(shared: Shared,
+                                                                        store: MetadataStore) -> None:
+    tc_server, broker = shared.tc_server, shared.broker
+    # 1. tc-server started first and leads every coordinator; the broker parsed its parallelism record
+    #    (plain "16") and its leader records, and sends v5 clients to tc-server.
+    everything_at_tc_server = {i: tc_server.url for i in range(16)}
+    assert await assignments(broker.port) == everything_at_tc_server
+    assert await assignments(tc_server.port) == everything_at_tc_server
+    assert "NumberFormatException" not in broker.log_path.read_text(errors="replace")
+
+    # 2. tc-server steps down (its leader records go): Pulsar's own v5 coordinator takes over.
+    await asyncio.to_thread(tc_server.stop)
+    await poll_assignments(broker.port, {i: broker.url for i in range(16)}, "the broker did not take over")
+
+    # 3. A restarted tc-server follows the broker: it reads Pulsar's leader records.
+    await asyncio.to_thread(tc_server.start)
+    assert await assignments(tc_server.port) == {i: broker.url for i in range(16)}
+    refused = await connect("127.0.0.1", tc_server.port)
+    try:
+        answer = await refused.tc_client_connect(0)  # led by the broker, not by tc-server
+        assert answer.error is not None, answer
+    finally:
+        refused.close()
+
+    # 4. Records Pulsar's coordinator writes, read by tc-server's Oxia client and layout module.
+    await check_pulsars_coordinator_records(broker, store)
+
+
+async def check_pulsars_coordinator_records(broker5: Pulsar5Broker, store: MetadataStore) -> None:
     tc_id = 3
     client = await v5_client(broker5, tc_id)
     try:
@@ -125,26 +190,3 @@ async def test_pulsars_coordinator_records_are_read_by_tc_server(broker5: Pulsar
     leader = await store.get(layout.leader_path(tc_id))
     assert leader is not None
     assert TcLeader.from_json(leader.value).broker_service_url == broker5.url
-
-
-async def test_tc_server_on_pulsars_store_answers_discovery_from_pulsars_leaders(
-        broker5: Pulsar5Broker, oxia_address: str, tmp_path: Path) -> None:
-    # The broker's v5 coordinator leads all 16 partitions (ephemeral records in its Oxia session), so a
-    # tc-server started on the same store follows: it must accept Pulsar's plain "16" and hand
-    # clients the broker's URL for every coordinator.
-    server = ServerProcess(tmp_path / "data", "--oxia-address", oxia_address, "--coordinators", "16",
-                           store="oxia")
-    await asyncio.to_thread(server.start)
-    try:
-        client = await connect("127.0.0.1", server.port)
-        try:
-            update = await asyncio.wait_for(client.watch_assignments(1), 30)
-            assert update.snapshot is not None, update
-            urls = {a.tc_id: a.broker_service_url for a in update.snapshot.assignments}
-            assert urls == {i: broker5.url for i in range(16)}
-            refused = await client.tc_client_connect(0)  # led by the broker, not by tc-server
-            assert refused.error is not None
-        finally:
-            client.close()
-    finally:
-        await asyncio.to_thread(server.stop)
