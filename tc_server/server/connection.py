@@ -135,6 +135,9 @@ class ClientConnection(asyncio.Protocol):
         self._address = ""  # the remote host, counted against --max-connections-per-address
         self._admitted = False
         self._counted_input = 0  # this connection's part of the context's buffered_input
+        # What a client may repeat at will (unknown commands, repeated handshakes) is logged once per
+        # interval per connection, not once per frame (issue 15: 19x the input in log lines).
+        self._log_limiter = LogLimiter()
         self._connected = False
         self._closing = False
         self._principal: str | None = None
@@ -307,7 +310,8 @@ class ClientConnection(asyncio.Protocol):
         (UnknownError: it is our bug, not the client's input), one log line, the connection stays up.
         Left to escape, asyncio would log it and drop the connection (issue 15)."""
         name = command_name(cmd)
-        self._log.error("command handler failed", command=name, exc_info=exc)
+        if (left_out := self._log_limiter.allow("command handler failed")) is not None:
+            self._log.error("command handler failed", command=name, exc_info=exc, left_out_since_last_line=left_out)
         self._ctx.metrics.request_errors.labels(name, ServerError.UnknownError.name).inc()
         message = f"internal error serving {name}: {type(exc).__name__}"
         request_id = getattr(cmd, "request_id", None)
@@ -354,7 +358,14 @@ class ClientConnection(asyncio.Protocol):
         self._watches.discard(cmd.watch_id)
 
     def _on_repeated_handshake(self, cmd: Any, frame: bytes) -> None:
-        self._log.info("ignoring repeated handshake command", command=command_name(cmd))
+        self._log_repeated("ignoring repeated handshake command", command=command_name(cmd))
+
+    def _log_repeated(self, event: str, **fields: Any) -> None:
+        """An info line a client can provoke at will: at most one per interval on this connection; the
+        next one says how many were left out (the metrics still count every one)."""
+        left_out = self._log_limiter.allow(event)
+        if left_out is not None:
+            self._log.info(event, **fields, left_out_since_last_line=left_out)
 
     def _forward_or_refuse(self, cmd: Command, frame: bytes) -> None:
         """Hand a request that is not the coordinator's to the upstream broker, or refuse it when
@@ -367,7 +378,7 @@ class ClientConnection(asyncio.Protocol):
             return
         request_id = getattr(cmd, "request_id", None)
         name = command_name(cmd)
-        self._log.info("command not served", command=name, request_id=request_id)
+        self._log_repeated("command not served", command=name, request_id=request_id)
         self._ctx.metrics.request_errors.labels("OTHER", ServerError.NotAllowedError.name).inc()
         topic = getattr(cmd, "topic", None)
         if isinstance(cmd, PartitionedMetadata | Lookup):
@@ -563,7 +574,7 @@ class ClientConnection(asyncio.Protocol):
         """AUTH_RESPONSE to a refresh challenge: fresh credentials of the same role, or the end."""
         session = self._auth
         if session is None:
-            self._log.info("ignoring AUTH_RESPONSE: authentication is off")
+            self._log_repeated("ignoring AUTH_RESPONSE: authentication is off")
             return
         try:
             session.refresh(self._ctx.authenticator, cmd.response_data, self._peer_certificate())

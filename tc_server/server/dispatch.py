@@ -18,6 +18,7 @@ from tc_server.coordinator.errors import CoordinatorError
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.server import discovery
+from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
 from tc_server.wire import (
     AddPartitionToTxn,
@@ -83,6 +84,7 @@ class Dispatcher:
         self.coordinator = coordinator
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
+        self._log_limiter = LogLimiter(interval_s=1.0)
         # END_TXN answers once every participant broker acknowledged the decision, or after this long
         # (the decision is durable either way; docs/participants.md).
         self.participant_wait_s = participant_wait_s
@@ -177,8 +179,11 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed answer
             error, message = to_server_error(exc, name)
             self.metrics.request_errors.labels(name, error.name).inc()
-            log.info("request failed", command=name, request_id=cmd.request_id,
-                     txn=f"({most},{least})", error=error.name, message=message)
+            # At most one line per command and error per second: a client can fail requests at will
+            # (issue 15, log amplification); tc_server_request_errors_total counts every one.
+            if (left_out := self._log_limiter.allow(f"{name}:{error.name}")) is not None:
+                log.info("request failed", command=name, request_id=cmd.request_id, txn=f"({most},{least})",
+                         error=error.name, message=message, left_out_since_last_line=left_out)
             if isinstance(exc, StoreUnavailableError):  # a fact for /readyz (tc_server/health.py)
                 self.coordinator.health.failed("metadata store", message)
         else:

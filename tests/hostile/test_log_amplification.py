@@ -1,0 +1,48 @@
+"""Log amplification (issue 15: ~10-byte unknown commands made 19x their size in log lines): what a
+client can repeat at will is logged once per interval, while every frame is still answered and
+counted in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tc_server.app import App
+from tc_server.client import TcClient
+from tc_server.wire import EndTxn, ServerError, TxnAction, Unknown, encode_command
+
+REPEATS = 500
+ANSWER_BOUND_S = 30.0
+
+
+async def test_unknown_commands_are_answered_each_and_logged_once(
+        app: App, client: TcClient, server_log: list[dict[str, Any]]) -> None:
+    # A command type tc-server has no route for (26, REDELIVER_UNACKNOWLEDGED_MESSAGES), and no
+    # upstream to forward it to: NotAllowedError each time.
+    frame = encode_command(Unknown(type_code=26))
+    client.send_raw(frame * REPEATS)
+    for _ in range(int(ANSWER_BOUND_S / 0.02)):
+        if len(client.errors) >= REPEATS:
+            break
+        await asyncio.sleep(0.02)
+    assert len(client.errors) == REPEATS
+    assert {e.error for e in client.errors} == {ServerError.NotAllowedError}
+    lines = [e for e in server_log if e["event"] == "command not served"]
+    assert len(lines) == 1, len(lines)
+    assert (await client.new_txn(tc_id=1)).error is None
+
+
+async def test_failing_requests_are_logged_once_per_interval(
+        app: App, client: TcClient, server_log: list[dict[str, Any]]) -> None:
+    # END_TXN of ids that do not exist: TransactionNotFound for every one.
+    frames = b"".join(encode_command(EndTxn(1000 + i, 4, 10_000_000 + i, TxnAction.COMMIT))
+                      for i in range(REPEATS))
+    waiters = {1000 + i: asyncio.get_running_loop().create_future() for i in range(REPEATS)}
+    client.set_listener(lambda cmd, _frame: waiters[cmd.request_id].set_result(cmd)
+                        if getattr(cmd, "request_id", None) in waiters else None)
+    client.send_raw(frames)
+    got = await asyncio.wait_for(asyncio.gather(*waiters.values()), ANSWER_BOUND_S)
+    assert {a.error for a in got} == {ServerError.TransactionNotFound}
+    lines = [e for e in server_log if e["event"] == "request failed"]
+    # One line per second at most, with the count of those left out: far fewer than the requests.
+    assert 1 <= len(lines) < REPEATS // 50, len(lines)
