@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import platform
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tc_server.bench.process import ServerStartError, TcServerProcess
-from tc_server.client import TcClient, connect
+from tc_server.client import ClientAuth, TcClient, connect
 from tc_server.store import LOCAL_STORE_KINDS, STORE_KINDS
 
 
@@ -70,8 +71,22 @@ async def _worker(client: TcClient, tc_ids: int, count: int, new_lat: list[float
         pair_lat.append(t2 - t0)
 
 
-async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int) -> dict[str, Any]:
-    clients = [await connect("127.0.0.1", port) for _ in range(connections)]
+def auth_setup(kind: str) -> tuple[list[str], ClientAuth]:
+    """Server flags and client credentials for ``--auth``: ``token`` turns token authentication on with
+    an HS256 key made for this run only (docs/security.md), so every CONNECT carries and proves a JWT."""
+    if kind == "none":
+        return [], ClientAuth()
+    import jwt
+
+    secret = os.urandom(32)
+    flags = ["--authentication-providers", "token",
+             "--token-secret-key", "data:;base64," + base64.b64encode(secret).decode()]
+    return flags, ClientAuth("token", jwt.encode({"sub": "bench"}, secret, algorithm="HS256").encode())
+
+
+async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int,
+                   auth: ClientAuth | None = None) -> dict[str, Any]:
+    clients = [await connect("127.0.0.1", port, auth=auth or ClientAuth()) for _ in range(connections)]
     per_worker = max(1, pairs // (connections * concurrency))
     new_lat: list[float] = []
     end_lat: list[float] = []
@@ -100,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="pairs in flight per connection")
     parser.add_argument("--coordinators", type=int, default=16)
     parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
+    parser.add_argument("--auth", action="append", choices=["none", "token"],
+                        help="none (default): authentication off; token: token authentication on, every "
+                             "connection presents a JWT; give both to compare")
     args = parser.parse_args(argv)
     stores = args.store or list(LOCAL_STORE_KINDS)
     import uvloop
@@ -109,18 +127,20 @@ def main(argv: list[str] | None = None) -> int:
           f"pairs in flight; {args.pairs} pairs (NEW_TXN then END_TXN, half commit, half abort)")
     print(f"{'store':<10} {'pairs/s':>9} {'pair p50':>9} {'p99':>8} {'p99.9':>8} {'NEW p50':>8} {'p99':>8} "
           f"{'END p50':>8} {'p99':>8} {'errors':>6} {'server CPU/pair':>16}")
-    for store in stores:
-        with bench_server(store, ["--coordinators", str(args.coordinators), *args.server_arg]) as server, \
-                asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    for store, auth_kind in [(store, kind) for store in stores for kind in args.auth or ["none"]]:
+        auth_flags, auth = auth_setup(auth_kind)
+        label = store if auth_kind == "none" else f"{store}+{auth_kind}"
+        with bench_server(store, ["--coordinators", str(args.coordinators), *auth_flags, *args.server_arg]) \
+                as server, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             if args.warmup:
                 runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
-                                    args.coordinators))
+                                    args.coordinators, auth))
             cpu_before = server.cpu_seconds()
             r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
-                                    args.coordinators))
+                                    args.coordinators, auth))
             r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
         ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
-        print(f"{store:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
+        print(f"{label:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
               f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6} {r['cpu_us_per_pair']:>13.0f} us")
     print("(latencies in ms)")
     return 0
