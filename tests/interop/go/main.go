@@ -8,6 +8,7 @@
 //	  ends        end-state errors the Go API can reach: commit twice, abort after commit
 //	  commit-loop -until-file F            open+commit in a loop, one line per commit, until F exists
 //	  build-only                           build a client and report how long it took
+//	  txn-produce -topic T -count N -action commit|abort   N messages in one txn, then consumed (txn.go)
 //	  produce-consume -topic T -count N    N messages through a front-door tc-server (frontdoor.go)
 //
 // The Go client hides its coordinator client, so unlike the Java harness it cannot send END_TXN for an
@@ -41,6 +42,7 @@ type options struct {
 	topic            string
 	subscription     string
 	receiveTimeoutMs int
+	action           string // txn-produce (txn.go): commit or abort
 }
 
 type obj = map[string]any
@@ -76,6 +78,7 @@ func main() {
 	fs.StringVar(&o.topic, "topic", "", "produce-consume: the topic")
 	fs.StringVar(&o.subscription, "subscription", "front-door-go", "produce-consume: the subscription")
 	fs.IntVar(&o.receiveTimeoutMs, "receive-timeout-ms", 30_000, "produce-consume: wait this long for the next message")
+	fs.StringVar(&o.action, "action", "commit", "txn-produce: commit or abort")
 	_ = fs.Parse(os.Args[2:])
 	if o.serviceURL == "" {
 		fmt.Fprintln(os.Stderr, "-service-url is required")
@@ -94,6 +97,8 @@ func main() {
 		err = commitLoop(o)
 	case "build-only":
 		buildOnly(o)
+	case "txn-produce":
+		err = txnProduce(o)
 	case "produce-consume":
 		err = produceConsume(o)
 	default:

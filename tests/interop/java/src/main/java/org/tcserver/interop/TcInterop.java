@@ -63,7 +63,7 @@ public final class TcInterop {
                 case "tc-errors" -> tcErrors(args);
                 case "commit-loop" -> commitLoop(args);
                 case "build-only" -> buildOnly(args);
-                case "txn-produce", "txn-ack", "ctp", "txn-bench" -> TxnScenarios.run(args.scenario, args.options);
+                case "txn-produce", "txn-ack", "ctp", "drain", "txn-bench" -> TxnScenarios.run(args.scenario, args.options);
                 case "produce-consume", "pattern", "schema" -> FrontDoorScenarios.run(args.scenario, args.options);
                 case "pair-bench" -> BenchScenarios.pairBench(args.required("service-url"), args.intOpt("concurrency", 16), args.longOpt("duration-ms", 20_000), args.longOpt("warmup-ms", 5_000), args.longOpt("txn-timeout-ms", 60_000));
                 default -> {
