@@ -17,7 +17,7 @@ export UV_PYTHON_DOWNLOADS := never
 TEST_DEPS :=
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-runtime run test lint typecheck proto proto-check bench lock clean
+.PHONY: setup setup-runtime run test test-uvloop lint typecheck proto proto-check bench lock clean
 # Two install sets from the one lock: the runtime dependencies (make run) and the dev extra on top of
 # them (everything the tests, linters, code generator and audit job need).
 setup-runtime: $(VENV)/.installed-runtime
@@ -53,8 +53,19 @@ run: setup-runtime
 
 include $(wildcard mk/*.mk)
 
+# The in-process suites once more on uvloop, the event loop production runs on (TC_TEST_LOOP in
+# tests/conftest.py); about 30 s on the 2-core machine. The tests that start tc-server processes are
+# left out: those processes run on uvloop already.
+UVLOOP_TESTS := tests/wire tests/coordinator tests/server tests/test_event_loop.py \
+    --ignore=tests/server/test_fault_history.py --ignore=tests/server/test_kill_restart.py
+PYTEST_UVLOOP = TC_TEST_LOOP=uvloop $(PY) -m pytest $(UVLOOP_TESTS) $(PYTEST_ARGS)
+
 test: setup proto-check lint $(TEST_DEPS)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST_UVLOOP)
+
+test-uvloop: setup
+	$(PYTEST_UVLOOP)
 
 lint: setup
 	$(VENV)/bin/ruff check tc_server tests

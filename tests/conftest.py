@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import MAKE_COMMAND, BrokerStartError, PulsarBroker
+
+# TC_TEST_LOOP=uvloop runs every asyncio test on uvloop, the event loop production runs on (make
+# test-uvloop); unset (or "asyncio") leaves pytest-asyncio's default loop alone. uvloop differs where
+# it matters to us: its transports are not asyncio.Transport subclasses, and it schedules callbacks
+# and flow control its own way.
+TEST_LOOPS = ("asyncio", "uvloop")
+TEST_LOOP = os.environ.get("TC_TEST_LOOP", "asyncio")
+if TEST_LOOP not in TEST_LOOPS:
+    raise pytest.UsageError(f"TC_TEST_LOOP={TEST_LOOP!r}: expected one of {', '.join(TEST_LOOPS)}")
+if TEST_LOOP == "uvloop":
+    import uvloop
+
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+        """pytest-asyncio's hook: every asyncio test and fixture runs on a fresh uvloop loop."""
+        return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(scope="session")
