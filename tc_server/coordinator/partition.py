@@ -140,6 +140,9 @@ class CoordinatorPartition:
         self._sender = sender
         # Participant records written, per OPEN txn: a repeated ADD of the same participant writes nothing.
         self._recorded: dict[int, dict[str, Participant]] = {}
+        # Participant records being written (ADD not answered yet): a decision taken meanwhile delivers
+        # to them too, so the txn is held (low watermark) while their brokers may hear of it.
+        self._recording: dict[int, dict[str, Participant]] = {}
         # Txns created by this leader: every ADD went through here, so _recorded lists all their
         # participants and END_TXN needs no store scan to find them.
         self._complete: set[int] = set()
@@ -183,6 +186,9 @@ class CoordinatorPartition:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for outbox in self._undelivered.values():
+            if not outbox.done.done():
+                outbox.done.set_result(None)  # END_TXN waiting here answers now: the decision is durable
         self._undelivered_gauge.set_function(lambda: 0)
         self._oldest_gauge.set_function(lambda: 0)
         await self._ids.close()
@@ -242,7 +248,13 @@ class CoordinatorPartition:
                                participants: Sequence[Participant] = ()) -> None:
         """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time. The
         participants (today's brokers; v5 participants pass none) are recorded before this returns,
-        so a decision can always reach them (docs/participants.md)."""
+        so a decision can always reach them (docs/participants.md). An empty topic or subscription
+        name is refused with NotAllowed: no broker could ever be told about it."""
+        for participant in participants:
+            if not participant.topic.strip() or (participant.subscription is not None
+                                                 and not participant.subscription.strip()):
+                raise NotAllowed(f"transaction ({self.tc_id},{least}): empty topic or subscription name "
+                                 f"in {participant}")
         decision, header = await self._apply(least, Request.ADD, principal)
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
@@ -447,10 +459,18 @@ class CoordinatorPartition:
             return
         key = layout.txn_key(self.tc_id, least)
         index = {layout.IDX_PARTICIPANTS_BY_COORDINATOR: layout.participants_by_coordinator_key(self.tc_id, least)}
-        await self._store.write_batch([
-            Put(path, participant.to_json(), partition_key=key, secondary_indexes=index)
-            for path, participant in new.items()
-        ])
+        recording = self._recording.setdefault(least, {})
+        recording.update(new)
+        try:
+            await self._store.write_batch([
+                Put(path, participant.to_json(), partition_key=key, secondary_indexes=index)
+                for path, participant in new.items()
+            ])
+        finally:
+            for path in new:
+                recording.pop(path, None)
+            if not recording and self._recording.get(least) is recording:
+                del self._recording[least]
         self._participant_writes.inc(len(new))
         if least in self._open:
             known.update(new)
@@ -468,7 +488,7 @@ class CoordinatorPartition:
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""
         complete = least in self._complete
-        recorded = self._recorded.get(least, {})
+        recorded = {**self._recorded.get(least, {}), **self._recording.get(least, {})}
         if complete and not recorded:
             return
         participants = list(recorded.items()) if complete else None
@@ -479,7 +499,9 @@ class CoordinatorPartition:
         """Deliver ``state`` to the participants (None: read their records from the store)."""
         outbox = self._undelivered.get(least)
         if self._stopped:  # stepped down meanwhile: the next leader re-drives the records
-            return outbox.done if outbox is not None else asyncio.get_running_loop().create_future()
+            stepped_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            stepped_down.set_result(None)
+            return stepped_down
         if outbox is None:
             outbox = _Outbox(decided_ms, asyncio.get_running_loop().create_future())
             self._undelivered[least] = outbox

@@ -19,6 +19,7 @@ from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.errors import NotAllowed
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.partition import UNKNOWN_WATERMARK, CoordinatorPartition, PartitionConfig
 from tc_server.coordinator.sweeps import collect_garbage
@@ -26,7 +27,7 @@ from tc_server.metrics import Metrics
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore
 from tc_server.wire import AddPartitionToTxn
-from tests.coordinator.test_partition import eventually
+from tests.coordinator.test_partition import FakeClock, eventually
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
@@ -59,11 +60,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await opened.close()
 
 
-def coordinator(store: MetadataStore, sender: RecordingSender | None = None, partitions: int = 2
-                ) -> TransactionCoordinator:
+def coordinator(store: MetadataStore, sender: RecordingSender | None = None, partitions: int = 2,
+                clock: FakeClock | None = None) -> TransactionCoordinator:
     config = CoordinatorConfig(partitions=partitions, partition=PartitionConfig(id_block_size=10),
                                timeout_sweep=False)
-    return TransactionCoordinator(store, config, Metrics("test"), participant_sender=sender)
+    return TransactionCoordinator(store, config, Metrics("test"), clock or FakeClock(), participant_sender=sender)
 
 
 async def records(store: MetadataStore, most: int, least: int) -> dict[str, Participant]:
@@ -284,3 +285,41 @@ async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp
     finally:
         client.close()
         await app.stop()
+
+
+async def test_empty_names_are_refused_before_anything_is_written(store: MetadataStore) -> None:
+    tc = coordinator(store)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        for bad in (Participant(""), Participant(" "), Participant(TOPIC, "")):
+            with pytest.raises(NotAllowed, match="empty topic or subscription name"):
+                await p.add_participants(least, None, [Participant(OTHER), bad])
+        assert await records(store, 0, least) == {}
+    finally:
+        await tc.stop()
+
+
+async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataStore) -> None:
+    sender = RecordingSender()
+    clock = FakeClock()
+    tc = coordinator(store, sender, clock=clock)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        p = tc.partition(0)
+        timed_out = await p.new_txn(5_000, None)
+        await p.add_participants(timed_out, None, [Participant(TOPIC)])
+        forced = await p.new_txn(60_000, None)
+        await p.add_participants(forced, None, [Participant(OTHER, "sub")])
+        clock.now += 10_000
+        assert await tc.abort_expired_now() == 1
+        assert await p.force_abort(forced) is TxnState.ABORTED
+        assert await eventually(lambda: len(sender.told) == 2)
+        assert sorted((t.least, t.participant.topic, t.committed) for t in sender.told) == [
+            (timed_out, TOPIC, False), (forced, OTHER, False)]
+        assert await eventually(lambda: not p.undelivered())
+    finally:
+        await tc.stop()
