@@ -1,0 +1,155 @@
+"""The real Pulsar 4.2.4 broker with token authentication AND authorization on, tc-server in front of it:
+the client holds a non-superuser token with produce/consume permission only, tc-server a superuser token
+of its own. A stock Java client opens a txn through tc-server, produces into it, commits, and every
+message arrives: tc-server's END_TXN_ON_PARTITION passed the broker's isSuperUser() check, while the
+client's lookups were authorized as the client (docs/security.md). Needs `make pulsar-broker` and
+`make interop-java`; either missing fails the test."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tc_server.bench.process import TcServerProcess
+from tests.interop.conftest import Harness
+from tests.security.pki import make_token
+from tests.support.front_door import start_front_door
+from tests.support.pulsar_broker import MAKE_COMMAND, BrokerStartError, PulsarBroker
+
+pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+PARTITIONS = 2
+MESSAGES = 20
+
+
+class Keys:
+    """One HS256 key for the broker and tc-server, so a client's token is valid at both (one identity)."""
+
+    def __init__(self) -> None:
+        self.secret = os.urandom(32)
+        self.data_url = "data:;base64," + base64.b64encode(self.secret).decode()
+
+    def token(self, role: str) -> str:
+        return make_token(self.secret, "HS256", role, expires_in_s=None)
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys()
+
+
+@pytest.fixture(scope="module")
+def secure_broker(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBroker]:
+    """A broker of its own (the session broker runs without authentication)."""
+    admin = keys.token("broker-admin")
+    broker = PulsarBroker(tmp_path_factory.mktemp("secure-broker"), extra_config={
+        "authenticationEnabled": "true",
+        "authorizationEnabled": "true",
+        "authenticationProviders": TOKEN_PROVIDER,
+        "tokenSecretKey": keys.data_url,
+        "superUserRoles": "broker-admin,tc-server",
+        "brokerClientAuthenticationPlugin": TOKEN_PLUGIN,
+        "brokerClientAuthenticationParameters": f"token:{admin}",
+    }, admin_authorization=f"Bearer {admin}")
+    try:
+        broker.start()
+    except BrokerStartError as exc:
+        broker.kill()
+        pytest.fail(f"the Pulsar broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
+def secure_tc_server(secure_broker: PulsarBroker, keys: Keys,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcServerProcess]:
+    workdir = tmp_path_factory.mktemp("secure-tc-server")
+    token_file = workdir / "tc-server.token"
+    token_file.write_text(keys.token("tc-server"))
+    key_file = workdir / "secret.key"
+    key_file.write_bytes(keys.secret)
+    server = start_front_door(secure_broker.url, workdir,
+                              "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
+                              "--superuser-roles", "tc-admin",
+                              "--broker-client-auth-plugin", TOKEN_PLUGIN,
+                              "--broker-client-auth-params", f"file://{token_file}")
+    yield server
+    server.stop()
+
+
+def test_non_superuser_client_commits_through_tc_server(java_harness: Harness, secure_broker: PulsarBroker,
+                                                         secure_tc_server: TcServerProcess, keys: Keys) -> None:
+    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
+                                         ["produce", "consume"])
+    assert code in (200, 204), (code, body)
+    topic = "persistent://public/default/secure-txn"
+    secure_broker.create_topic(topic, PARTITIONS)
+
+    run = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
+                           count=MESSAGES, action="commit", op_timeout_ms=30_000, receive_timeout_ms=30_000,
+                           token=keys.token("app"))
+    result = run.result
+    assert result["end"]["outcome"] == "ok", (result, secure_tc_server.log_tail())
+    assert result["visible_before_end"] == [], result
+    assert sorted(result["received_after_end"]) == sorted(f"txn-{i}" for i in range(MESSAGES)), result
+    # A plain message after the commit reaches every partition: no read horizon stayed pinned, so the
+    # broker accepted tc-server's END_TXN_ON_PARTITION on each.
+    assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
+    assert len(result["markers_sent"]) == PARTITIONS
+    # The txn is the client's: recorded with its role as owner (read with a tc-server superuser token).
+    status, header = _admin_json(secure_tc_server, f"/admin/v3/transactions/transactionMetadata/"
+                                                   f"{result['most']}/{result['least']}", keys.token("tc-admin"))
+    assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
+
+
+def test_a_non_superuser_broker_credential_cannot_deliver_the_decision(
+        java_harness: Harness, secure_broker: PulsarBroker, keys: Keys, tmp_path) -> None:
+    """The control, and why tc-server's credential must be a broker superuser: the same commit, with
+    tc-server holding the client's own (non-superuser) token toward the broker. The broker refuses
+    END_TXN_ON_PARTITION ("not a super user"), so the committed messages stay invisible and the decision
+    waits in tc-server's outbox."""
+    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
+                                         ["produce", "consume"])
+    assert code in (200, 204), (code, body)
+    topic = "persistent://public/default/secure-txn-undelivered"
+    secure_broker.create_topic(topic, PARTITIONS)
+    key_file = tmp_path / "secret.key"
+    key_file.write_bytes(keys.secret)
+    server = start_front_door(secure_broker.url, tmp_path,
+                              "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
+                              "--superuser-roles", "tc-admin", "--participant-wait-s", "3",
+                              "--broker-client-auth-plugin", TOKEN_PLUGIN,
+                              "--broker-client-auth-params", f"token:{keys.token('app')}")
+    try:
+        result = java_harness.run("txn-produce", timeout_s=240, service_url=server.url, topic=topic,
+                                  count=MESSAGES, action="commit", op_timeout_ms=30_000, receive_timeout_ms=5_000,
+                                  token=keys.token("app")).result
+        # END_TXN is answered once --participant-wait-s has passed: the decision is COMMITTED and stored...
+        assert result["end"]["outcome"] == "ok", (result, server.log_tail())
+        # ...but no broker was told, so nothing of the txn arrives.
+        assert result["received_after_end"] == [], result
+        status, undelivered = _admin_json(server, "/admin/v3/transactions/undelivered", keys.token("tc-admin"))
+        assert status == 200
+        assert f"({result['most']},{result['least']})" in [entry["txnId"] for entry in undelivered], undelivered
+        log = server.log_path.read_text()
+        assert "END_TXN_ON_PARTITION refused by the broker" in log and "super user" in log, server.log_tail()
+    finally:
+        server.stop()
+
+
+def _admin_json(server: TcServerProcess, path: str, token: str) -> tuple[int, Any]:
+    request = urllib.request.Request(server.admin_url + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
