@@ -38,8 +38,13 @@ async def test_failing_requests_are_logged_once_per_interval(
     frames = b"".join(encode_command(EndTxn(1000 + i, 4, 10_000_000 + i, TxnAction.COMMIT))
                       for i in range(REPEATS))
     waiters = {1000 + i: asyncio.get_running_loop().create_future() for i in range(REPEATS)}
-    client.set_listener(lambda cmd, _frame: waiters[cmd.request_id].set_result(cmd)
-                        if getattr(cmd, "request_id", None) in waiters else None)
+
+    def answered(cmd: Any, _frame: bytes) -> None:
+        waiter = waiters.get(getattr(cmd, "request_id", None) or -1)
+        if waiter is not None:
+            waiter.set_result(cmd)
+
+    client.set_listener(answered)
     client.send_raw(frames)
     got = await asyncio.wait_for(asyncio.gather(*waiters.values()), ANSWER_BOUND_S)
     assert {a.error for a in got} == {ServerError.TransactionNotFound}
