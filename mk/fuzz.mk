@@ -1,19 +1,22 @@
 # Fuzzing the running server over its socket (tests/hostile/test_fuzz_server.py); included by the Makefile.
 #   make fuzz        -- the bounded run the suite does (40 examples per target)
-#   make fuzz-long   -- FUZZ_EXAMPLES examples per target of up to FUZZ_BATCH commands each (defaults:
-#                       over a million frames), random seeds; prints the number of frames sent. Fails on
-#                       any traceback in the server's log, any UnknownError for a well-formed request,
-#                       any unanswered request.
+#   make fuzz-long   -- FUZZ_EXAMPLES examples per target, batches of FUZZ_MIN_BATCH..FUZZ_BATCH commands
+#                       each sent FUZZ_REPEAT times (defaults: over a million frames), random seeds;
+#                       prints the number of frames sent. Fails on any traceback in the server's log,
+#                       any UnknownError for a well-formed request, any unanswered request.
 #   make hostile     -- every hostile-input test (tests/hostile), the bounded fuzz included
-FUZZ_EXAMPLES ?= 5000
-FUZZ_BATCH ?= 400
+FUZZ_EXAMPLES ?= 480
+FUZZ_BATCH ?= 300
+FUZZ_MIN_BATCH ?= 150
+FUZZ_REPEAT ?= 10
 
 .PHONY: fuzz fuzz-long hostile
 fuzz: setup
 	$(PY) -m pytest tests/hostile/test_fuzz_server.py -s $(PYTEST_ARGS)
 
 fuzz-long: setup
-	TC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TC_FUZZ_BATCH=$(FUZZ_BATCH) \
+	TC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TC_FUZZ_BATCH=$(FUZZ_BATCH) TC_FUZZ_MIN_BATCH=$(FUZZ_MIN_BATCH) \
+	    TC_FUZZ_REPEAT=$(FUZZ_REPEAT) \
 	    $(PY) -m pytest tests/hostile/test_fuzz_server.py -s -x -p no:cacheprovider -o timeout=0 $(PYTEST_ARGS)
 
 hostile: setup
