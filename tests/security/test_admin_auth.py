@@ -131,3 +131,26 @@ async def test_malformed_http_gets_400_and_the_port_keeps_serving(start, secret)
     assert (await admin(app, "/healthz"))[0] == 200
     superuser = make_token(secret, "HS256", "admin")
     assert (await admin(app, "/admin/v3/transactions/coordinatorStats", token=superuser))[0] == 200
+
+
+async def test_https_admin_with_a_client_certificate(start, tmp_path):
+    """The ``tls`` method on the admin port: the client certificate's CN is the role."""
+    ca = TestCa(tmp_path)
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(authentication_providers="tls", superuser_roles="ops", admin_tls=True,
+                      tls_cert_file=str(server.cert_file), tls_key_file=str(server.key_file),
+                      tls_trust_certs_file=str(ca.cert_file))
+
+    def context_for(role: str | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(ca.cert_file))
+        if role is not None:
+            issued = ca.issue(role, f"client-{role}")
+            context.load_cert_chain(issued.cert_file, issued.key_file)
+        return context
+
+    path = "/admin/v3/transactions/coordinatorStats"
+    assert (await admin(app, path, context=context_for("ops")))[0] == 200
+    status, _, doc = await admin(app, path, context=context_for("alice"))
+    assert status == 403 and "'alice' is not a superuser" in doc["reason"]
+    status, _, doc = await admin(app, path, context=context_for(None))
+    assert status == 401 and "client certificate" in doc["reason"]
