@@ -1,0 +1,58 @@
+"""Security settings are checked at start, with a message naming the setting (tc_server/config.py,
+tc_server/auth/service.py), and a broker's provider class names are accepted as they are."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tc_server.auth.service import AuthenticationService, provider_methods
+from tc_server.config import ConfigError, load_settings
+
+
+def settings(**env: str):
+    return load_settings(environ={f"TC_SERVER_{name.upper()}": value for name, value in env.items()})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"authentication_providers": "token"}, "token needs token_secret_key or token_public_key"),
+    ({"authentication_providers": "kerberos"}, "unknown authentication provider 'kerberos'"),
+    ({"authentication_providers": "tls"}, "tls needs a TLS port"),
+    ({"token_secret_key": "data:;base64,AAAA", "token_public_key": "data:;base64,AAAA"}, "both set"),
+    ({"listen": ""}, "plain listener off) needs tls_listen"),
+    ({"tls_listen": "127.0.0.1:6651"}, "needs tls_cert_file and tls_key_file"),
+    ({"tls_require_trusted_client_cert": "true"}, "needs tls_trust_certs_file"),
+    ({"advertised_url_tls": "pulsar://h:1"}, "must be pulsar+ssl://HOST:PORT"),
+    ({"token_auth_claim": ""}, "must not be empty"),
+])
+def test_inconsistent_security_settings_stop_the_start(env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        settings(**env)
+
+
+def test_broker_class_names_are_accepted():
+    broker_conf = ("org.apache.pulsar.broker.authentication.AuthenticationProviderToken, "
+                   "org.apache.pulsar.broker.authentication.AuthenticationProviderTls,token")
+    assert provider_methods(broker_conf) == ["token", "tls"]
+
+
+def test_a_key_file_that_cannot_be_read_is_named(tmp_path):
+    missing = tmp_path / "nope.key"
+    with pytest.raises(ConfigError, match=f"token_secret_key: cannot read {missing}"):
+        AuthenticationService.from_settings(settings(authentication_providers="token",
+                                                     token_secret_key=f"file://{missing}"))
+
+
+def test_a_public_key_that_is_no_key_is_named(tmp_path):
+    junk = tmp_path / "public.key"
+    junk.write_bytes(b"\x30\x03\x02\x01\x00")
+    with pytest.raises(ConfigError, match="token_public_key: not an RSA or EC public key"):
+        AuthenticationService.from_settings(settings(authentication_providers="token",
+                                                     token_public_key=f"file://{junk}"))
+
+
+def test_superuser_roles_are_a_comma_separated_list():
+    service = AuthenticationService.from_settings(settings(superuser_roles=" ops, tc-admin ,,"))
+    assert service.superusers == {"ops", "tc-admin"}
+    assert not service.enabled and service.authenticate("none", None) is None  # type: ignore[arg-type]
