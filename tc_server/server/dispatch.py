@@ -66,6 +66,12 @@ def to_server_error(exc: BaseException, command: str) -> tuple[ServerError, str]
         # The Java client retries exactly this code with a fresh lookup, inside its op timeout
         # (TransactionMetaStoreHandler.checkIfNeedRetryByError); the request is idempotent for
         # END_TXN and harmless for NEW_TXN (a leaked id times out).
+        if isinstance(exc, TimeoutError):
+            # Not "store unavailable": the store may have done it (issue 15: ~47,000 such NEW_TXN had
+            # created a txn). Say what is known; a txn created this way times out like any other.
+            return ServerError.TransactionCoordinatorNotFound, (
+                f"{command} not finished within the request timeout (--request-timeout-s); its outcome is "
+                "unknown: a transaction it created times out unless ended")
         return ServerError.TransactionCoordinatorNotFound, f"metadata store unavailable: {exc!r}"
     if isinstance(exc, StoreError):
         return ServerError.MetadataError, f"metadata store error: {exc}"
