@@ -18,28 +18,16 @@ import argparse
 import asyncio
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.bench.__main__ import bench_server, percentiles
 from tc_server.client import Endpoint, TcClient, connect, error_of
 from tc_server.wire import Command
 
 REQUEST_KINDS = ("LOOKUP", "PARTITIONED_METADATA")
-
-
-def percentiles(samples: list[float], points: tuple[float, ...] = (50, 99, 99.9)) -> list[float]:
-    """Nearest-rank percentiles of ``samples`` (NaN for none)."""
-    if not samples:
-        return [float("nan")] * len(points)
-    ordered = sorted(samples)
-    return [ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] for p in points]
 
 
 @dataclass
@@ -55,23 +43,6 @@ class Run:
         return len(self.latencies) / self.seconds if self.seconds else float("nan")
 
 
-@contextmanager
-def front_door(broker_url: str) -> Iterator[TcServerProcess]:
-    """A started tc-server forwarding to ``broker_url`` (embedded store in a temporary directory)."""
-    workdir = Path(tempfile.mkdtemp(prefix="tc-bench-lookup-"))
-    server = TcServerProcess(workdir / "data", "--upstream-url", broker_url, "--log-level", "warning",
-                             log_path=workdir / "server.log")
-    try:
-        try:
-            server.start()
-        except ServerStartError as exc:
-            raise SystemExit(str(exc)) from None
-        yield server
-    finally:
-        server.stop(timeout_s=30)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
 def request_of(kind: str, client: TcClient) -> Callable[[str], Awaitable[Command]]:
     if kind == "LOOKUP":
         return client.lookup
@@ -81,8 +52,11 @@ def request_of(kind: str, client: TcClient) -> Callable[[str], Awaitable[Command
 async def run_kind(host: str, port: int, kind: str, topics: list[str], requests: int, connections: int,
                    concurrency: int) -> Run:
     """``requests`` requests of ``kind`` over ``connections`` connections, ``concurrency`` in flight on each,
-    cycling through ``topics``."""
-    clients = [await connect(host, port) for _ in range(connections)]
+    cycling through ``topics``. Exits with a message naming the target when it cannot be reached."""
+    try:
+        clients = [await connect(host, port) for _ in range(connections)]
+    except OSError as exc:
+        raise SystemExit(f"cannot reach {host}:{port}: {exc}") from None
     run = Run()
     per_worker = max(1, requests // (connections * concurrency))
 
@@ -137,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.topics} topics")
     print(f"{'request':<21} {'target':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} "
           f"{'errors':>7} {'tc-server CPU/req':>18}")
-    with front_door(args.broker_url) as server, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with bench_server("embedded", ["--upstream-url", args.broker_url]) as server, \
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         targets = {"direct": (broker.host, broker.port), "tc-server": ("127.0.0.1", server.port)}
         for kind in REQUEST_KINDS:
             for name, (host, port) in targets.items():
