@@ -23,6 +23,7 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.wire import LookupType, ServerError
+from tests.interop.checks import check_concurrent
 from tests.interop.conftest import Harness, HarnessRun
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import ASSIGN_TOPIC, COORDINATORS, PulsarBroker
@@ -177,6 +178,20 @@ def test_cpp_produce_consume(front_door_server: TcServerProcess, pulsar_broker: 
     assert result["failed_sends"] == 0, result
     exactly_once(result, MESSAGES)
     assert result["partitions"] == max(1, partitions), result
+
+
+# ---- the coordinator scenarios of tests/interop, with an upstream ------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["java", "go"])
+def test_transactions_behind_the_front_door(client: str, request: pytest.FixtureRequest,
+                                            front_door_server: TcServerProcess) -> None:
+    """tests/interop's concurrent scenario against a tc-server that also forwards: the coordinator part
+    behaves the same with an upstream (16 coordinators, unique ids, every header as the client was told)."""
+    harness: Harness = request.getfixturevalue(f"{client}_harness")
+    count = 200
+    run = harness.run("concurrent", timeout_s=HARNESS_TIMEOUT_S, service_url=front_door_server.url, count=count)
+    check_concurrent(run, front_door_server, count)
 
 
 # ---- --lookup-connections: where producers and consumers connect -------------------------------------------

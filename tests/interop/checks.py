@@ -7,7 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests.interop.conftest import COORDINATORS, Harness, HarnessRun, RunningHarness, TcServer
+from tc_server.bench.process import TcServerProcess
+from tests.interop.conftest import COORDINATORS, Harness, HarnessRun, RunningHarness, TcServer, txn_header
 
 # Minimum commits on each side of the kill; a few hundred milliseconds of work at local speed.
 COMMITS_PER_PHASE = 50
@@ -15,7 +16,7 @@ COMMITS_PER_PHASE = 50
 MAX_HEADERS_CHECKED = 2000
 
 
-def check_concurrent(run: HarnessRun, server: TcServer, count: int) -> None:
+def check_concurrent(run: HarnessRun, server: TcServerProcess, count: int) -> None:
     result = run.result
     txns = run.events("txn")
     assert len(txns) == count, run.stderr_tail()
@@ -29,7 +30,7 @@ def check_concurrent(run: HarnessRun, server: TcServer, count: int) -> None:
     wrong = []
     for t in txns:
         want = "COMMITTED" if t["action"] == "commit" else "ABORTED"
-        code, body = server.txn(t["most"], t["least"])
+        code, body = txn_header(server, t["most"], t["least"])
         if code != 200 or body["status"] != want or body["txnId"] != f"({t['most']},{t['least']})":
             wrong.append((t["most"], t["least"], want, code, body))
     assert not wrong, f"{len(wrong)} headers differ from what the client was told, e.g. {wrong[:5]}"

@@ -40,7 +40,13 @@ JVM_OPTS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
 COORDINATORS = 16
 
-__all__ = ["ASSIGN_TOPIC", "COORDINATORS", "Harness", "HarnessRun", "RunningHarness", "TcServer", "free_port"]
+__all__ = ["ASSIGN_TOPIC", "COORDINATORS", "Harness", "HarnessRun", "RunningHarness", "TcServer", "free_port",
+           "txn_header"]
+
+
+def txn_header(server: TcServerProcess, most: int, least: int) -> tuple[int, Any]:
+    """The header of txn (most, least) as the server's admin API shows it: (HTTP status, JSON body)."""
+    return server.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}", timeout_s=10)
 
 
 class TcServer(TcServerProcess):
@@ -67,8 +73,7 @@ class TcServer(TcServerProcess):
             pytest.fail(str(exc))
 
     def txn(self, most: int, least: int) -> tuple[int, Any]:
-        """The header as the admin API shows it: (HTTP status, JSON body)."""
-        return self.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}", timeout_s=10)
+        return txn_header(self, most, least)
 
     def wait_status(self, most: int, least: int, want: str, timeout_s: float = 10.0) -> str | None:
         """Poll the header until it has ``want``; returns the last status seen (None: 404)."""
