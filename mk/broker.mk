@@ -1,6 +1,7 @@
 # A real Apache Pulsar broker for the tests and benchmarks (tc_server/bench/pulsar_broker.py starts it standalone).
 #   make pulsar-broker   -- org.apache.pulsar:pulsar-broker and its runtime jars in .cache/pulsar-broker/lib
-#   make test-broker     -- resolve it and run only the tests that start a broker (tests/broker, tests/e2e)
+#   make test-broker     -- resolve it, build the interop harnesses, and run only the tests that start a broker
+#                           (tests/broker, tests/e2e)
 #
 # Resolved by Maven from tests/broker/pom.xml, which imports Pulsar's own parent POM so that the class
 # path holds the versions Pulsar ships with. Resolved again only when that POM changes (the stamp file);
@@ -33,5 +34,6 @@ $(BROKER_STAMP): $(BROKER_POM)
 	@echo "pulsar-broker: $$(ls $(BROKER_LIB) | wc -l) jars in $(BROKER_LIB)"
 	@touch $@
 
-test-broker: setup pulsar-broker
+# tests/e2e drives the broker with the stock clients, so the interop harnesses are built too (mk/interop.mk).
+test-broker: setup pulsar-broker interop-java interop-go
 	$(PY) -m pytest tests/broker tests/e2e $(PYTEST_ARGS)
