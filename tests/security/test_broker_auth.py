@@ -111,6 +111,30 @@ def test_non_superuser_client_commits_through_tc_server(java_harness: Harness, s
     assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
 
 
+@pytest.mark.parametrize("action", ["commit", "abort"])
+def test_non_superuser_client_acks_in_a_txn_through_tc_server(java_harness: Harness, secure_broker: PulsarBroker,
+                                                              secure_tc_server: TcServerProcess, keys: Keys,
+                                                              action: str) -> None:
+    """END_TXN_ON_SUBSCRIPTION under the same credentials: the committed acks are applied, the aborted
+    ones put the messages back."""
+    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
+                                         ["produce", "consume"])
+    assert code in (200, 204), (code, body)
+    topic = f"persistent://public/default/secure-ack-{action}"
+    secure_broker.create_topic(topic)
+    count = 10
+    result = java_harness.run("txn-ack", timeout_s=240, service_url=secure_tc_server.url, topic=topic, count=count,
+                              action=action, op_timeout_ms=30_000, receive_timeout_ms=30_000,
+                              token=keys.token("app")).result
+    assert result["end"]["outcome"] == "ok", (result, secure_tc_server.log_tail())
+    if action == "abort":
+        assert sorted(result["redelivered"]) == sorted(f"m-{i}" for i in range(count)), result
+    else:
+        assert result["redelivered"] == [], result
+    # A new consumer gets nothing before a marker sent after the end: the broker applied the decision.
+    assert result["marker_seen"] is True and result["before_marker"] == [], result
+
+
 def test_a_non_superuser_broker_credential_cannot_deliver_the_decision(
         java_harness: Harness, secure_broker: PulsarBroker, keys: Keys, tmp_path) -> None:
     """The control, and why tc-server's credential must be a broker superuser: the same commit, with
