@@ -92,6 +92,8 @@ class TransactionCoordinator:
             metrics.op_writes.labels(kind)
         for index in (layout.IDX_OPS_BY_TXN, layout.IDX_TXN_BY_FINAL_STATE):
             metrics.index_query.labels(index)
+        for command in ("END_TXN_ON_PARTITION", "END_TXN_ON_SUBSCRIPTION"):
+            metrics.participant_requests.labels(command, "ok")
 
     @property
     def num_partitions(self) -> int:
