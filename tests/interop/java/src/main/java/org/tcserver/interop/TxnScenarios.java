@@ -460,12 +460,13 @@ final class TxnScenarios {
 
     private static PulsarClient build(Opts o) throws PulsarClientException {
         int opTimeoutMs = o.intOpt("op-timeout-ms", 10_000);
-        return PulsarClient.builder()
+        // --token / --tls-* as in TcInterop (tests/security/test_broker_auth.py runs txn-produce and txn-ack with a token).
+        return TcInterop.withSecurity(PulsarClient.builder()
                 .serviceUrl(o.required("service-url"))
                 .enableTransaction(true)
                 .operationTimeout(opTimeoutMs, TimeUnit.MILLISECONDS)
                 .connectionTimeout(Math.min(opTimeoutMs, 10_000), TimeUnit.MILLISECONDS)
-                .statsInterval(0, TimeUnit.SECONDS)
+                .statsInterval(0, TimeUnit.SECONDS), o.options)
                 .build();
     }
 
