@@ -18,6 +18,7 @@ from tc_server.coordinator.errors import CoordinatorError
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.server import discovery
+from tc_server.server.deadlines import RequestDeadlines
 from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
 from tc_server.wire import (
@@ -90,6 +91,7 @@ class Dispatcher:
         self.coordinator = coordinator
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
+        self._deadlines = RequestDeadlines(request_timeout_s)
         self._log_limiter = LogLimiter(interval_s=1.0)
         # END_TXN answers once every participant broker acknowledged the decision, or after this long
         # (the decision is durable either way; docs/participants.md).
@@ -179,9 +181,16 @@ class Dispatcher:
         least = 0 if isinstance(cmd, NewTxn) else cmd.least
         error: ServerError | None = None
         message: str | None = None
+        entered = self._deadlines.enter()
         try:
-            async with asyncio.timeout(self.request_timeout_s):
+            try:
                 least = await work()
+            except asyncio.CancelledError:
+                if not self._deadlines.timed_out(entered[0]):
+                    raise
+                raise TimeoutError(f"{name} not finished within {self.request_timeout_s} s") from None
+            finally:
+                self._deadlines.leave(entered)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed answer
             error, message = to_server_error(exc, name)
             self.metrics.request_errors.labels(name, error.name).inc()
