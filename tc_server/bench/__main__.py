@@ -1,10 +1,12 @@
 """Coordinator benchmark: NEW_TXN + END_TXN pairs per second and latency percentiles.
 
     python -m tc_server.bench [--store memory --store embedded] [--pairs N] [--connections C]
-                              [--concurrency K] [--warmup N]
+                              [--concurrency K] [--warmup N] [--rounds R]
 
 tc-server runs as its own process (as in production, so the load generator does not share its
-core) on free loopback ports; the generator keeps C connections x K pairs in flight.
+core) on free loopback ports; the generator keeps C connections x K pairs in flight. ``--rounds R``
+runs R rounds of N pairs against the same server, one line each with the server's RSS after the round:
+whether throughput and memory stay flat as the store fills.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", action="append", choices=["none", "token"],
                         help="none (default): authentication off; token: token authentication on, every "
                              "connection presents a JWT; give both to compare")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of --pairs on the same server")
     args = parser.parse_args(argv)
     stores = args.store or list(LOCAL_STORE_KINDS)
     import uvloop
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {platform.python_version()}; {args.connections} connections x {args.concurrency} "
           f"pairs in flight; {args.pairs} pairs (NEW_TXN then END_TXN, half commit, half abort)")
     print(f"{'store':<10} {'pairs/s':>9} {'pair p50':>9} {'p99':>8} {'p99.9':>8} {'NEW p50':>8} {'p99':>8} "
-          f"{'END p50':>8} {'p99':>8} {'errors':>6} {'server CPU/pair':>16}")
+          f"{'END p50':>8} {'p99':>8} {'errors':>6} {'server CPU/pair':>16} {'RSS MiB':>8}")
     for store, auth_kind in [(store, kind) for store in stores for kind in args.auth or ["none"]]:
         auth_flags, auth = auth_setup(auth_kind)
         label = store if auth_kind == "none" else f"{store}+{auth_kind}"
@@ -135,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.warmup:
                 runner.run(run_load(server.port, args.warmup, args.connections, args.concurrency,
                                     args.coordinators, auth))
-            cpu_before = server.cpu_seconds()
-            r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
-                                    args.coordinators, auth))
-            r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
-        ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
-        print(f"{label:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} {ms[4]:>8} "
-              f"{ms[5]:>8} {ms[6]:>8} {r['errors']:>6} {r['cpu_us_per_pair']:>13.0f} us")
+            for _ in range(args.rounds):
+                cpu_before = server.cpu_seconds()
+                r = runner.run(run_load(server.port, args.pairs, args.connections, args.concurrency,
+                                        args.coordinators, auth))
+                r["cpu_us_per_pair"] = (server.cpu_seconds() - cpu_before) / max(1, r["pairs"]) * 1e6
+                ms = [f"{x * 1000:.2f}" for x in (*r["pair"], r["new"][0], r["new"][1], r["end"][0], r["end"][1])]
+                print(f"{label:<10} {r['pairs_per_s']:>9.0f} {ms[0]:>9} {ms[1]:>8} {ms[2]:>8} {ms[3]:>8} "
+                      f"{ms[4]:>8} {ms[5]:>8} {ms[6]:>8} {r['errors']:>6} {r['cpu_us_per_pair']:>13.0f} us "
+                      f"{server.rss_bytes() / 2**20:>8.0f}", flush=True)
     print("(latencies in ms)")
     return 0
 

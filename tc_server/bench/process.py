@@ -47,6 +47,17 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_bytes_of(pid: int) -> int:
+    """Resident set size of process ``pid`` (Linux /proc/<pid>/status VmRSS); 0 where /proc cannot tell."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
 def default_command() -> list[str]:
     """The ``tc-server`` console script next to this interpreter; the module entry point otherwise."""
     script = Path(sys.executable).with_name("tc-server")
@@ -177,6 +188,10 @@ class TcServerProcess:
         if self.proc is None:
             return float("nan")
         return cpu_seconds_of(self.proc.pid)
+
+    def rss_bytes(self) -> int:
+        """Resident set size of the process now; 0 when it is not running."""
+        return 0 if self.proc is None else rss_bytes_of(self.proc.pid)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
