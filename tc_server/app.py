@@ -178,7 +178,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             # participant records wait for an instance that has one.
             broker_pool = ConnectionPool(
                 connect_command(broker_credentials.client_auth()),
-                ssl_context=broker_credentials.ssl_context, timeout_s=settings.request_timeout_s)
+                ssl_context=broker_credentials.ssl_context, timeout_s=settings.request_timeout_s,
+                auth_data_source=broker_credentials.auth_data)
             delivery = BrokerDelivery(settings.upstream_urls, broker_pool, request_timeout_s=settings.request_timeout_s,
                                       max_in_flight=settings.delivery_max_in_flight,
                                       max_in_flight_per_broker=settings.delivery_max_in_flight_per_broker,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from tc_server.backoff import Backoff
 from tc_server.client.connection import PulsarConnection, open_connection
@@ -34,8 +35,12 @@ class ConnectionPool:
     """``await pool.get(url)`` returns a handshaken connection to ``url``, opening one if needed."""
 
     def __init__(self, connect: Connect, *, ssl_context: ssl.SSLContext | None = None,
-                 timeout_s: float = 10.0, keepalive_s: float | None = 30.0) -> None:
+                 timeout_s: float = 10.0, keepalive_s: float | None = 30.0,
+                 auth_data_source: Callable[[], bytes] | None = None) -> None:
         self._connect = connect
+        # Fresh credentials for every new connection and every refresh challenge (a token file read
+        # again: BrokerClientCredentials.auth_data); None: CONNECT's auth_data as given.
+        self._auth_data_source = auth_data_source
         self._ssl_context = ssl_context
         self._timeout_s = timeout_s
         self._keepalive_s = keepalive_s
@@ -59,8 +64,15 @@ class ConnectionPool:
             wait = slot.not_before - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            conn = await open_connection(url, self._connect, ssl_context=self._ssl_context,
+            connect = self._connect
+            if self._auth_data_source is not None:
+                try:
+                    connect = replace(connect, auth_data=self._auth_data_source())
+                except Exception as exc:  # noqa: BLE001 - e.g. an unreadable token file: retried like a failed connect
+                    raise ConnectionFailed(url, f"cannot read the credentials: {exc}") from None
+            conn = await open_connection(url, connect, ssl_context=self._ssl_context,
                                          timeout_s=self._timeout_s, keepalive_s=self._keepalive_s)
+            conn.auth_data_source = self._auth_data_source
         except ClientError as exc:
             slot.last_error = exc
             slot.not_before = loop.time() + slot.backoff.next_delay()
