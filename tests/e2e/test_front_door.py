@@ -12,6 +12,8 @@ producers and consumers work; tc-server is not restarted).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -295,3 +297,37 @@ def test_broker_stopped_then_started(java_harness: Harness, front_door_server: T
                            topic=topic_after, count=100, op_timeout_ms=OP_TIMEOUT_MS)
     exactly_once(result_of(run, front_door_server), 100)
     assert front_door_server.running()
+
+
+async def lookup_through(server: TcServerProcess, topic: str, bound_s: float) -> tuple[Any, float]:
+    """One LOOKUP through tc-server on a fresh client connection, bounded by ``bound_s``; (answer, seconds)."""
+    client = await connect("127.0.0.1", server.port)
+    try:
+        started = time.monotonic()
+        async with asyncio.timeout(bound_s):
+            answer = await client.lookup(topic)
+        return answer, time.monotonic() - started
+    finally:
+        client.close()
+
+
+def test_hung_broker_answers_within_the_request_timeout(pulsar_broker: PulsarBroker, tmp_path: Path) -> None:
+    """A broker that accepts TCP but never answers (its JVM stopped with SIGSTOP): the forwarded LOOKUP is
+    answered MetadataError by tc-server itself, naming --request-timeout-s; once the broker runs again
+    the same tc-server forwards again."""
+    topic = new_topic(pulsar_broker, "hung", 0)
+    request_timeout_s = 3
+    server = start_front_door(pulsar_broker.url, tmp_path, "--request-timeout-s", str(request_timeout_s))
+    assert pulsar_broker.proc is not None
+    try:
+        os.kill(pulsar_broker.proc.pid, signal.SIGSTOP)
+        try:
+            answer, elapsed = asyncio.run(lookup_through(server, topic, request_timeout_s + 10))
+        finally:
+            os.kill(pulsar_broker.proc.pid, signal.SIGCONT)
+        assert answer.response is LookupType.FAILED and answer.error is ServerError.MetadataError, answer
+        print(f"LOOKUP with the broker hung: {answer.error.name} after {elapsed:.2f} s: {answer.message}")
+        answer, _ = asyncio.run(lookup_through(server, topic, REQUEST_TIMEOUT_S + 30))
+        assert answer.response is LookupType.CONNECT, answer
+    finally:
+        server.stop()
