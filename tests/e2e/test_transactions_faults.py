@@ -1,0 +1,239 @@
+"""Transactions end to end under faults: tc-server SIGKILLed under an exactly-once worker, and the broker
+stopped while decisions wait to be delivered. The stock Java client, a real Pulsar 4.2.4 broker, and
+tc-server processes of this test's own (embedded store in a data directory, so a restart keeps state).
+
+The exactly-once worker also runs with the broker itself as its service URL (Pulsar's own coordinator,
+no kills): the reference the worker and the checks are validated against.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tc_server.bench.process import TcServerProcess
+from tests.e2e.txn_support import (
+    HARNESS_TIMEOUT_S,
+    OP_TIMEOUT_MS,
+    exactly_once,
+    new_topic,
+    result_of,
+    wait_no_open_txns,
+)
+from tests.interop.conftest import Harness, RunningHarness
+from tests.support.front_door import start_front_door
+from tests.support.pulsar_broker import PulsarBroker, split_topic
+
+pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]
+
+PARTITIONS = 4
+INPUTS = 2_000
+KILLS = 5
+# The worker's txns: a txn left undecided by a kill is aborted by the coordinator after this long, and its
+# inputs (their acks pending in it until then) are processed again.
+WORKER_TXN_TIMEOUT_MS = 15_000
+SUBSCRIPTION = "tc-e2e"
+# Bounds: the worker's progress between two kills, and the input being drained completely.
+PROGRESS_TIMEOUT_S = 180.0
+DRAIN_TIMEOUT_S = 400.0
+# How long the test watches for a decided txn whose deliveries are still pending before killing anyway.
+TARGETED_KILL_WINDOW_S = 20.0
+TARGETED_KILLS = 5
+REDRIVE_LOG_WAIT_S = 5.0
+REDRIVE_EVENT = "re-driving undelivered decisions"
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[RunningHarness]]:
+    """Harnesses left running by a test (registered here) are killed when it ends, pass or fail."""
+    running: list[RunningHarness] = []
+    yield running
+    for harness in running:
+        harness.terminate()
+
+
+def input_backlog(broker: PulsarBroker, topic: str) -> int | None:
+    """Messages of ``topic`` the worker's subscription has not (committed-)acked; None if unknown."""
+    tenant, namespace, local = split_topic(topic)
+    code, stats = broker.get_json(f"/admin/v2/persistent/{tenant}/{namespace}/{local}/partitioned-stats")
+    if code != 200 or not isinstance(stats, dict):
+        return None
+    subscription = stats.get("subscriptions", {}).get(SUBSCRIPTION)
+    return None if subscription is None else int(subscription.get("msgBacklog", -1))
+
+
+def wait_drained(broker: PulsarBroker, topic: str, worker: RunningHarness) -> None:
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    backlog = input_backlog(broker, topic)
+    while backlog != 0:
+        if worker.proc.poll() is not None:
+            pytest.fail(f"the worker exited ({worker.proc.returncode}) with backlog {backlog}\n"
+                        f"{worker.stderr_tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"input backlog still {backlog} after {DRAIN_TIMEOUT_S:.0f}s\n{worker.stderr_tail()}")
+        time.sleep(1.0)
+        backlog = input_backlog(broker, topic)
+
+
+def undelivered(server: TcServerProcess) -> list[Any]:
+    """tc-server's outbox: decided txns some participant broker has not acknowledged yet."""
+    try:
+        code, body = server.get_json("/admin/v3/transactions/undelivered", timeout_s=2.0)
+    except OSError:
+        return []
+    if code != 200:
+        return []
+    return list(body) if isinstance(body, list) else list((body or {}).get("transactions", []))
+
+
+def kill_between_decision_and_delivery(server: TcServerProcess) -> list[Any]:
+    """SIGKILL as soon as the outbox lists a decided txn (the decision's CAS is done, a broker has not
+    acknowledged it yet); returns what the outbox held at that moment ([] if none was seen in the
+    window, then it kills anyway). Whether the txn was still undelivered at the kill itself shows after
+    the restart: the new process logs that it re-drives it."""
+    deadline = time.monotonic() + TARGETED_KILL_WINDOW_S
+    seen: list[Any] = []
+    while time.monotonic() < deadline and not seen:
+        seen = undelivered(server)
+    server.kill()
+    return seen
+
+
+def wait_redriven(server: TcServerProcess, timeout_s: float) -> bool:
+    """Whether a restart re-drove some decided txn (waits up to ``timeout_s``: the outbox is recovered
+    in the background once the process leads its coordinators)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(count > 0 for count in redrive_counts(server)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def redrive_counts(server: TcServerProcess) -> list[int]:
+    """The ``count`` of every "re-driving undelivered decisions" line in the server's log (all runs)."""
+    counts = []
+    for raw in server.log_path.read_text(errors="replace").splitlines():
+        if REDRIVE_EVENT not in raw or not raw.startswith("{"):
+            continue
+        try:
+            counts.append(int(json.loads(raw).get("count", 0)))
+        except (ValueError, TypeError):
+            continue
+    return counts
+
+
+# ---- exactly-once consume-transform-produce under SIGKILL (issue 11, point 3) ----------------------------
+
+
+@pytest.mark.parametrize("target", ["tc-server", "broker"])
+def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pulsar_broker: PulsarBroker,
+                                                       spawned: list[RunningHarness], tmp_path: Path,
+                                                       target: str) -> None:
+    source = new_topic(pulsar_broker, "ctp-in", PARTITIONS)
+    sink = new_topic(pulsar_broker, "ctp-out", PARTITIONS)
+    server: TcServerProcess | None = None
+    url = pulsar_broker.url
+    if target == "tc-server":
+        server = start_front_door(pulsar_broker.url, tmp_path / "tc")
+        url = server.url
+    stop_file = tmp_path / "stop-worker"
+    worker = java_harness.spawn("ctp", service_url=url, input=source, output=sink, until_file=stop_file,
+                                fill=INPUTS, batch=10, txn_timeout_ms=WORKER_TXN_TIMEOUT_MS,
+                                op_timeout_ms=OP_TIMEOUT_MS)
+    spawned.append(worker)
+    try:
+        worker.wait_for("ready", 1, PROGRESS_TIMEOUT_S)
+        kills: list[dict[str, Any]] = []
+        if server is not None:
+            rng = random.Random()
+            for _ in range(KILLS):
+                # A random number of commits since the last restart, then a random pause.
+                worker.wait_for("committed", rng.randint(2, 10), PROGRESS_TIMEOUT_S, after=len(worker.lines))
+                time.sleep(rng.uniform(0.0, 0.5))
+                server.kill()
+                kills.append({"targeted": False})
+                time.sleep(rng.uniform(0.0, 1.0))
+                server.start()
+            # At least one kill between an END_TXN's decision (its CAS) and the brokers' acknowledgements:
+            # a restarted process that finds participant records of a decided txn re-drives it and logs
+            # so. Until a kill has done that (a random one may have), kill as soon as the outbox holds one.
+            for _ in range(TARGETED_KILLS):
+                if wait_redriven(server, REDRIVE_LOG_WAIT_S):
+                    break
+                worker.wait_for("committed", 1, PROGRESS_TIMEOUT_S, after=len(worker.lines))
+                held = kill_between_decision_and_delivery(server)
+                kills.append({"targeted": True, "outbox_at_kill": held[:3]})
+                server.start()
+        wait_drained(pulsar_broker, source, worker)
+    finally:
+        stop_file.touch()
+    assert worker.finish(HARNESS_TIMEOUT_S) == 0, worker.stderr_tail()
+    summary = worker.wait_for("result", 1, 5)[0]
+
+    drained = result_of(java_harness.run("drain", timeout_s=HARNESS_TIMEOUT_S, service_url=url, topic=sink,
+                                         op_timeout_ms=OP_TIMEOUT_MS, receive_timeout_ms=60_000), server)
+    # Every marker arrived: no output partition is pinned by a txn left open.
+    assert sorted(drained["markers_seen"]) == sorted(drained["markers_sent"]), drained["markers_seen"]
+    # Every input is in the output exactly once, whatever the kills did.
+    expected = [f"out:in-{i}" for i in range(INPUTS)]
+    assert exactly_once(drained["values"], expected) == {}, (summary, kills)
+    # The broker holds no open txn on any partition of either topic (buffers and pending acks).
+    assert wait_no_open_txns(pulsar_broker, [(source, PARTITIONS, SUBSCRIPTION), (sink, PARTITIONS, None)]) == {}
+    if server is not None:
+        failures = [line for line in worker.lines if line.get("event") == "failure"]
+        assert len(kills) >= KILLS, kills
+        # Some kill hit a decided txn whose brokers were not all told: a restarted process found its
+        # participant records and delivered the decision (the outbox recovery's log line).
+        assert wait_redriven(server, REDRIVE_LOG_WAIT_S), (kills, server.log_tail())
+        print(f"kills={kills} worker={summary} failures={len(failures)}")
+
+
+# ---- the broker away while decisions wait (issue 11, point 5) --------------------------------------------
+
+
+@pytest.mark.parametrize("restart_coordinator", [False, True], ids=["tc-up", "tc-restarted"])
+def test_decisions_reach_the_broker_when_it_is_back(java_harness: Harness, pulsar_broker: PulsarBroker,
+                                                   spawned: list[RunningHarness], tmp_path: Path,
+                                                   restart_coordinator: bool) -> None:
+    topic = new_topic(pulsar_broker, "outage", PARTITIONS)
+    server = start_front_door(pulsar_broker.url, tmp_path / "tc", "--participant-wait-s", "3")
+    before_end, after_end = tmp_path / "commit-now", tmp_path / "receive-now"
+    count = 40
+    producer = java_harness.spawn("txn-produce", service_url=server.url, topic=topic, count=count,
+                                  action="commit", pause_before_end=before_end, pause_after_end=after_end,
+                                  op_timeout_ms=OP_TIMEOUT_MS, receive_timeout_ms=180_000)
+    spawned.append(producer)
+    produced = producer.wait_for("produced", 1, HARNESS_TIMEOUT_S)[0]
+    assert produced["visible_before_end"] == [], produced
+    try:
+        pulsar_broker.stop()
+        before_end.touch()
+        # No broker to tell: END_TXN answers once --participant-wait-s has passed, with the decision.
+        ended = producer.wait_for("ended", 1, HARNESS_TIMEOUT_S)[0]
+        assert ended["end"]["outcome"] == "ok", (ended, server.log_tail())
+        assert undelivered(server) != [], server.log_tail()
+        if restart_coordinator:
+            server.kill()
+            server.start()
+    finally:
+        if not pulsar_broker.running():
+            pulsar_broker.start()
+    after_end.touch()
+    assert producer.finish(HARNESS_TIMEOUT_S) == 0, producer.stderr_tail()
+    result = producer.wait_for("result", 1, 5)[0]
+    # Once the broker is back the decision reaches it: every message arrives, then every marker.
+    assert exactly_once(result["received_after_end"], [f"txn-{i}" for i in range(count)]) == {}, result
+    assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
+    assert wait_no_open_txns(pulsar_broker, [(topic, PARTITIONS, None)]) == {}
+    deadline = time.monotonic() + 60
+    while undelivered(server) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert undelivered(server) == [], server.log_tail()
+    server.stop()
