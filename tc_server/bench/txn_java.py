@@ -1,0 +1,202 @@
+"""Transactions that carry a message: tc-server against Pulsar's own coordinator, on the same Java load.
+
+    python -m tc_server.bench.txn_java [--concurrency 16 --concurrency 64] [--duration-s 20]
+                                       [--warmup-s 5] [--rounds 2] [--partitions 4]
+
+Each pair is what an application does: newTransaction, send one message in it, commit. So each commit
+costs the coordinator its decision and one END_TXN_ON_PARTITION to the broker, which must be
+acknowledged before commit() returns (both coordinators wait for it). Starts a real Pulsar broker
+(standalone, 16 coordinators; ``make pulsar-broker``) and one tc-server in front of it (``--upstream-url``),
+then runs the Java harness's ``txn-bench`` scenario (``make interop-java``) against each in turn, runs
+alternated, each on a topic of its own. Prints pairs/s, pair and commit p50/p99 and each server's CPU
+per pair (read from /proc across the counted window), then medians as a Markdown table. The load
+generator shares the machine's cores with both servers. The same loop without a produced message is
+``python -m tc_server.bench.vs_pulsar``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.bench.pulsar_broker import BrokerStartError, PulsarBroker
+from tc_server.bench.vs_pulsar import BROKER_MAKE, HARNESS_JAR, HARNESS_MAKE, RUN_SLACK_S, private_harness
+
+PULSAR = "pulsar"
+TC_SERVER = "tc-server"
+
+
+@dataclass
+class Run:
+    """One counted window of the Java load against one server."""
+
+    server: str
+    concurrency: int
+    pairs_per_s: float
+    pair_p50_ms: float
+    pair_p99_ms: float
+    commit_p50_ms: float
+    commit_p99_ms: float
+    server_cpu_us_per_pair: float
+    errors: int
+
+
+def run_load(jar: Path, service_url: str, topic: str, concurrency: int, duration_s: float, warmup_s: float,
+             server_cpu: Callable[[], float], server: str) -> Run:
+    """One ``txn-bench`` run of the harness ``jar``; ``server_cpu`` is read at the edges of the counted
+    window the harness announces. A run that outlives its bound is killed."""
+    java = shutil.which("java")
+    if java is None:
+        raise SystemExit("java not found on PATH: the benchmark's load is the Java client (Java 17+)")
+    argv = [java, "-jar", str(jar), "txn-bench", "--service-url", service_url, "--topic", topic,
+            "--concurrency", str(concurrency), "--duration-s", str(int(duration_s)),
+            "--warmup-s", str(int(warmup_s)), "--op-timeout-ms", "30000"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True)
+    marks: dict[str, float] = {}
+    result: dict[str, Any] | None = None
+    watchdog = threading.Timer(duration_s + warmup_s + RUN_SLACK_S, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("event")
+            if kind in ("measure-start", "measure-end"):
+                marks[kind] = server_cpu()
+            elif kind in ("result", "fatal"):
+                result = event
+        proc.wait(timeout=RUN_SLACK_S)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read() if proc.stderr is not None else ""
+    if result is None or result.get("event") != "result" or len(marks) != 2:
+        raise SystemExit(f"the Java load against {server} gave no result (exit {proc.returncode}): "
+                         f"{result}\n{stderr[-3000:]}")
+    pairs = max(1, int(result["pairs"]))
+    return Run(server=server, concurrency=concurrency, pairs_per_s=float(result["pairs_per_s"]),
+               pair_p50_ms=float(result["pair_p50_ms"]), pair_p99_ms=float(result["pair_p99_ms"]),
+               commit_p50_ms=float(result["commit_p50_ms"]), commit_p99_ms=float(result["commit_p99_ms"]),
+               server_cpu_us_per_pair=(marks["measure-end"] - marks["measure-start"]) / pairs * 1e6,
+               errors=int(result["errors"]))
+
+
+def print_run(run: Run) -> None:
+    print(f"{run.server:<10} {run.concurrency:>5} {run.pairs_per_s:>9,.0f} {run.pair_p50_ms:>8.2f} "
+          f"{run.pair_p99_ms:>8.2f} {run.commit_p50_ms:>8.2f} {run.commit_p99_ms:>8.2f} "
+          f"{run.server_cpu_us_per_pair:>10.0f} {run.errors:>6}", flush=True)
+
+
+def summary(runs: list[Run], concurrencies: list[int]) -> None:
+    """Medians per server and concurrency as a Markdown table."""
+    fields = ("pairs_per_s", "pair_p50_ms", "pair_p99_ms", "commit_p50_ms", "commit_p99_ms",
+              "server_cpu_us_per_pair")
+    print("\n| in flight | coordinator | pairs/s | pair p50 / p99 (ms) | commit p50 / p99 (ms) "
+          "| server CPU/pair (us) |")
+    print("|---|---|---|---|---|---|")
+    for concurrency in concurrencies:
+        for server in (PULSAR, TC_SERVER):
+            mine = [r for r in runs if r.server == server and r.concurrency == concurrency]
+            if not mine:
+                continue
+            rate, p50, p99, c50, c99, cpu = (statistics.median(getattr(r, f) for r in mine) for f in fields)
+            label = "Pulsar 4.2.4 (broker's own)" if server == PULSAR else "tc-server (embedded store)"
+            print(f"| {concurrency} | {label}, median of {len(mine)} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
+                  f"{c50:.1f} / {c99:.1f} | {cpu:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tc_server.bench.txn_java", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, action="append", help="transactions in flight (repeatable)")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="counted window of each run")
+    parser.add_argument("--warmup-s", type=float, default=5.0, help="uncounted start of each run")
+    parser.add_argument("--prime-s", type=float, default=10.0, help="uncounted first run per server (0: none)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs per server and concurrency, alternated")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of each benchmark topic")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep logs and data (printed path)")
+    args = parser.parse_args(argv)
+    concurrencies = args.concurrency or [16, 64]
+    if not HARNESS_JAR.exists():
+        raise SystemExit(f"the Java load harness is missing ({HARNESS_JAR}): run `{HARNESS_MAKE}`")
+
+    workdir = Path(tempfile.mkdtemp(prefix="tc-txn-java-"))
+    broker = PulsarBroker(workdir / "broker")
+    print(f"# transactions with one produced message, tc-server vs Pulsar's coordinator: "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; Java client txn-bench (newTransaction + 1 send + commit) on a "
+          f"{args.partitions}-partition topic, {args.duration_s:.0f} s counted after {args.warmup_s:.0f} s "
+          f"warm-up, {args.rounds} round(s) alternated; broker, tc-server and load on the same cores", flush=True)
+    server: TcServerProcess | None = None
+    try:
+        jar = private_harness(workdir)
+        try:
+            broker.start()
+        except BrokerStartError as exc:
+            raise SystemExit(f"the Pulsar broker did not start (to install it: `{BROKER_MAKE}`): {exc}") from None
+        server = TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url, "--coordinators", "16",
+                                 "--log-level", "warning", *args.server_arg, log_path=workdir / "tc-server.log")
+        try:
+            server.start()
+        except ServerStartError as exc:
+            raise SystemExit(str(exc)) from None
+        targets: dict[str, tuple[str, Callable[[], float]]] = {
+            PULSAR: (broker.url, broker.cpu_seconds),
+            TC_SERVER: (server.url, server.cpu_seconds),
+        }
+        topics = {}
+        for name in targets:
+            # A topic per coordinator: the other's open or pinned txns never share a partition with it.
+            topic = f"persistent://public/default/txn-bench-{name}-{uuid.uuid4().hex[:6]}"
+            broker.create_topic(topic, args.partitions)
+            broker.wait_partitions_ready(topic, args.partitions)
+            topics[name] = topic
+        print(f"{'server':<10} {'in fl.':>5} {'pairs/s':>9} {'pair p50':>8} {'p99':>8} {'commit50':>8} "
+              f"{'p99':>8} {'CPU/pair':>10} {'errors':>6}   (ms; CPU in us)", flush=True)
+        if args.prime_s > 0:
+            for name, (url, cpu) in targets.items():
+                run_load(jar, url, topics[name], max(concurrencies), args.prime_s, 0.0, cpu, name)
+        runs: list[Run] = []
+        for concurrency in concurrencies:
+            for round_no in range(args.rounds):
+                order = [PULSAR, TC_SERVER] if round_no % 2 == 0 else [TC_SERVER, PULSAR]
+                for name in order:
+                    url, cpu = targets[name]
+                    run = run_load(jar, url, topics[name], concurrency, args.duration_s, args.warmup_s, cpu, name)
+                    runs.append(run)
+                    print_run(run)
+        summary(runs, concurrencies)
+    finally:
+        if server is not None:
+            server.stop(timeout_s=30)
+        broker.stop()
+        if args.keep_workdir:
+            print(f"(logs and data kept in {workdir})")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
