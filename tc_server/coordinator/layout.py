@@ -440,16 +440,14 @@ class TxnHeader:
     def to_json(self) -> bytes:
         """Pulsar 5's bytes: ``{"state":"OPEN","timeout":60.000000000,"createdAt":1795447209.230000000}``
         plus ``finalizedAt`` and ``owner`` when set."""
-        fields = [
-            ("state", f'"{self.state.value}"'),
-            ("timeout", seconds_text(self.timeout_ms)),
-            ("createdAt", seconds_text(self.created_ms)),
-        ]
+        # One f-string, not _json_object(): two headers are written per transaction (profiled).
+        text = (f'{{"state":"{self.state.value}","timeout":{seconds_text(self.timeout_ms)},'
+                f'"createdAt":{seconds_text(self.created_ms)}')
         if self.finalized_ms is not None:
-            fields.append(("finalizedAt", seconds_text(self.finalized_ms)))
+            text += f',"finalizedAt":{seconds_text(self.finalized_ms)}'
         if self.owner is not None:
-            fields.append(("owner", _json_string(self.owner)))
-        return _json_object(fields)
+            text += f',"owner":{_json_string(self.owner)}'
+        return (text + "}").encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> TxnHeader:
