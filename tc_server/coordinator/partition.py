@@ -75,6 +75,7 @@ class _Outbox:
     """A decided txn whose participants have not all acknowledged the decision yet."""
 
     decided_ms: int
+    state: TxnState
     done: asyncio.Future[None]
     tasks: set[asyncio.Task[bool]] = field(default_factory=set)
 
@@ -503,7 +504,7 @@ class CoordinatorPartition:
             stepped_down.set_result(None)
             return stepped_down
         if outbox is None:
-            outbox = _Outbox(decided_ms, asyncio.get_running_loop().create_future())
+            outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future())
             self._undelivered[least] = outbox
         task = asyncio.create_task(self._deliver(least, state, participants),
                                    name=f"deliver-({self.tc_id},{least})")
@@ -517,7 +518,13 @@ class CoordinatorPartition:
             return  # stepping down: the next leader re-drives the records
         error = task.exception()
         if error is not None:
-            self._log.error("delivering a decision failed", txn=f"({self.tc_id},{least})", exc_info=error)
+            # A bug, not a broker or store failure (those are retried inside): start over from the
+            # records a little later rather than leave the decision undelivered until a restart.
+            self._log.error("delivering a decision failed; starting over", txn=f"({self.tc_id},{least})",
+                            exc_info=error)
+            asyncio.get_running_loop().call_later(
+                OUTBOX_RETRY_MAX_S, lambda: None if self._stopped else self._start_delivery(
+                    least, outbox.state, None, outbox.decided_ms))
             return
         # Without a sender the records stay (held), but END_TXN need not wait for what cannot happen.
         if not outbox.done.done():

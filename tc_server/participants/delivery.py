@@ -57,6 +57,8 @@ RETRY_MAX_S = 5.0
 # A non-retryable answer (a refused credential, a topic the broker will not serve): the decision
 # stands, so keep trying, slowly, until an operator fixes the cause.
 NON_RETRYABLE_RETRY_S = 30.0
+# Topics whose owner is remembered; past this the memory is dropped and refilled by fresh lookups.
+MAX_REMEMBERED_OWNERS = 100_000
 PARTITION_COMMAND = "END_TXN_ON_PARTITION"
 SUBSCRIPTION_COMMAND = "END_TXN_ON_SUBSCRIPTION"
 
@@ -135,6 +137,8 @@ class BrokerDelivery:
         owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
         if not owner:
             raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
+        if len(self._owners) >= MAX_REMEMBERED_OWNERS:
+            self._owners.clear()
         self._owners[topic] = owner
         return owner
 

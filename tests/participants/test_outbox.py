@@ -18,6 +18,7 @@ from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.coordinator import layout
+from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import NotAllowed
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
@@ -321,5 +322,38 @@ async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataS
         assert sorted((t.least, t.participant.topic, t.committed) for t in sender.told) == [
             (timed_out, TOPIC, False), (forced, OTHER, False)]
         assert await eventually(lambda: not p.undelivered())
+    finally:
+        await tc.stop()
+
+
+class FailingOnceSender(RecordingSender):
+    """Stand-in broker side whose first call fails with an unexpected error (a bug, not a broker answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("unexpected")
+        await super().end_txn_on(participant, most, least, committed, low_watermark)
+
+
+async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition_module, "OUTBOX_RETRY_MAX_S", 0.05)
+    sender = FailingOnceSender()
+    tc = coordinator(store, sender)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        await p.add_participants(least, None, [Participant(TOPIC)])
+        await p.end_txn(least, commit=True, principal=None)
+        assert await eventually(lambda: len(sender.told) == 1)
+        assert await eventually(lambda: not p.undelivered())
+        assert await records(store, 0, least) == {}
     finally:
         await tc.stop()

@@ -106,6 +106,31 @@ def test_abort_is_never_delivered_and_later_messages_are(pulsar_broker: PulsarBr
     assert undelivered(server) == []
 
 
+def ack_in_txn(harness: Harness, server: TcServerProcess, topic: str, action: str) -> dict[str, Any]:
+    run = harness.run("txn-ack", timeout_s=HARNESS_TIMEOUT_S, service_url=server.url, topic=topic,
+                      count=COUNT, action=action, receive_timeout_ms=30_000)
+    if run.events("fatal") or not run.events("result"):
+        pytest.fail(f"txn-ack failed: {run.lines[-3:]}\n{run.stderr_tail()}\n{server.log_tail()}")
+    return run.result
+
+
+@pytest.mark.parametrize("action", ["commit", "abort"])
+def test_acks_in_a_txn_reach_the_subscription(pulsar_broker: PulsarBroker, java_harness: Harness,
+                                              server: TcServerProcess, action: str) -> None:
+    topic = fresh_topic(pulsar_broker)
+    result = ack_in_txn(java_harness, server, topic, action)
+    assert result["end"]["outcome"] == "ok", result["end"]
+    if action == "commit":
+        # END_TXN_ON_SUBSCRIPTION(COMMIT) applied the acks: a new consumer gets nothing before the marker.
+        assert result["redelivered"] == []
+    else:
+        # END_TXN_ON_SUBSCRIPTION(ABORT) put the messages back: the same consumer got all of them again.
+        assert sorted(result["redelivered"]) == sorted(f"m-{i}" for i in range(COUNT))
+    assert result["marker_seen"] is True and result["before_marker"] == [], result
+    assert undelivered(server) == []
+    assert metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_SUBSCRIPTION",outcome="ok"}') >= 1
+
+
 def metric(server: TcServerProcess, prefix: str) -> float:
     """The sum of the samples whose line starts with ``prefix`` (name and the labels given)."""
     status, body = server.get("/metrics")
