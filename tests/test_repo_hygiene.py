@@ -22,6 +22,9 @@ OUTSIDE_REFERENCES = re.compile(
     r"|\.\./shared|shared[/]docs|/work[/]shared"
     r"|(?<![\w-])(?:design|lessons|pulsar-broker|oxia|style)\.md"
 )
+# A repository doc cited by path: it must exist (relative links inside docs/ are checked too).
+DOC_PATH = re.compile(r"(?<![\w./-])docs/([A-Za-z0-9_-]+\.md)")
+DOC_LINK = re.compile(r"\]\(([A-Za-z0-9_-]+\.md)(?:#[^)]*)?\)")
 
 
 def tracked_text_files() -> list[tuple[str, str]]:
@@ -57,6 +60,20 @@ def test_no_reference_to_files_outside_the_repository() -> None:
     )
 
 
+def test_cited_docs_exist() -> None:
+    files = tracked_text_files()
+    tracked = {name for name, _ in files}
+    missing = []
+    for name, text in files:
+        for number, line in enumerate(text.splitlines(), start=1):
+            cited = [f"docs/{doc}" for doc in DOC_PATH.findall(line)]
+            if name.startswith("docs/"):
+                cited += [f"docs/{doc}" for doc in DOC_LINK.findall(line)]
+            missing += [f"{name}:{number}: {doc} is not in the repository: {line.strip()}"
+                        for doc in cited if doc not in tracked]
+    assert not missing, "these lines cite docs the repository does not hold:\n" + "\n".join(missing)
+
+
 def test_the_patterns_catch_what_they_are_for() -> None:
     # The checks above pass on a clean tree; this shows they would not pass on the old citations.
     # Spelled in pieces so that the file itself holds none of them.
@@ -66,3 +83,5 @@ def test_the_patterns_catch_what_they_are_for() -> None:
         assert OUTSIDE_REFERENCES.search(old), old
     for fine in ("docs/oxia-client.md", "docs/semantics.md §2", "docs/record-layout.md", "pip/pip-473.md"):
         assert not OUTSIDE_REFERENCES.search(fine), fine
+    assert DOC_PATH.findall("see docs/semantics.md §2 and ./docs/x.md") == ["semantics.md"]
+    assert DOC_LINK.findall("[s](semantics.md#x) and [u](https://a/b.md)") == ["semantics.md"]
