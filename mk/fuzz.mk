@@ -5,12 +5,16 @@
 #                       prints the number of frames sent. Fails on any traceback in the server's log,
 #                       any UnknownError for a well-formed request, any unanswered request.
 #   make hostile     -- every hostile-input test (tests/hostile), the bounded fuzz included
+#   make hostile-load -- the floods of issue 15 against a real tc-server process for HOSTILE_SECONDS while a
+#                       well-behaved client runs; prints the server's RSS and the client's outcome
 FUZZ_EXAMPLES ?= 480
 FUZZ_BATCH ?= 300
 FUZZ_MIN_BATCH ?= 150
 FUZZ_REPEAT ?= 10
 
-.PHONY: fuzz fuzz-long hostile
+HOSTILE_SECONDS ?= 60
+
+.PHONY: fuzz fuzz-long hostile hostile-load
 fuzz: setup
 	$(PY) -m pytest tests/hostile/test_fuzz_server.py -s $(PYTEST_ARGS)
 
@@ -21,3 +25,6 @@ fuzz-long: setup
 
 hostile: setup
 	$(PY) -m pytest tests/hostile $(PYTEST_ARGS)
+
+hostile-load: setup
+	$(PY) -m tests.hostile.load --seconds $(HOSTILE_SECONDS)

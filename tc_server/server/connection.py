@@ -84,7 +84,7 @@ class ServerContext:
     max_frame_size: int
     # Server-wide bound on requests in flight: past it, the connection that crossed it stops reading
     # until the total is back under half (a stalled store must not pile up tasks without bound).
-    max_in_flight: int = 65_536
+    max_in_flight: int = 4096
     # How often expiring credentials are checked (brokers' authenticationRefreshCheckSeconds).
     authentication_refresh_check_s: float = 60.0
     # The front door (server/upstream.py): None when no --upstream-url is set.

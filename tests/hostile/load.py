@@ -1,0 +1,182 @@
+"""The hostile-load run (issue 15): the floods of the issue against one real ``tc-server run`` process,
+while a well-behaved client runs NEW_TXN + END_TXN pairs; prints the server's peak RSS and the
+well-behaved client's outcome and latency. ``make hostile-load`` (mk/fuzz.mk) runs it.
+
+    python -m tests.hostile.load [--seconds 60] [--store embedded]
+
+Floods, all at once:
+  * stalled frames: connections that send a frame header announcing the largest frame allowed and
+    most of its body, then nothing;
+  * pipelining: connections that send thousands of NEW_TXN and never read an answer;
+  * connections: more than --max-connections, held open;
+  * open transactions: NEW_TXN with a one-hour timeout, never ended, up to the per-coordinator cap.
+
+The RSS is read from /proc (VmRSS, VmHWM). No memory limit is enforced here: this machine has neither
+systemd nor a cgroup this run may create; the figure is compared with the 256 MiB the deploy
+manifests set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+from tc_server.bench.process import ServerStopError, TcServerProcess
+from tc_server.client import TcClient, connect, connect_command
+from tc_server.wire import NewTxn, encode_command
+
+K8S_MEMORY_LIMIT_MIB = 256
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0]) / 1024
+    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+
+async def raw_connection(port: int, handshake: bool = True) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if handshake:
+        writer.write(encode_command(connect_command()))
+        await writer.drain()
+    return reader, writer
+
+
+async def stalled_frames(port: int, count: int, frame_limit: int, held: list[asyncio.StreamWriter]) -> None:
+    for _ in range(count):
+        with contextlib.suppress(OSError):
+            _, writer = await raw_connection(port)
+            writer.write(struct.pack(">II", frame_limit, frame_limit - 4) + b"\0" * (frame_limit * 3 // 4))
+            held.append(writer)
+
+
+async def pipeliners(port: int, count: int, per_connection: int, held: list[asyncio.StreamWriter]) -> None:
+    batch = b"".join(encode_command(NewTxn(i + 1, 60_000, i % 16)) for i in range(per_connection))
+    for _ in range(count):
+        with contextlib.suppress(OSError):
+            _, writer = await raw_connection(port)
+            writer.write(batch)  # and never read an answer
+            held.append(writer)
+
+
+async def connection_flood(port: int, count: int, held: list[asyncio.StreamWriter]) -> None:
+    for _ in range(count):
+        with contextlib.suppress(OSError):
+            _, writer = await raw_connection(port, handshake=False)
+            held.append(writer)
+
+
+async def open_txn_flood(port: int, total: int) -> int:
+    client = await connect("127.0.0.1", port)
+    opened = 0
+    try:
+        for start in range(0, total, 500):
+            answers = await asyncio.gather(*(client.new_txn(tc_id=i % 16, ttl_ms=3_600_000)
+                                             for i in range(start, min(total, start + 500))))
+            opened += sum(a.error is None for a in answers)
+    finally:
+        client.close()
+    return opened
+
+
+async def polite_client(port: int, stop: asyncio.Event, latencies: list[float], failures: list[str]) -> None:
+    client: TcClient = await connect("127.0.0.1", port)
+    try:
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                opened = await client.request(NewTxn(client.next_request_id(), 60_000, 5), timeout_s=30)
+                if opened.error is not None:
+                    failures.append(f"NEW_TXN {opened.error.name}")
+                    continue
+                ended = await client.end_txn(5, opened.least, commit=True)
+                if ended.error is not None:
+                    failures.append(f"END_TXN {ended.error.name}")
+                    continue
+            except Exception as exc:  # noqa: BLE001 - a failure is a finding, reported below
+                failures.append(repr(exc))
+                continue
+            latencies.append(time.perf_counter() - started)
+            await asyncio.sleep(0.05)
+    finally:
+        client.close()
+
+
+async def run(seconds: float, store: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="tc-hostile-") as workdir:
+        server = TcServerProcess(Path(workdir) / "data", store=store).start()
+        assert server.proc is not None
+        pid = server.proc.pid
+        held: list[asyncio.StreamWriter] = []
+        latencies: list[float] = []
+        failures: list[str] = []
+        peak = 0.0
+        probes_failed = 0
+        stop = asyncio.Event()
+        try:
+            polite = asyncio.create_task(polite_client(server.port, stop, latencies, failures))
+            floods = [
+                asyncio.create_task(stalled_frames(server.port, 200, 256 * 1024, held)),
+                asyncio.create_task(pipeliners(server.port, 100, 10_000, held)),
+                asyncio.create_task(connection_flood(server.port, 4500, held)),
+                asyncio.create_task(open_txn_flood(server.port, 200_000)),
+            ]
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                peak = max(peak, rss_mib(pid)[0])
+                probes_failed += await asyncio.to_thread(server.status, "/readyz") != 200
+                await asyncio.sleep(0.5)
+            stop.set()
+            await polite
+            for task in floods:
+                task.cancel()
+            opened = await asyncio.gather(*floods, return_exceptions=True)
+            rss, hwm = rss_mib(pid)
+            try:
+                exposition = (await asyncio.to_thread(server.get, "/metrics", 30.0))[1].decode()
+            except OSError as exc:
+                exposition = f"tc_server_connections_refused_total: /metrics did not answer ({exc!r})"
+            refused = [line for line in exposition.splitlines()
+                       if line.startswith("tc_server_connections_refused_total")]
+        finally:
+            for writer in held:
+                writer.close()
+            stop_started = time.monotonic()
+            try:
+                server.stop()
+                stop_note = f"graceful stop took {time.monotonic() - stop_started:.1f} s"
+            except ServerStopError:
+                stop_note = "the graceful stop did not finish within its bound; killed"
+    lat = sorted(latencies)
+    print(f"hostile load, {seconds:.0f} s, store {store}:")
+    print(f"  server RSS: peak sampled {peak:.0f} MiB, high-water mark {hwm:.0f} MiB, at the end {rss:.0f} MiB "
+          f"(Kubernetes limit {K8S_MEMORY_LIMIT_MIB} MiB)")
+    print(f"  well-behaved client: {len(lat)} pairs ok, {len(failures)} failed {sorted(set(failures))[:5]}; "
+          f"pair latency p50 {statistics.median(lat) * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms" if lat else
+          f"  well-behaved client: no pair succeeded; failures {sorted(set(failures))[:5]}")
+    print(f"  /readyz not 200 in {probes_failed} samples; open txns created by the flood: {opened[3]}")
+    print("  " + "; ".join(refused))
+    print(f"  {stop_note}")
+    return 0 if not failures and hwm < K8S_MEMORY_LIMIT_MIB else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--store", default="embedded")
+    args = parser.parse_args()
+    return asyncio.run(run(args.seconds, args.store))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
