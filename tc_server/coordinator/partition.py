@@ -12,7 +12,7 @@ import asyncio
 import heapq
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -150,6 +150,10 @@ class CoordinatorPartition:
         # Decided txns whose participants have not all acknowledged: the outbox in memory. They hold
         # the low watermark down until every broker acknowledged.
         self._undelivered: dict[int, _Outbox] = {}
+        # Heaps of the ids in _open and _undelivered, stale entries skipped and dropped lazily: the
+        # low watermark is asked once per END_TXN_ON_* and must not scan every open txn each time.
+        self._open_ids: list[int] = []
+        self._undelivered_ids: list[int] = []
         # True once recovery adopted the open txns and re-drove the outbox: only then is the low
         # watermark computed from what is held here.
         self._recovered = False
@@ -368,6 +372,8 @@ class CoordinatorPartition:
     # -- timeouts --------------------------------------------------------------------------------
 
     def _track(self, least: int, deadline_ms: int) -> None:
+        if least not in self._open:
+            heapq.heappush(self._open_ids, least)
         self._open[least] = deadline_ms
         heapq.heappush(self._deadlines, (deadline_ms, least))
 
@@ -506,6 +512,7 @@ class CoordinatorPartition:
         if outbox is None:
             outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future())
             self._undelivered[least] = outbox
+            heapq.heappush(self._undelivered_ids, least)
         task = asyncio.create_task(self._deliver(least, state, participants),
                                    name=f"deliver-({self.tc_id},{least})")
         outbox.tasks.add(task)
@@ -630,7 +637,8 @@ class CoordinatorPartition:
         coordinator at or below it and refuses later sends there (docs/participants.md)."""
         if not self._recovered:
             return UNKNOWN_WATERMARK
-        lowest = [least for least in (min(self._open, default=None), min(self._undelivered, default=None))
+        lowest = [least for least in (_smallest(self._open_ids, self._open),
+                                      _smallest(self._undelivered_ids, self._undelivered))
                   if least is not None]
         if not lowest:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
@@ -645,3 +653,14 @@ class CoordinatorPartition:
             return 0.0
         oldest = min(outbox.decided_ms for outbox in self._undelivered.values())
         return max(0, self._clock() - oldest) / 1000
+
+
+def _smallest(heap: list[int], live: Mapping[int, object]) -> int | None:
+    """The smallest id of ``heap`` still in ``live``: stale tops are popped; when stale entries dominate
+    (an old txn stays open while many later ones end) the heap is rebuilt from ``live``."""
+    if len(heap) > 2 * len(live) + 1024:
+        heap[:] = list(live)
+        heapq.heapify(heap)
+    while heap and heap[0] not in live:
+        heapq.heappop(heap)
+    return heap[0] if heap else None

@@ -357,3 +357,22 @@ async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, mo
         assert await records(store, 0, least) == {}
     finally:
         await tc.stop()
+
+
+async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> None:
+    store = await open_store("memory", data_dir="")
+    tc = coordinator(store)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        p = tc.partition(1)
+        oldest = await p.new_txn(60_000, None)
+        for _ in range(3000):  # enough for the stale heap entries to be rebuilt away
+            await p.end_txn(await p.new_txn(60_000, None), commit=True, principal=None)
+        assert p.low_watermark() == oldest - 1
+        await p.end_txn(oldest, commit=False, principal=None)
+        newest = await p.new_txn(60_000, None)
+        assert p.low_watermark() == newest - 1
+    finally:
+        await tc.stop()
+        await store.close()

@@ -140,6 +140,9 @@ def metric(server: TcServerProcess, prefix: str) -> float:
 
 async def test_end_txn_answers_after_the_wait_while_the_broker_is_down(pulsar_broker: PulsarBroker,
                                                                        tmp_path: Path) -> None:
+    """The broker is stopped under END_TXN: answered after --participant-wait-s; then tc-server is
+    SIGKILLed with the decision undelivered, the broker started, tc-server restarted on the same store:
+    the new process re-drives the outbox and the broker acknowledges."""
     topic = fresh_topic(pulsar_broker)
     partition = f"{topic}-partition-0"
     server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", str(SHORT_WAIT_S))
@@ -161,8 +164,11 @@ async def test_end_txn_answers_after_the_wait_while_the_broker_is_down(pulsar_br
             failures = metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION"') - \
                 metric(server, 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="ok"}')
             assert failures >= 1, "no failed attempt was counted while the broker was down"
+            client.close()
+            server.kill()  # the decision is in the store, its delivery only in the outbox
         finally:
             pulsar_broker.start()
+        server.start()
         # Delivery goes on by itself once the broker is back.
         deadline = time.monotonic() + REDELIVERY_BOUND_S
         while await asyncio.to_thread(undelivered, server):
