@@ -111,6 +111,27 @@ def test_non_superuser_client_commits_through_tc_server(java_harness: Harness, s
     assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
 
 
+@pytest.mark.parametrize("action", ["abort", "none"])
+def test_aborted_and_timed_out_txns_are_aborted_on_the_secured_broker(
+        java_harness: Harness, secure_broker: PulsarBroker, secure_tc_server: TcServerProcess, keys: Keys,
+        action: str) -> None:
+    """An abort by the client, and a txn left to time out (tc-server's sweep aborts it, with no client
+    request at all): either way tc-server's END_TXN_ON_PARTITION(ABORT) passes the broker's superuser check,
+    so nothing of the txn arrives and the partitions' read horizons move on."""
+    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
+                                         ["produce", "consume"])
+    assert code in (200, 204), (code, body)
+    topic = f"persistent://public/default/secure-txn-{action}"
+    secure_broker.create_topic(topic, PARTITIONS)
+    result = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
+                              count=MESSAGES, action=action, txn_timeout_ms=3_000, op_timeout_ms=30_000,
+                              receive_timeout_ms=60_000, token=keys.token("app")).result
+    assert result["visible_before_end"] == [], result
+    # Up to the marker sent to every partition: the markers only, no message of the txn.
+    assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
+    assert len(result["markers_sent"]) == PARTITIONS
+
+
 @pytest.mark.parametrize("action", ["commit", "abort"])
 def test_non_superuser_client_acks_in_a_txn_through_tc_server(java_harness: Harness, secure_broker: PulsarBroker,
                                                               secure_tc_server: TcServerProcess, keys: Keys,
