@@ -20,10 +20,11 @@ Nothing here awaits: each operation is atomic with respect to the event loop.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from tc_server.store.api import (
     Delete,
@@ -56,8 +57,12 @@ class MemoryBackend:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         # Sorted copies of the keys so that scans and sequence lookups are ordered range walks.
-        self._keys: list[str] = []
-        self._index: dict[str, list[tuple[str, str]]] = {}
+        # SortedList, not a list kept sorted with bisect.insort: an insert or delete in the middle of
+        # a plain list moves every later element, which made the store slow down as it filled (a
+        # million retained headers: ~0.5 ms per write); SortedList does both in O(log n).
+        self._keys: SortedList = SortedList()
+        # Index name -> SortedList of (secondary key, key).
+        self._index: dict[str, SortedList] = {}
         self._versions = itertools.count(1)
         self._session_ids = itertools.count(1)
         self._sessions: dict[int, NotificationHub] = {}
@@ -106,12 +111,15 @@ class MemoryBackend:
         record = Record(key, bytes(op.value), version,
                         created_ms=existing.record.created_ms if existing else now, modified_ms=now)
         if existing is None:
-            bisect.insort(self._keys, key)
+            self._keys.add(key)
         else:
             self._drop_indexes(key, existing.indexes)
         indexes = dict(op.secondary_indexes)
         for name, secondary in indexes.items():
-            bisect.insort(self._index.setdefault(name, []), (secondary, key))
+            entries = self._index.get(name)
+            if entries is None:
+                entries = self._index[name] = SortedList()
+            entries.add((secondary, key))
         # A put replaces the owner: a non-ephemeral put makes the record persistent (Oxia does the same).
         self._entries[key] = _Entry(record, indexes, session if op.ephemeral else None)
         kind = NotificationType.MODIFIED if existing else NotificationType.CREATED
@@ -127,19 +135,18 @@ class MemoryBackend:
 
     def _remove(self, key: str) -> Notification:
         entry = self._entries.pop(key)
-        del self._keys[bisect.bisect_left(self._keys, key)]
+        self._keys.remove(key)
         self._drop_indexes(key, entry.indexes)
         return Notification(NotificationType.DELETED, key)
 
     def _drop_indexes(self, key: str, indexes: Mapping[str, str]) -> None:
         for name, secondary in indexes.items():
-            entries = self._index[name]
-            del entries[bisect.bisect_left(entries, (secondary, key))]
+            self._index[name].remove((secondary, key))
 
     def _highest_sequence(self, prefix: str) -> int:
         # Walk down from just above prefix-99..9 to the first key of the exact sequence shape.
         head = prefix + "-"
-        pos = bisect.bisect_left(self._keys, sequence_upper_bound(prefix))
+        pos = self._keys.bisect_left(sequence_upper_bound(prefix))
         while pos > 0:
             pos -= 1
             candidate = self._keys[pos]
@@ -159,7 +166,7 @@ class MemoryBackend:
     def _next_child(self, prefix: str, after: str | None) -> Record | None:
         # Keyset pagination: each step re-finds its place, so writes between steps are harmless.
         keys = self._keys
-        pos = bisect.bisect_left(keys, prefix) if after is None else bisect.bisect_right(keys, after)
+        pos = keys.bisect_left(prefix) if after is None else keys.bisect_right(after)
         while pos < len(self._keys):
             key = self._keys[pos]
             if not key.startswith(prefix):
@@ -171,11 +178,13 @@ class MemoryBackend:
 
     def _next_indexed(self, name: str, start: str, end: str,
                       after: tuple[str, str] | None) -> tuple[tuple[str, str], Record] | None:
-        entries = self._index.get(name, [])
+        entries = self._index.get(name)
+        if entries is None:
+            return None
         if after is None:
-            pos = bisect.bisect_left(entries, (start, ""))
+            pos = entries.bisect_left((start, ""))
         else:
-            pos = bisect.bisect_right(entries, after)
+            pos = entries.bisect_right(after)
         if pos >= len(entries) or entries[pos][0] >= end:
             return None
         position = entries[pos]
