@@ -1,9 +1,9 @@
 """The real Pulsar 4.2.4 broker with token authentication AND authorization on, tc-server in front of it:
 the client holds a non-superuser token with produce/consume permission only, tc-server a superuser token
-of its own. A stock Java client opens a txn through tc-server, produces into it, commits, and every
+of its own. A stock Java (and Go) client opens a txn through tc-server, produces into it, commits, and every
 message arrives: tc-server's END_TXN_ON_PARTITION passed the broker's isSuperUser() check, while the
 client's lookups were authorized as the client (docs/security.md). Needs `make pulsar-broker` and
-`make interop-java`; either missing fails the test."""
+`make interop-java` / `make interop-go`; any missing fails the test."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.security.pki import make_token
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import MAKE_COMMAND, BrokerStartError, PulsarBroker
 
-pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.java, pytest.mark.golang, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
 TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
@@ -86,15 +86,18 @@ def secure_tc_server(secure_broker: PulsarBroker, keys: Keys,
     server.stop()
 
 
-def test_non_superuser_client_commits_through_tc_server(java_harness: Harness, secure_broker: PulsarBroker,
-                                                         secure_tc_server: TcServerProcess, keys: Keys) -> None:
+@pytest.mark.parametrize("client", ["java", "go"])
+def test_non_superuser_client_commits_through_tc_server(client: str, secure_broker: PulsarBroker,
+                                                         secure_tc_server: TcServerProcess, keys: Keys,
+                                                         request: pytest.FixtureRequest) -> None:
+    harness: Harness = request.getfixturevalue(f"{client}_harness")
     code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
                                          ["produce", "consume"])
     assert code in (200, 204), (code, body)
-    topic = "persistent://public/default/secure-txn"
+    topic = f"persistent://public/default/secure-txn-{client}"
     secure_broker.create_topic(topic, PARTITIONS)
 
-    run = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
+    run = harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
                            count=MESSAGES, action="commit", op_timeout_ms=30_000, receive_timeout_ms=30_000,
                            token=keys.token("app"))
     result = run.result
