@@ -18,6 +18,7 @@ import structlog
 from tc_server.metrics import Metrics
 from tc_server.server import discovery
 from tc_server.server.dispatch import Dispatcher, TxnRequest
+from tc_server.server.flow_control import ReadFlowControl
 from tc_server.server.handshake import (
     MIN_TC_CLIENT_CONNECT_VERSION,
     AuthenticationFailed,
@@ -151,7 +152,7 @@ class ClientConnection(asyncio.Protocol):
         self._keepalive: asyncio.TimerHandle | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._read_paused_for = set[str]()  # reasons: "in-flight", "write-buffer"
+        self._flow = ReadFlowControl()  # why this connection is not being read (flow_control.py)
         # Responses written in one loop iteration go out in one write: a syscall per response was
         # a quarter of the server's time under load (profiled), and batching adds no latency.
         self._out: list[bytes] = []
@@ -169,6 +170,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass, but has its interface.
         self._transport = cast(asyncio.Transport, transport)
+        self._flow.attach(self._transport)
         peer = transport.get_extra_info("peername")
         self._log = log.bind(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
         self._address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
@@ -226,7 +228,7 @@ class ClientConnection(asyncio.Protocol):
         self._decoder.feed(data)
         self._process_frames()
         ctx = self._ctx
-        if (ctx.buffered_input > ctx.max_buffered_input and not self._read_paused_for
+        if (ctx.buffered_input > ctx.max_buffered_input and not self._flow.paused
                 and self._decoder.buffered > SMALL_INPUT_BYTES and not self._closing):
             ctx.metrics.connections_refused.labels("max_buffered_input").inc()
             if (left_out := ctx.log_limiter.allow("input budget")) is not None:
@@ -245,7 +247,7 @@ class ClientConnection(asyncio.Protocol):
         # Stop at once when paused: pause_reading() only stops the socket, while the frames of
         # this read are already in the decoder. They wait there until reading resumes.
         try:
-            while not self._closing and not self._read_paused_for:
+            while not self._closing and not self._flow.paused:
                 if self._ctx.in_flight >= self._ctx.max_in_flight:
                     self._pause_reading("server-busy")
                     self._ctx.paused.add(self)
@@ -621,18 +623,13 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
     def _pause_reading(self, reason: str) -> None:
-        if not self._read_paused_for and self._transport is not None and not self._closing:
-            self._transport.pause_reading()
-        self._read_paused_for.add(reason)
+        self._flow.pause(reason)
 
     def _resume_reading(self, reason: str) -> None:
-        if reason not in self._read_paused_for:
-            return
-        self._read_paused_for.discard(reason)
-        if not self._read_paused_for and self._transport is not None and not self._closing:
-            self._transport.resume_reading()
-            if self._relay is None:
-                asyncio.get_running_loop().call_soon(self._process_frames)
+        # Frames received before the pause wait in the decoder: go on with them (unless the bytes now
+        # go to a broker untouched).
+        if self._flow.resume(reason) and self._relay is None:
+            asyncio.get_running_loop().call_soon(self._process_frames)
 
     def _schedule_keepalive(self) -> None:
         loop = asyncio.get_running_loop()
