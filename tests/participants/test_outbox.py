@@ -7,9 +7,13 @@ acknowledges at once); tests/participants/test_real_broker.py drives a real Puls
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +36,14 @@ from tests.coordinator.test_partition import FakeClock, eventually
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
+
+
+def http_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback http
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
 
 
 @dataclass(frozen=True)
@@ -283,6 +295,14 @@ async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp
         assert ended.error is None
         assert app.coordinator.partition(0).undelivered().keys() == {opened.least}
         assert len(await records(app.store, 0, opened.least)) == 1
+        # The operator's view: the admin endpoint lists it from the store, per coordinator too.
+        base = f"http://127.0.0.1:{app.admin.port}/admin/v3/transactions/undelivered"
+        status, listed = await asyncio.to_thread(http_json, base)
+        assert status == 200
+        assert [(d["txnId"], d["status"], d["participants"]) for d in listed] == [
+            (f"(0,{opened.least})", "COMMITTED", [{"topic": TOPIC}])]
+        assert await asyncio.to_thread(http_json, base + "?coordinatorId=1") == (200, [])
+        assert (await asyncio.to_thread(http_json, base + "?coordinatorId=7"))[0] == 404
     finally:
         client.close()
         await app.stop()
