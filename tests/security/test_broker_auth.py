@@ -114,6 +114,21 @@ def test_non_superuser_client_commits_through_tc_server(client: str, secure_brok
     assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
 
 
+def test_forwarded_lookups_are_authorized_as_the_client(java_harness: Harness, secure_broker: PulsarBroker,
+                                                         secure_tc_server: TcServerProcess, keys: Keys) -> None:
+    """A role the broker granted nothing: tc-server lets it in (its token is valid) and serves it the
+    coordinators, but its topic lookup, forwarded with its own token, is refused by the broker, never
+    lent tc-server's superuser role."""
+    topic = "persistent://public/default/secure-no-permission"
+    secure_broker.create_topic(topic, PARTITIONS)
+    run = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
+                           count=1, action="commit", op_timeout_ms=15_000, token=keys.token("stranger"))
+    fatal = run.events("fatal")
+    assert fatal and not run.events("result"), run.lines
+    error = json.dumps(fatal[-1]["error"])
+    assert "AuthorizationException" in error or "not authorized" in error.lower(), (error, run.stderr_tail())
+
+
 @pytest.mark.parametrize("action", ["abort", "none"])
 def test_aborted_and_timed_out_txns_are_aborted_on_the_secured_broker(
         java_harness: Harness, secure_broker: PulsarBroker, secure_tc_server: TcServerProcess, keys: Keys,
