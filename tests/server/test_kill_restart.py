@@ -85,7 +85,7 @@ def test_refuses_another_parallelism(tmp_path):
     server.stop()
     other = ServerProcess(tmp_path / "data", "--coordinators", "8")
     other.start(wait=False)
-    assert other.proc is not None and other.proc.wait(30) == 1
+    assert other.proc is not None and other.proc.wait(30) == 2  # every failure to start exits 2 (cli.py)
     assert "--coordinators 8" in other.log_tail()
 
 
