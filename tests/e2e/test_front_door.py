@@ -22,9 +22,10 @@ from typing import Any
 import pulsar
 import pytest
 
+from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
-from tc_server.wire import LookupType, ServerError
+from tc_server.wire import LookupType, ServerError, encode_frame
 from tests.interop.checks import check_concurrent
 from tests.interop.conftest import Harness, HarnessRun
 from tests.support.front_door import start_front_door
@@ -331,3 +332,32 @@ def test_hung_broker_answers_within_the_request_timeout(pulsar_broker: PulsarBro
         assert answer.response is LookupType.CONNECT, answer
     finally:
         server.stop()
+
+
+async def lookup_with_listener(host: str, port: int, topic: str, listener: str) -> Any:
+    """LOOKUP naming an advertised listener: a field our codec does not model, so the frame is built from
+    the generated protobuf class."""
+    client = await connect(host, port)
+    try:
+        request_id = client.next_request_id()
+        command = pb.BaseCommand(type=pb.BaseCommand.LOOKUP)
+        command.lookupTopic.topic = topic
+        command.lookupTopic.request_id = request_id
+        command.lookupTopic.advertised_listener_name = listener
+        answer, _ = await client.request_frame(encode_frame(command.SerializeToString()), request_id, 30)
+        return answer
+    finally:
+        client.close()
+
+
+def test_lookup_keeps_the_advertised_listener_name(front_door_server: TcServerProcess,
+                                                   pulsar_broker: PulsarBroker) -> None:
+    """A client's advertised_listener_name reaches the broker: the broker has no listener of that name and
+    says so, through tc-server exactly as directly (a re-encoded LOOKUP would drop the field and get the
+    default listener's URL instead)."""
+    topic = new_topic(pulsar_broker, "listener", 0)
+    direct = asyncio.run(lookup_with_listener("127.0.0.1", pulsar_broker.port, topic, "no-such-listener"))
+    through = asyncio.run(lookup_with_listener("127.0.0.1", front_door_server.port, topic, "no-such-listener"))
+    print("direct:", direct, "through tc-server:", through)
+    assert direct.response is LookupType.FAILED, direct
+    assert (through.response, through.error) == (direct.response, direct.error), (through, direct)
