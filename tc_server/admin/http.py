@@ -13,15 +13,18 @@ Errors are JSON ``{"reason": …}`` as Pulsar's admin API answers them.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from tc_server.admin.routes import AdminRoutes, json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.service import AuthenticationService
+from tc_server.server.log_limit import LogLimiter
 
 log = structlog.get_logger("tc_server.admin")
 
@@ -36,6 +39,29 @@ MAX_HEADERS = 64
 KEEPALIVE_TIMEOUT_S = 75.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _MalformedRequestLog(logging.Filter):
+    """aiohttp answers a malformed request (a ``Content-Length: ²``, a bad request line) with 400 and logs
+    it with a traceback at error level; a client can send those at will (issue 15). Such a record
+    becomes one warning line without the traceback, once per interval; every other record passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._limiter = LogLimiter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        if (left_out := self._limiter.allow("malformed HTTP request")) is not None:
+            log.warning("malformed HTTP request answered 400", error=str(error.message)[:200],
+                        left_out_since_last_line=left_out)
+        return False
+
+
+_aiohttp_log = logging.getLogger("tc_server.admin.aiohttp")
+_aiohttp_log.addFilter(_MalformedRequestLog())
 
 
 class AdminServer:
@@ -56,7 +82,7 @@ class AdminServer:
         # access_log=None: no per-request lines (probes and scrapes would flood the log).
         self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                                      max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
-                                     max_headers=MAX_HEADERS)
+                                     max_headers=MAX_HEADERS, logger=_aiohttp_log)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl, reuse_address=True)
         try:

@@ -80,3 +80,24 @@ async def test_a_damaged_header_is_reported_without_its_bytes(app: App, client: 
     assert status == 500, doc
     assert "damaged" not in json.dumps(doc) and f"(4,{opened.least})" in str(doc["reason"])
     assert tracebacks(server_log) == []
+
+
+@pytest.mark.parametrize("request_head", [
+    b"POST /admin/v3/transactions/abort/1/1 HTTP/1.1\r\nHost: tc\r\nContent-Length: \xc2\xb2\r\n\r\n",
+    b"GET /readyz HTTP/1.1\r\nHost: tc\r\nContent-Length: -1\r\n\r\n",
+    b"GET /\xd9\xa1 HTTP/1.1\r\nHost: tc\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not HTTP at all\r\n\r\n",
+])
+async def test_a_malformed_http_request_is_400_with_one_line_and_no_traceback(
+        app: App, request_head: bytes, server_log: list[dict[str, Any]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    for _ in range(3):  # repeated: still one line
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+        writer.write(request_head)
+        raw = await reader.read()
+        writer.close()
+        assert raw.startswith(b"HTTP/1.") and b" 400 " in raw.split(b"\r\n")[0], raw[:100]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= 40], caplog.records
+    assert len([e for e in server_log if e["event"] == "malformed HTTP request answered 400"]) <= 1
+    status, _ = await http(app, "GET", "/healthz")
+    assert status == 200
