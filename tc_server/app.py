@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import signal
 import socket
 from dataclasses import dataclass
@@ -100,8 +102,34 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
     return await open_store(settings.store, data_dir=settings.data_dir)
 
 
+# Descriptors besides client connections: the store's files, the admin port and its clients, broker
+# connections, the interpreter's own.
+RESERVED_DESCRIPTORS = 256
+
+
+def connections_that_fit(max_connections: int) -> int:
+    """Make room for --max-connections open sockets: raise the soft RLIMIT_NOFILE up to the hard one if
+    needed; if even that is too few, lower the connection limit to what fits (one warning naming the
+    setting). Past the descriptor limit accept() fails for every new socket, the probes' included, so
+    the connection limit must be what refuses first (issue 15: ~20,000 connections exhausted them)."""
+    need = max_connections + RESERVED_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return max_connections
+    fitting = max(1, soft - RESERVED_DESCRIPTORS)
+    log.warning("max_connections lowered to fit the descriptor limit (ulimit -n)", max_connections=max_connections,
+                lowered_to=fitting, descriptor_limit=soft)
+    return fitting
+
+
 async def start_app(settings: Settings, store: MetadataStore | None = None) -> App:
     """Start everything; raises ConfigError/ParallelismMismatch/OSError with a message for the user."""
+    max_connections = connections_that_fit(settings.max_connections)
     metrics = Metrics(settings.cluster)
     if settings.store == "memory":
         log.warning("the memory store keeps nothing across a restart: transaction ids start again at 0; "
@@ -129,7 +157,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             max_frame_size=settings.max_frame_size,
             max_buffered_input=settings.max_buffered_input_bytes,
             max_in_flight=settings.max_requests_in_flight,
-            max_connections=settings.max_connections,
+            max_connections=max_connections,
             max_connections_per_address=settings.max_connections_per_address,
         )
         listener, advertised = None, ""

@@ -3,12 +3,15 @@ exit code 2 and no traceback (issue 15, "Settings without bounds"). Real process
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tc_server.bench.process import TcServerProcess
 from tc_server.config import ConfigError, Settings
 
 # A start that fails must fail long before this; a start that wrongly succeeds is killed by it.
@@ -85,3 +88,43 @@ def test_a_damaged_database_file_is_one_line_naming_it(tmp_path: Path) -> None:
 
 def test_the_defaults_are_within_the_bounds() -> None:
     Settings().validate()
+
+
+def _nofile(soft: int, hard: int) -> Callable[[], None]:
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_too_few_descriptors_lower_max_connections_with_one_warning(tmp_path: Path) -> None:
+    # A hard limit of 1024 descriptors cannot hold the default 4096 connections: past the descriptor
+    # limit accept() fails for everyone, the probes included, so the connection limit is lowered.
+    server = TcServerProcess(tmp_path / "data")
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_nofile(1024, 1024))
+    try:
+        server.proc = proc
+        server.wait_ready(RUN_BOUND_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    warnings = [line for line in log_path.read_text().splitlines() if "max_connections lowered" in line]
+    assert len(warnings) == 1 and '"lowered_to": 768' in warnings[0], warnings
+
+
+def test_a_low_soft_descriptor_limit_is_raised_to_fit_max_connections(tmp_path: Path) -> None:
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096 + 256:
+        pytest.fail("this test needs a hard descriptor limit of at least 4352 (ulimit -Hn)")
+    server = TcServerProcess(tmp_path / "data")
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_nofile(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        server.proc = proc
+        server.wait_ready(RUN_BOUND_S)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+        assert int(soft) >= 4096 + 256
+    finally:
+        proc.kill()
+        proc.wait()
