@@ -306,12 +306,20 @@ class TransactionCoordinator:
             await asyncio.sleep(OVERDUE_SCAN_INTERVAL_S)
             try:
                 found = await self.abort_overdue()
+                # What is still overdue after the aborts could not be aborted: a fact for /readyz.
+                left = await self.abort_overdue() if found else 0
             except (StoreError, TimeoutError) as exc:
                 log.warning("overdue scan failed", error=repr(exc))
+                self.health.failed("timeout sweep", f"overdue scan failed: {exc!r}", until_recovered=True)
                 continue
             except Exception:  # noqa: BLE001 - the safety net must not die of one bad record
                 log.exception("overdue scan failed")
                 continue
+            if left:
+                self.health.failed("timeout sweep", f"{left} open transactions past their deadline could not be "
+                                   "aborted", until_recovered=True)
+            else:
+                self.health.recovered("timeout sweep")
             if found:
                 log.warning("aborted overdue transactions missed by the deadline queue", count=found)
 

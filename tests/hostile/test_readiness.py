@@ -90,3 +90,20 @@ async def test_a_failing_recovery_scan_makes_readyz_fail_until_it_succeeds(setti
         await until_status(app, 200)
     finally:
         await app.stop()
+
+
+async def test_timeouts_that_cannot_be_aborted_make_readyz_fail(settings: Settings) -> None:
+    store = FailingStore()
+    app = await start_app(settings, store=store)
+    try:
+        await until_status(app, 200)
+        client = await connect("127.0.0.1", app.listeners[0].port)
+        assert (await client.new_txn(tc_id=4, ttl_ms=1)).error is None
+        client.close()
+        store.disk_full = True  # its timeout abort (a header write) now fails, again and again
+        doc = await until_status(app, 503)
+        assert any("timeout sweep failing" in p and "could not be aborted" in p for p in doc["problems"]), doc
+        store.disk_full = False
+        await until_status(app, 200)
+    finally:
+        await app.stop()
