@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,22 @@ def spawned() -> Iterator[list[RunningHarness]]:
     yield running
     for harness in running:
         harness.terminate()
+
+
+@pytest.fixture
+def front_door(pulsar_broker: PulsarBroker, tmp_path: Path) -> Iterator[Callable[..., TcServerProcess]]:
+    """Starts this test's own tc-server in front of the session broker (``extra_args`` added), and
+    kills it when the test ends, pass or fail."""
+    started: list[TcServerProcess] = []
+
+    def start(*extra_args: str) -> TcServerProcess:
+        server = start_front_door(pulsar_broker.url, tmp_path / f"tc-{len(started)}", *extra_args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
 
 
 def input_backlog(broker: PulsarBroker, topic: str) -> int | None:
@@ -135,13 +151,14 @@ def redrive_counts(server: TcServerProcess) -> list[int]:
 @pytest.mark.parametrize("target", ["tc-server", "broker"])
 def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pulsar_broker: PulsarBroker,
                                                        spawned: list[RunningHarness], tmp_path: Path,
+                                                       front_door: Callable[..., TcServerProcess],
                                                        target: str) -> None:
     source = new_topic(pulsar_broker, "ctp-in", PARTITIONS)
     sink = new_topic(pulsar_broker, "ctp-out", PARTITIONS)
     server: TcServerProcess | None = None
     url = pulsar_broker.url
     if target == "tc-server":
-        server = start_front_door(pulsar_broker.url, tmp_path / "tc")
+        server = front_door()
         url = server.url
     stop_file = tmp_path / "stop-worker"
     worker = java_harness.spawn("ctp", service_url=url, input=source, output=sink, until_file=stop_file,
@@ -201,9 +218,10 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
 @pytest.mark.parametrize("restart_coordinator", [False, True], ids=["tc-up", "tc-restarted"])
 def test_decisions_reach_the_broker_when_it_is_back(java_harness: Harness, pulsar_broker: PulsarBroker,
                                                    spawned: list[RunningHarness], tmp_path: Path,
+                                                   front_door: Callable[..., TcServerProcess],
                                                    restart_coordinator: bool) -> None:
     topic = new_topic(pulsar_broker, "outage", PARTITIONS)
-    server = start_front_door(pulsar_broker.url, tmp_path / "tc", "--participant-wait-s", "3")
+    server = front_door("--participant-wait-s", "3")
     before_end, after_end = tmp_path / "commit-now", tmp_path / "receive-now"
     count = 40
     producer = java_harness.spawn("txn-produce", service_url=server.url, topic=topic, count=count,
