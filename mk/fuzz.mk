@@ -1,4 +1,5 @@
-# Fuzzing the running server over its socket (tests/hostile/test_fuzz_server.py); included by the Makefile.
+# Fuzzing the running server over its sockets (tests/hostile/test_fuzz_server.py: the Pulsar port;
+# tests/hostile/test_fuzz_admin.py: the admin port); included by the Makefile.
 #   make fuzz        -- the bounded run the suite does (40 examples per target)
 #   make fuzz-long   -- FUZZ_EXAMPLES examples per target, batches of FUZZ_MIN_BATCH..FUZZ_BATCH commands
 #                       each sent FUZZ_REPEAT times (defaults: over a million frames), random seeds;
@@ -16,12 +17,13 @@ HOSTILE_SECONDS ?= 60
 
 .PHONY: fuzz fuzz-long hostile hostile-load
 fuzz: setup
-	$(PY) -m pytest tests/hostile/test_fuzz_server.py -s $(PYTEST_ARGS)
+	$(PY) -m pytest tests/hostile/test_fuzz_server.py tests/hostile/test_fuzz_admin.py -s $(PYTEST_ARGS)
 
 fuzz-long: setup
 	TC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TC_FUZZ_BATCH=$(FUZZ_BATCH) TC_FUZZ_MIN_BATCH=$(FUZZ_MIN_BATCH) \
 	    TC_FUZZ_REPEAT=$(FUZZ_REPEAT) \
-	    $(PY) -m pytest tests/hostile/test_fuzz_server.py -s -x -p no:cacheprovider -o timeout=0 $(PYTEST_ARGS)
+	    $(PY) -m pytest tests/hostile/test_fuzz_server.py tests/hostile/test_fuzz_admin.py -s -x \
+	    -p no:cacheprovider -o timeout=0 $(PYTEST_ARGS)
 
 hostile: setup
 	$(PY) -m pytest tests/hostile $(PYTEST_ARGS)
