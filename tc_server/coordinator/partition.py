@@ -9,6 +9,7 @@ fails or a timeout that finds the txn already ended.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import time
 from collections import defaultdict
@@ -32,7 +33,7 @@ from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Put, StoreError
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Put, Record, StoreError
 
 Clock = Callable[[], int]
 _T = TypeVar("_T")
@@ -231,23 +232,31 @@ class CoordinatorPartition:
         # timeout) the header may exist, and it must still be aborted on time. If it does not
         # exist, the timeout finds nothing and forgets the id.
         self._track(least, header.deadline_ms)
+        write = asyncio.ensure_future(self._store.put(
+            layout.header_path(self.tc_id, least),
+            header.to_json(),
+            expected_version=EXPECT_ABSENT,
+            partition_key=key,
+            secondary_indexes=header.index_entries(),
+        ))
+        # Counted when the write lands, also if this request timed out meanwhile (issue 15: such
+        # txns were aborted later but never counted as created). Runs before this coroutine resumes.
+        write.add_done_callback(functools.partial(self._written, least, header))
         try:
-            record = await self._store.put(
-                layout.header_path(self.tc_id, least),
-                header.to_json(),
-                expected_version=EXPECT_ABSENT,
-                partition_key=key,
-                secondary_indexes=header.index_entries(),
-            )
+            await asyncio.shield(write)
         except BadVersionError:
             # Only possible if someone else wrote a header under an id reserved by our CAS.
             raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
+        return least
+
+    def _written(self, least: int, header: TxnHeader, write: asyncio.Future[Record]) -> None:
+        if write.cancelled() or write.exception() is not None:
+            return
         self._header_writes.inc()
         self._created.inc()
-        self._headers[least] = (header, record.version)
+        self._headers[least] = (header, write.result().version)
         self._complete.add(least)
         self._active.set(len(self._open))
-        return least
 
     async def add_participants(self, least: int, principal: str | None,
                                participants: Sequence[Participant] = ()) -> None:
