@@ -585,6 +585,11 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_authentication("authentication refresh failed", session.credentials.method, exc)
             return
         self._log.info("authentication refreshed", expires_at_ms=session.credentials.expires_at_ms)
+        # Forwarded requests carry the client's own credentials: the fresh ones from now on.
+        if self._connect is not None:
+            self._connect = replace(self._connect, auth_data=cmd.response_data)
+        if self._forwarding is not None:
+            self._forwarding.refresh_credentials(cmd.response_data)
 
     # -- output and lifecycle ------------------------------------------------------------------
 

@@ -229,6 +229,7 @@ class ForwardingSession:
         try:
             conn = await self._upstream.open(self._connect)
             conn.set_listener(self._unsolicited)
+            conn.auth_data_source = self._client_auth_data
             if self._closed:
                 conn.close()
             self._primary = conn
@@ -240,8 +241,18 @@ class ForwardingSession:
         conn = self._by_url.get(url)
         if conn is None or not conn.is_usable:
             conn = await self._upstream.connect_to(url, self._connect)
+            conn.auth_data_source = self._client_auth_data
             self._by_url[url] = conn
         return conn
+
+    def refresh_credentials(self, auth_data: bytes | None) -> None:
+        """The client refreshed its credentials with tc-server: connections opened from now on carry
+        them, and the open ones answer their broker's refresh challenge with them, so a broker that
+        checks expiry keeps serving the client's forwarded requests (docs/security.md)."""
+        self._connect = replace(self._connect, auth_data=auth_data)
+
+    def _client_auth_data(self) -> bytes:
+        return self._connect.auth_data or b""
 
     def _unsolicited(self, cmd: Command, frame: bytes) -> None:
         # A push from the broker on the client's behalf (e.g. TOPIC_MIGRATED) goes to the client; an

@@ -102,3 +102,31 @@ async def test_token_without_exp_is_never_challenged(start, secret):
     finally:
         client.close()
 
+
+
+async def test_a_refresh_reaches_the_clients_upstream_connections(start, secret):
+    """Forwarded requests carry the client's own credentials (docs/security.md, "Forwarded requests"),
+    so a refresh must reach the upstream connections too. The upstream here is a second tc-server with
+    token authentication (a broker's refresh works the same way, ServerCnx): it challenges the
+    forwarding connection once the client's first token expired, and must get the fresh token."""
+    broker = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                         authentication_refresh_check_s=CHECK_S)
+    front = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                        authentication_refresh_check_s=CHECK_S,
+                        upstream_url=f"pulsar://127.0.0.1:{broker.listener.port}")
+    short = make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S)
+    client, challenges = await refreshing_client(front.listener.port, short,
+                                                 make_token(secret, "HS256", "alice", expires_in_s=3600))
+    topic = "persistent://public/default/refreshed"
+    try:
+        # The upstream "broker" serves coordinators only: its answer for a normal topic is TopicNotFound
+        # naming --upstream-url. Seeing that answer means the forwarding connection is alive.
+        first = await client.partitioned_metadata(topic)
+        assert first.error is ServerError.TopicNotFound and "upstream" in (first.message or ""), first
+        await wait_for(lambda: challenges)
+        await asyncio.sleep(10 * CHECK_S)  # the upstream's checks have challenged the forwarding connection
+        again = await client.partitioned_metadata(topic)
+        assert again.error is ServerError.TopicNotFound and "upstream" in (again.message or ""), again
+        assert not client.closed.done()
+    finally:
+        client.close()
