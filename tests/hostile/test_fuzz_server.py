@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import structlog
+import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,11 +127,11 @@ COMMANDS = st.one_of(
 
 
 class ServerThread:
-    """tc-server (memory store) on its own event loop in a thread, with what it logged and what
+    """tc-server (memory store) on its own uvloop event loop in a thread, with what it logged and what
     reached its loop's exception handler."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()  # the loop production runs on (tc_server/cli.py)
         self.loop_errors: list[dict[str, Any]] = []
         self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
         self.thread = threading.Thread(target=self.loop.run_forever, name="tc-server-under-fuzz", daemon=True)
