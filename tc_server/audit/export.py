@@ -9,7 +9,8 @@ chosen to keep concurrent activity from looking like a violation:
 
 * ops before headers: a participant writes an op only while its txn's header exists, and GC deletes a
   header only after its ops are gone, so an op seen first finds its header in the later scan (no
-  false ``orphan_ops``);
+  false ``orphan_ops``); participant records before headers for the same reason (GC keeps a header
+  while they remain, docs/participants.md);
 * tc-seq last: ``next`` only grows and an id is handed out only after its block was reserved, so every
   header seen earlier is below the ``next`` read later (no false ``id_reuse_risk``);
 * ``taken_at_ms`` is the time the export *started*: a txn found overdue or past retention against
@@ -23,7 +24,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +35,8 @@ from tc_server.audit.schema import (
     HEADERS_SCHEMA,
     OPS,
     OPS_SCHEMA,
+    PARTICIPANTS,
+    PARTICIPANTS_SCHEMA,
     REJECTS_JSONL,
     TC_SEQ,
     TC_SEQ_SCHEMA,
@@ -130,6 +133,20 @@ def parse_header(record: Record) -> dict[str, Any]:
     }
 
 
+def parse_participant(record: Record) -> dict[str, Any]:
+    """One participants row from ``/txn/participant/<most>_<least>/…`` (docs/record-layout.md)."""
+    try:
+        most, least = layout.parse_participant_path(record.key)
+        participant = layout.Participant.from_json(record.value)
+    except ValueError as exc:
+        raise RejectedRecord(str(exc)) from exc
+    for name, value in (("most", most), ("least", least)):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise RejectedRecord(f"txn id {name} out of int64 range: {value}")
+    return {"txn_most": most, "txn_least": least, "topic": participant.topic,
+            "subscription": participant.subscription}
+
+
 def parse_op(record: Record) -> dict[str, Any]:
     """One ops row from ``/txn/op/<most>_<least>-<seq20>``."""
     rest = record.key[len(layout.OP_PREFIX) :]
@@ -176,7 +193,7 @@ class _Progress:
         self._stream = stream
         self._start = time.monotonic()
         self._last = 0.0
-        self.counts: dict[str, int] = {OPS: 0, HEADERS: 0, TC_SEQ: 0, "rejects": 0}
+        self.counts: dict[str, int] = {OPS: 0, PARTICIPANTS: 0, HEADERS: 0, TC_SEQ: 0, "rejects": 0}
 
     def tick(self, *, force: bool = False) -> None:
         if self._stream is None:
@@ -186,11 +203,11 @@ class _Progress:
             return
         self._last = now
         c = self.counts
-        rows = c[OPS] + c[HEADERS] + c[TC_SEQ] + c["rejects"]
+        rows = c[OPS] + c[PARTICIPANTS] + c[HEADERS] + c[TC_SEQ] + c["rejects"]
         rate = rows / max(now - self._start, 1e-9)
         self._stream.write(
             f"\rexport: ops {c[OPS]:,}  headers {c[HEADERS]:,}  tc-seq {c[TC_SEQ]:,}  "
-            f"rejects {c['rejects']:,}  ({rate:,.0f} rows/s)"
+            f"rejects {c['rejects']:,}  participants {c[PARTICIPANTS]:,}  ({rate:,.0f} rows/s)"
         )
         self._stream.flush()
 
@@ -202,8 +219,7 @@ class _Progress:
 
 
 async def _export_family(
-    store: MetadataStore,
-    prefix: str,
+    records: AsyncIterator[Record],
     table: str,
     schema: pa.Schema,
     parse: Callable[[Record], dict[str, Any]],
@@ -215,7 +231,7 @@ async def _export_family(
     """Stream one key family into ``writer``; returns the number of rejected records."""
     batch: list[dict[str, Any]] = []
     rejected = 0
-    async for record in store.scan_prefix(prefix):
+    async for record in records:
         try:
             batch.append(parse(record))
         except RejectedRecord as exc:
@@ -264,28 +280,34 @@ async def export_snapshot(
     progress = _Progress(sys.stderr if show_progress else None)
     taken_at_ms = time.time_ns() // 1_000_000
 
-    families: list[tuple[str, str, Callable[[Record], dict[str, Any]], pa.Schema]] = [
+    participants = layout.participants_by_coordinator_range(None)
+    families: list[tuple[Callable[[], AsyncIterator[Record]], str, Callable[[Record], dict[str, Any]], pa.Schema]] = [
         # Order matters; see the module docstring.
-        (layout.OP_PREFIX, OPS, parse_op, OPS_SCHEMA),
-        (layout.HEADER_PREFIX, HEADERS, parse_header, HEADERS_SCHEMA),
-        (layout.TC_SEQ_PREFIX, TC_SEQ, parse_tc_seq, TC_SEQ_SCHEMA),
+        (lambda: store.scan_prefix(layout.OP_PREFIX), OPS, parse_op, OPS_SCHEMA),
+        # Under /txn/participant/<txn>/, a level deeper than a prefix scan lists: found through its index.
+        (lambda: store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, *participants), PARTICIPANTS,
+         parse_participant, PARTICIPANTS_SCHEMA),
+        (lambda: store.scan_prefix(layout.HEADER_PREFIX), HEADERS, parse_header, HEADERS_SCHEMA),
+        (lambda: store.scan_prefix(layout.TC_SEQ_PREFIX), TC_SEQ, parse_tc_seq, TC_SEQ_SCHEMA),
     ]
     rows: dict[str, int] = {}
     rejects: dict[str, int] = {}
     rejects_path = out_dir / REJECTS_JSONL
     with rejects_path.open("w") as rejects_file:
-        for prefix, table, parse, schema in families:
+        for scan, table, parse, schema in families:
             writer = TableWriter(out_dir / table, schema)
             rejects[table] = await _export_family(
-                store, prefix, table, schema, parse, writer, rejects_file, progress, batch_rows
+                scan(), table, schema, parse, writer, rejects_file, progress, batch_rows
             )
             rows[table] = writer.rows
     progress.done()
     total_rejects = sum(rejects.values())
     if total_rejects == 0:
         rejects_path.unlink()
+    optional = {PARTICIPANTS: {"rows": rows[PARTICIPANTS], "rejects": rejects[PARTICIPANTS]}}
     write_snapshot_json(
-        out_dir, snapshot_document(taken_at_ms=taken_at_ms, source=source, row_counts=rows, rejects=rejects)
+        out_dir, snapshot_document(taken_at_ms=taken_at_ms, source=source, row_counts=rows, rejects=rejects,
+                                   extra={"optional_tables": optional})
     )
     return {HEADERS: rows[HEADERS], OPS: rows[OPS], TC_SEQ: rows[TC_SEQ], "rejects": total_rejects}
 

@@ -175,6 +175,23 @@ def illegal_headers(headers: DataFrame) -> DataFrame:
 # -- informational ------------------------------------------------------------------------------
 
 
+def undelivered_decisions(headers: DataFrame, participants: DataFrame, *, now_ms: int, grace_ms: int) -> DataFrame:
+    """Decided txns whose participant records remain more than ``grace_ms`` after the decision: a
+    broker of today was never told (docs/participants.md), so its partition's read horizon is pinned.
+    Records without a header count too (GC keeps a header while they remain). One row per txn: its
+    state and finalization time (null without a header), the participants left, one of their topics."""
+    left = participants.groupBy(*TXN_ID).agg(
+        F.count(F.lit(1)).alias("participants"), F.min("topic").alias("example_topic")
+    )
+    h = headers.select(*TXN_ID, "state", "finalized_ms")
+    decided_before = F.coalesce(F.col("finalized_ms"), F.lit(0)) < F.lit(now_ms - grace_ms)
+    return (
+        left.join(h, on=TXN_ID, how="left")
+        .where(F.col("state").isNull() | (_is_terminal(F.col("state")) & decided_before))
+        .select(*TXN_ID, "state", "finalized_ms", "participants", "example_topic")
+    )
+
+
 def pinning(annotated_ops: DataFrame, *, now_ms: int) -> DataFrame:
     """Per segment with ops of OPEN txns: the lowest (ledger_id, entry_id) they hold, which pins the
     segment's read horizon (readers cannot pass an undecided write), the txn holding it, and the

@@ -33,6 +33,8 @@ from tc_server.audit.schema import (  # noqa: E402
     FORMAT_NAME,
     FORMAT_VERSION,
     KNOWN_STATES,
+    OPTIONAL_TABLES,
+    PARTICIPANTS,
     REJECTS_JSONL,
     SNAPSHOT_JSON,
     TABLES,
@@ -124,8 +126,10 @@ def validate_local_snapshot(root: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{meta}: not valid JSON: {exc}") from exc
     checked = check_snapshot_doc(doc, str(meta))
-    for table in TABLES:
+    for table in (*TABLES, *OPTIONAL_TABLES):
         directory = root / table
+        if table in OPTIONAL_TABLES and not directory.exists():
+            continue
         if not directory.is_dir():
             raise BadInputError(f"{directory}: missing table {table!r}")
         # Spark skips names starting with "." or "_" (_SUCCESS, .crc); so does this check.
@@ -152,6 +156,19 @@ def _read_remote_snapshot_doc(spark: Any, root: str) -> dict[str, Any]:
         raise BadInputError(f"{where}: cannot read: {str(exc).splitlines()[0]}") from exc
     checked: dict[str, Any] = check_snapshot_doc(doc, where)
     return checked
+
+
+def _read_optional_table(spark: Any, root: str, table: str, *, validated: bool) -> Any:
+    """An optional table (schema.OPTIONAL_TABLES), empty when the snapshot has none."""
+    local = _local_path(root)
+    if local is not None and not (local / table).exists():
+        return spark.createDataFrame([], spark_schema(table))
+    if local is None:
+        try:
+            _ = spark.read.parquet(f"{root.rstrip('/')}/{table}").schema
+        except Exception:  # noqa: BLE001 - AnalysisException: no such path, an older snapshot
+            return spark.createDataFrame([], spark_schema(table))
+    return _read_table(spark, root, table, validated=validated)
 
 
 def _read_table(spark: Any, root: str, table: str, *, validated: bool) -> Any:
@@ -285,6 +302,7 @@ def run_audit(
 
     validated = local_in is not None
     headers, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
+    participants = _read_optional_table(spark, input_dir, PARTICIPANTS, validated=validated)
     out = output_dir.rstrip("/")
     # Seconds per step, in the summary: where the time goes is the first question about a slow audit.
     timings: dict[str, float] = {}
@@ -306,6 +324,7 @@ def run_audit(
         "late_ops": fx.late_ops(annotated),
         "id_reuse_risk": fx.id_reuse_risk(headers, tc_seq),
         "illegal_headers": fx.illegal_headers(headers),
+        "undelivered_decisions": fx.undelivered_decisions(headers, participants, now_ms=now_ms, grace_ms=grace_ms),
     }
     violations: dict[str, int] = {}
     samples: dict[str, list[dict[str, Any]]] = {}

@@ -35,6 +35,10 @@ HEADERS = "headers"
 OPS = "ops"
 TC_SEQ = "tc_seq"
 TABLES = (HEADERS, OPS, TC_SEQ)
+# tc-server's participant records of today's brokers (docs/participants.md). Optional: snapshots taken
+# before tc-server recorded participants, and generated ones, have none; then the table is empty.
+PARTICIPANTS = "participants"
+OPTIONAL_TABLES = (PARTICIPANTS,)
 
 # The states PIP-473 defines; anything else in a header is reported by ``illegal_headers``.
 KNOWN_STATES = ("OPEN", "COMMITTED", "ABORTED")
@@ -85,7 +89,18 @@ TC_SEQ_SCHEMA = pa.schema(
     ]
 )
 
-ARROW_SCHEMAS: dict[str, pa.Schema] = {HEADERS: HEADERS_SCHEMA, OPS: OPS_SCHEMA, TC_SEQ: TC_SEQ_SCHEMA}
+PARTICIPANTS_SCHEMA = pa.schema(
+    [
+        pa.field("txn_most", pa.int64(), nullable=False),
+        pa.field("txn_least", pa.int64(), nullable=False),
+        # A partition the txn produced to, or the topic of a subscription it acked on.
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("subscription", pa.string(), nullable=True),
+    ]
+)
+
+ARROW_SCHEMAS: dict[str, pa.Schema] = {HEADERS: HEADERS_SCHEMA, OPS: OPS_SCHEMA, TC_SEQ: TC_SEQ_SCHEMA,
+                                       PARTICIPANTS: PARTICIPANTS_SCHEMA}
 
 
 def spark_schema(table: str) -> Any:
@@ -128,6 +143,14 @@ def spark_schema(table: str) -> Any:
             [
                 StructField("coordinator_id", IntegerType(), False),
                 StructField("next", LongType(), False),
+            ]
+        ),
+        PARTICIPANTS: StructType(
+            [
+                StructField("txn_most", LongType(), False),
+                StructField("txn_least", LongType(), False),
+                StructField("topic", StringType(), False),
+                StructField("subscription", StringType(), True),
             ]
         ),
     }
@@ -178,4 +201,5 @@ VIOLATIONS = (
     "late_ops",
     "id_reuse_risk",
     "illegal_headers",
+    "undelivered_decisions",
 )

@@ -86,6 +86,7 @@ def test_server_export_audit(tmp_path: Path, spark: Any) -> None:
         "late_ops": 0,
         "id_reuse_risk": 0,
         "illegal_headers": 0,
+        "undelivered_decisions": 0,
     }
     import pyarrow.parquet as pq
 
