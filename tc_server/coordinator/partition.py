@@ -33,7 +33,7 @@ from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, Put, Record, StoreError
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, Delete, MetadataStore, Put, Record, StoreError
 
 Clock = Callable[[], int]
 _T = TypeVar("_T")
@@ -522,7 +522,7 @@ class CoordinatorPartition:
             outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future())
             self._undelivered[least] = outbox
             heapq.heappush(self._undelivered_ids, least)
-        task = asyncio.create_task(self._deliver(least, state, participants),
+        task = asyncio.create_task(self._deliver(least, state, participants, outbox.done),
                                    name=f"deliver-({self.tc_id},{least})")
         outbox.tasks.add(task)
         task.add_done_callback(lambda done: self._delivery_finished(least, outbox, done))
@@ -549,8 +549,10 @@ class CoordinatorPartition:
             del self._undelivered[least]
             self._delivery_latency.observe(max(0, self._clock() - outbox.decided_ms) / 1000)
 
-    async def _deliver(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None) -> bool:
-        """Tell every participant; True once all acknowledged and their records are deleted."""
+    async def _deliver(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,
+                       acknowledged: asyncio.Future[None]) -> bool:
+        """Tell every participant; resolve ``acknowledged`` (END_TXN answers) once all acknowledged;
+        True once their records are deleted too."""
         if participants is None:
             participants = await self._retrying_store(lambda: self._read_participants(least))
         if not participants:
@@ -566,12 +568,20 @@ class CoordinatorPartition:
         sender = self._sender
         committed = state is TxnState.COMMITTED
 
-        async def one(path: str, participant: Participant) -> None:
-            await sender.end_txn_on(participant, self.tc_id, least, committed, self.low_watermark)
-            key = layout.txn_key(self.tc_id, least)
-            await self._retrying_store(lambda: self._store.delete(path, partition_key=key))
-
-        await asyncio.gather(*(one(path, participant) for path, participant in participants))
+        if len(participants) == 1:  # the common case (one produced message): no gather, no extra task
+            await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, self.low_watermark)
+        else:
+            await asyncio.gather(*(sender.end_txn_on(participant, self.tc_id, least, committed, self.low_watermark)
+                                   for _, participant in participants))
+        # Every broker acknowledged: END_TXN may answer now, without waiting for the records' deletion
+        # (bookkeeping only: a record left by a crash here is delivered again, which brokers ignore).
+        # The txn stays in the outbox, holding the low watermark, until its records are gone.
+        if not acknowledged.done():
+            acknowledged.set_result(None)
+        # Deleted only now that all acknowledged, and in one batch rather than one write each.
+        key = layout.txn_key(self.tc_id, least)
+        deletes = [Delete(path, partition_key=key) for path, _ in participants]
+        await self._retrying_store(lambda: self._store.write_batch(deletes))
         return True
 
     async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:

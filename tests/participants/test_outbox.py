@@ -126,6 +126,9 @@ async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) 
         assert sorted((t.participant.topic, t.committed) for t in sender.told) == [(TOPIC, True), (OTHER, True)]
         # ``first`` is still OPEN: the watermark stays below it.
         assert {t.low_watermark for t in sender.told} == {first - 1}
+        # END_TXN answers once every broker acknowledged; the records go right after, in one batch,
+        # and the txn leaves the outbox only then.
+        assert await eventually(lambda: second not in partition.undelivered())
         assert await records(store, 0, second) == {}
         # A repeated END_TXN answers as before and starts no second delivery.
         assert await partition.end_txn(second, commit=True, principal=None) is None
