@@ -607,9 +607,13 @@ class Participant:
     subscription: str | None = None
 
     def path(self, most: int, least: int) -> str:
+        return participants_prefix(most, least) + self.name()
+
+    def name(self) -> str:
+        """The record's name under its txn's prefix: ``p:<enc(topic)>`` or ``s:<enc(topic)>:<enc(sub)>``."""
         if self.subscription is None:
-            return f"{participants_prefix(most, least)}p:{enc(self.topic)}"
-        return f"{participants_prefix(most, least)}s:{subscription_partition_key(self.topic, self.subscription)}"
+            return f"p:{enc(self.topic)}"
+        return f"s:{subscription_partition_key(self.topic, self.subscription)}"
 
     def to_json(self) -> bytes:
         fields = [("topic", _json_string(self.topic))]

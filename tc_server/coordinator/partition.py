@@ -61,6 +61,8 @@ OUTBOX_RETRY_INITIAL_S = 0.1
 OUTBOX_RETRY_MAX_S = 5.0
 
 _warned_no_sender = False
+# Participants whose encoded record name and value are remembered (bounded: least recently used go).
+ENCODED_PARTICIPANTS = 4096
 
 
 class ParticipantSender(Protocol):
@@ -79,6 +81,14 @@ class _Outbox:
     state: TxnState
     done: asyncio.Future[None]
     tasks: set[asyncio.Task[bool]] = field(default_factory=set)
+
+
+@functools.lru_cache(maxsize=ENCODED_PARTICIPANTS)
+def _encoded(participant: Participant) -> tuple[str, bytes]:
+    """A participant's record name (under its txn's prefix) and value. The same partitions recur in
+    txn after txn, and URL-encoding and JSON-escaping a topic name cost tens of microseconds
+    (profiled: about a tenth of tc-server's CPU per produce+commit pair)."""
+    return participant.name(), participant.to_json()
 
 
 def wall_clock_ms() -> int:
@@ -466,21 +476,24 @@ class CoordinatorPartition:
     async def _record(self, least: int, participants: Sequence[Participant]) -> None:
         """Write the participant records that are not written yet (one batch), then answer."""
         known = self._recorded.setdefault(least, {})
-        new: dict[str, Participant] = {}
+        prefix = layout.participants_prefix(self.tc_id, least)
+        new: dict[str, tuple[Participant, bytes]] = {}
         for participant in participants:
-            path = participant.path(self.tc_id, least)
+            name, value = _encoded(participant)
+            path = prefix + name
             if path not in known:
-                new[path] = participant
+                new[path] = (participant, value)
         if not new:
             return
         key = layout.txn_key(self.tc_id, least)
         index = {layout.IDX_PARTICIPANTS_BY_COORDINATOR: layout.participants_by_coordinator_key(self.tc_id, least)}
         recording = self._recording.setdefault(least, {})
-        recording.update(new)
+        for path, (participant, _) in new.items():
+            recording[path] = participant
         try:
             await self._store.write_batch([
-                Put(path, participant.to_json(), partition_key=key, secondary_indexes=index)
-                for path, participant in new.items()
+                Put(path, value, partition_key=key, secondary_indexes=index)
+                for path, (_, value) in new.items()
             ])
         finally:
             for path in new:
@@ -489,7 +502,8 @@ class CoordinatorPartition:
                 del self._recording[least]
         self._participant_writes.inc(len(new))
         if least in self._open:
-            known.update(new)
+            for path, (participant, _) in new.items():
+                known[path] = participant
             return
         # Decided while these records were being written (a timeout, an END_TXN on another
         # connection), or a txn not loaded yet: its delivery may have listed the participants before
