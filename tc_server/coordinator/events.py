@@ -77,6 +77,8 @@ async def publish_decision(
     """Append the decision to every participant's event stream; returns the number of op records
     found (see :func:`participants` for ``by_key_range``)."""
     found = await participants(store, metrics, most, least, by_key_range=by_key_range)
+    if not found.segments and not found.subscriptions:
+        return len(found.op_keys)  # nobody to tell (today's brokers have their own path: docs/participants.md)
     event = layout.event_json(most, least, decision)
     batch = [
         Put(layout.segment_events_prefix(s), event, partition_key=layout.enc(s), sequential=True)
