@@ -28,6 +28,8 @@ Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
   start offset a subscriber first gets an empty batch at the current commit offset.
 * Sessions: timeout within [2 s, 5 min]; expiry or ``CloseSession`` deletes the session's records
   in one batch; a non-ephemeral put makes an ephemeral record persistent.
+* ``GetSequenceUpdates`` (not in protocol/oxia_client.proto, coded by hand): the highest sequence key
+  of a prefix now and after each change; Pulsar 5's transaction participants wait on it.
 
 Test hooks: request counters, ``hold_writes``/``release_writes`` (keep write batches in flight),
 ``break_write_streams`` (kill every write stream), ``stop``/``start`` on the same port (data kept,
@@ -301,6 +303,9 @@ class StandinOxia:
     async def start(self) -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_OxiaClientServicer_to_server(_Servicer(self), server)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(OXIA_SERVICE, {
+            "GetSequenceUpdates": grpc.unary_stream_rpc_method_handler(
+                functools.partial(get_sequence_updates, self))}),))
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         await server.start()
         self._server = server
@@ -480,6 +485,68 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "session not found")
         self.oxia.close_session(request.session_id)
         return pb.CloseSessionResponse()
+
+
+OXIA_SERVICE = "io.streamnative.oxia.proto.OxiaClient"
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise RequestError("truncated varint")
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
+def decode_sequence_updates_request(data: bytes) -> tuple[int, str]:
+    """GetSequenceUpdatesRequest {1: int64 shard, 2: string key}, decoded by hand (see get_sequence_updates)."""
+    shard, key, at = 0, "", 0
+    while at < len(data):
+        tag, at = _varint(data, at)
+        if tag & 7 == 0:
+            value, at = _varint(data, at)
+            shard = value if tag >> 3 == 1 else shard
+        elif tag & 7 == 2:
+            size, at = _varint(data, at)
+            key = data[at:at + size].decode() if tag >> 3 == 2 else key
+            at += size
+        else:
+            raise RequestError(f"unexpected wire type {tag & 7}")
+    return shard, key
+
+
+async def get_sequence_updates(oxia: StandinOxia, request: bytes, context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[bytes]:
+    """Oxia's GetSequenceUpdates: the highest sequence key ``<key>-%020d`` now (if any) and after every
+    change. tc-server does not use it, so protocol/oxia_client.proto leaves it out and the messages are
+    coded by hand; Pulsar 5's transaction participants wait on their event streams with it (Oxia
+    client 0.8.0 SequenceUpdates), and without it a broker retries in a tight loop and never applies a
+    decision. Response: GetSequenceUpdatesResponse {1: string highest_sequence_key}."""
+    try:
+        shard_id, key = decode_sequence_updates_request(request)
+    except (RequestError, UnicodeDecodeError) as e:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GetSequenceUpdatesRequest: {e}")
+    if not 0 <= shard_id < len(oxia.shards) or not key:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no shard {shard_id} or no key")
+    shard = oxia.shards[shard_id]
+    sent = 0
+    while True:
+        async with shard.changed:
+            while (highest := shard._highest_sequence(key)) == sent:
+                await shard.changed.wait()
+        sent = highest
+        encoded = SEQUENCE_FORMAT.format(key, highest).encode()
+        size = bytearray()
+        n = len(encoded)
+        while n >= 0x80:
+            size.append((n & 0x7F) | 0x80)
+            n >>= 7
+        size.append(n)
+        yield b"\x0a" + bytes(size) + encoded
 
 
 @contextlib.asynccontextmanager
