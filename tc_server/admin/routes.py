@@ -174,11 +174,11 @@ class AdminRoutes:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
         docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
         decision, when it was decided, and the participants still to be told."""
-        coordinator_id = request.query.get("coordinatorId")
-        if coordinator_id is not None and (not coordinator_id.isdigit()
-                                           or int(coordinator_id) >= self._tc.num_partitions):
-            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id[:32]}"})
-        start, end = layout.participants_by_coordinator_range(None if coordinator_id is None else int(coordinator_id))
+        query = request.query.get("coordinatorId")
+        coordinator_id = None if query is None else number(query, "coordinatorId")
+        if coordinator_id is not None and coordinator_id >= self._tc.num_partitions:
+            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id}"})
+        start, end = layout.participants_by_coordinator_range(coordinator_id)
         waiting: dict[tuple[int, int], list[dict[str, str]]] = {}
         async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
             try:

@@ -255,7 +255,8 @@ class LeaderElection:
                     if not note.key.startswith(layout.LEADER_PREFIX):
                         continue
                     suffix = note.key[len(layout.LEADER_PREFIX):]
-                    if not suffix.isdigit() or int(suffix) >= self._partitions:
+                    # ASCII digits: a foreign key such as ".../leader/²" passes str.isdigit() only.
+                    if not (suffix.isascii() and suffix.isdigit()) or int(suffix) >= self._partitions:
                         continue
                     tc_id = int(suffix)
                     if note.type is NotificationType.DELETED:

@@ -50,6 +50,8 @@ BAD_TARGETS = [
     ("GET", f"{T}/coordinatorStats?coordinatorId={SUPERSCRIPT}", "coordinatorId"),
     ("GET", f"{T}/coordinatorStats?coordinatorId={HUGE}", "coordinatorId"),
     ("GET", f"{T}/coordinatorStats?coordinatorId=-1", "coordinatorId"),
+    ("GET", f"{T}/undelivered?coordinatorId={SUPERSCRIPT}", "coordinatorId"),
+    ("GET", f"{T}/undelivered?coordinatorId={HUGE}", "coordinatorId"),
 ]
 
 

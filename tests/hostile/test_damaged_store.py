@@ -57,3 +57,16 @@ def _new_txn(client: TcClient, tc_id: int) -> Any:
     from tc_server.wire import NewTxn
 
     return NewTxn(client.next_request_id(), 0, tc_id)
+
+
+async def test_a_foreign_leader_key_does_not_break_the_leader_watch(
+        app: App, client: TcClient, server_log: list[dict[str, Any]], loop_errors: list[dict[str, Any]]) -> None:
+    # "²" passes str.isdigit(); int() refuses it. The watch used to fail on it (a traceback) and
+    # stop watching until its next periodic retry.
+    await app.store.put(layout.LEADER_PREFIX + "\u00b2", b"{}")
+    await app.store.put(layout.LEADER_PREFIX + "99999999999999999999", b"{}")
+    for _ in range(20):  # let the watch see both notifications
+        await asyncio.sleep(0.01)
+    assert (await client.new_txn(tc_id=1)).error is None
+    assert loop_errors == []
+    assert tracebacks(server_log) == []
