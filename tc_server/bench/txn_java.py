@@ -1,7 +1,7 @@
 """Transactions that carry a message: tc-server against Pulsar's own coordinator, on the same Java load.
 
     python -m tc_server.bench.txn_java [--concurrency 16 --concurrency 64] [--duration-s 20]
-                                       [--warmup-s 5] [--rounds 2] [--partitions 4]
+                                       [--warmup-s 5] [--rounds 2] [--partitions 4] [--baseline-src DIR]
 
 Each pair is what an application does: newTransaction, send one message in it, commit. So each commit
 costs the coordinator its decision and one END_TXN_ON_PARTITION to the broker, which must be
@@ -12,6 +12,11 @@ alternated, each on a topic of its own. Prints pairs/s, pair and commit p50/p99 
 per pair (read from /proc across the counted window), then medians as a Markdown table. The load
 generator shares the machine's cores with both servers. The same loop without a produced message is
 ``python -m tc_server.bench.vs_pulsar``.
+
+``--baseline-src DIR`` adds a third target: a tc-server run from another source tree (e.g.
+``git archive <commit> tc_server | tar -x -C DIR``, put first on its PYTHONPATH), alternated with the
+other two in each round, so a change is measured against its predecessor in one sitting on a shared,
+noisy machine.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from tc_server.bench.vs_pulsar import BROKER_MAKE, HARNESS_JAR, HARNESS_MAKE, RU
 
 PULSAR = "pulsar"
 TC_SERVER = "tc-server"
+BASELINE = "baseline"
+LABELS = {PULSAR: "Pulsar 4.2.4 (broker's own)", TC_SERVER: "tc-server (embedded store)",
+          BASELINE: "tc-server baseline (--baseline-src)"}
 
 
 @dataclass
@@ -115,13 +123,12 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
           "| server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
     for concurrency in concurrencies:
-        for server in (PULSAR, TC_SERVER):
+        for server in (PULSAR, BASELINE, TC_SERVER):
             mine = [r for r in runs if r.server == server and r.concurrency == concurrency]
             if not mine:
                 continue
             rate, p50, p99, c50, c99, cpu = (statistics.median(getattr(r, f) for r in mine) for f in fields)
-            label = "Pulsar 4.2.4 (broker's own)" if server == PULSAR else "tc-server (embedded store)"
-            print(f"| {concurrency} | {label}, median of {len(mine)} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
+            print(f"| {concurrency} | {LABELS[server]}, median of {len(mine)} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
                   f"{c50:.1f} / {c99:.1f} | {cpu:.0f} |")
 
 
@@ -136,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of each benchmark topic")
     parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and data (printed path)")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="directory holding another tc_server/ package: run it too, alternated (before/after)")
     args = parser.parse_args(argv)
     concurrencies = args.concurrency or [16, 64]
     if not HARNESS_JAR.exists():
         raise SystemExit(f"the Java load harness is missing ({HARNESS_JAR}): run `{HARNESS_MAKE}`")
+    if args.baseline_src is not None and not (args.baseline_src / "tc_server" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline-src {args.baseline_src}: no tc_server/__init__.py there")
 
     workdir = Path(tempfile.mkdtemp(prefix="tc-txn-java-"))
     broker = PulsarBroker(workdir / "broker")
@@ -149,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.partitions}-partition topic, {args.duration_s:.0f} s counted after {args.warmup_s:.0f} s "
           f"warm-up, {args.rounds} round(s) alternated; broker, tc-server and load on the same cores", flush=True)
     server: TcServerProcess | None = None
+    baseline: TcServerProcess | None = None
     try:
         jar = private_harness(workdir)
         try:
@@ -165,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
             PULSAR: (broker.url, broker.cpu_seconds),
             TC_SERVER: (server.url, server.cpu_seconds),
         }
+        if args.baseline_src is not None:
+            baseline = TcServerProcess(workdir / "baseline-data", "--upstream-url", broker.url, "--coordinators",
+                                       "16", "--log-level", "warning", *args.server_arg,
+                                       env={"PYTHONPATH": str(args.baseline_src.resolve())},
+                                       log_path=workdir / "baseline.log")
+            try:
+                baseline.start()
+            except ServerStartError as exc:
+                raise SystemExit(str(exc)) from None
+            targets[BASELINE] = (baseline.url, baseline.cpu_seconds)
         topics = {}
         for name in targets:
             # A topic per coordinator: the other's open or pinned txns never share a partition with it.
@@ -180,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[Run] = []
         for concurrency in concurrencies:
             for round_no in range(args.rounds):
-                order = [PULSAR, TC_SERVER] if round_no % 2 == 0 else [TC_SERVER, PULSAR]
+                order = [name for name in (PULSAR, BASELINE, TC_SERVER) if name in targets]
+                if round_no % 2 == 1:
+                    order.reverse()
                 for name in order:
                     url, cpu = targets[name]
                     run = run_load(jar, url, topics[name], concurrency, args.duration_s, args.warmup_s, cpu, name)
@@ -188,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                     print_run(run)
         summary(runs, concurrencies)
     finally:
-        if server is not None:
-            server.stop(timeout_s=30)
+        for process in (server, baseline):
+            if process is not None:
+                process.stop(timeout_s=30)
         broker.stop()
         if args.keep_workdir:
             print(f"(logs and data kept in {workdir})")
