@@ -11,8 +11,9 @@ What this proves, in one scenario: a Pulsar 5 broker started on a store where tc
 coordinators parses tc-server's parallelism and leader records and sends v5 clients to tc-server; when
 tc-server steps down, Pulsar's own v5 coordinator takes over, and a restarted tc-server follows it,
 reading Pulsar's leader records; tc-server's Oxia client and layout module read the headers, index keys,
-id sequence and parallelism Pulsar's coordinator writes. Not covered here: a v5 SDK producing to a
-scalable topic in a txn minted by tc-server, and the broker's participants reading tc-server's decisions.
+id sequence and parallelism Pulsar's coordinator writes. The v5 SDK producing to a scalable topic in a
+txn minted by tc-server, and the broker's participants applying tc-server's decisions, are in
+tests/v5/test_v5_sdk_e2e.py.
 
 `make test-broker5` resolves the broker (`make pulsar-broker5`) and runs these tests; a missing broker or
 Java 21 fails them, it never skips (docs/architecture.md §9).
