@@ -139,6 +139,32 @@ async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) 
         await tc.stop()
 
 
+async def test_txns_acknowledged_together_all_lose_their_records(store: MetadataStore) -> None:
+    """Many txns with two participants each, ended at once: each END_TXN's delivery resolves, both
+    brokers of each hear its own decision, every record goes (one batch per txn) and every txn leaves
+    the outbox."""
+    sender = RecordingSender()
+    tc = coordinator(store, sender)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        partition = tc.partition(1)
+        txns = [await partition.new_txn(60_000, None) for _ in range(20)]
+        for least in txns:
+            await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER, "s")])
+        deliveries = await asyncio.gather(*(partition.end_txn(least, commit=least % 2 == 0, principal=None)
+                                            for least in txns))
+        await asyncio.gather(*(d for d in deliveries if d is not None))
+        assert len(deliveries) == len(txns) and all(d is not None for d in deliveries)
+        assert sorted((t.least, t.committed) for t in sender.told) == sorted(
+            (least, least % 2 == 0) for least in txns for _ in range(2))
+        assert await eventually(lambda: not partition.undelivered())
+        for least in txns:
+            assert await records(store, 1, least) == {}
+    finally:
+        await tc.stop()
+
+
 async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:
     store = await open_store("memory", data_dir="")
     tc = coordinator(store)  # no sender: decisions stay undelivered (the outbox)
