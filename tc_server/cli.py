@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from tc_server.config import ENV_PREFIX, ConfigError, Settings, load_settings
+from tc_server.store import store_kinds_help
 
 HELP = {
     "listen": "HOST:PORT for Pulsar clients",
     "admin_listen": "HOST:PORT for /metrics, /healthz, /readyz and /admin/v3/transactions",
     "advertised_url": "pulsar://HOST:PORT handed to clients in LOOKUP answers (default: from --listen)",
-    "store": "metadata store: memory (tests only), embedded (SQLite in --data-dir) or oxia",
+    "store": "metadata store: " + store_kinds_help(),
     "data_dir": "directory of the embedded store",
     "coordinators": "number of coordinator partitions (stored once; every instance must agree)",
     "default_txn_timeout_ms": "timeout of a txn whose client asks for 0",
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
     export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")
-    export.add_argument("--store", dest="store", default=None, help="memory, embedded or oxia")
+    export.add_argument("--store", dest="store", default=None, help=store_kinds_help())
     export.add_argument("--data-dir", dest="data_dir", default=None)
     export.add_argument("--oxia-address", dest="oxia_address", default=None)
     export.add_argument("--oxia-namespace", dest="oxia_namespace", default=None)

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tc_server.client.connection import Endpoint
+from tc_server.store import STORE_KINDS
 
 # How producers and consumers reach the broker a forwarded LOOKUP names (tc_server/server/upstream.py).
 LOOKUP_CONNECTION_MODES = ("upstream", "direct", "proxy")
@@ -171,7 +172,7 @@ class Settings:
             parts = urlsplit(self.advertised_url)
             check(parts.scheme == "pulsar" and bool(parts.hostname) and parts.port is not None,
                   "advertised_url", "must be pulsar://HOST:PORT")
-        check(self.store in ("memory", "embedded", "oxia"), "store", "must be memory, embedded or oxia")
+        check(self.store in STORE_KINDS, "store", f"must be one of {', '.join(STORE_KINDS)}")
         for url in self.upstream_urls:
             try:
                 Endpoint.parse(url)
