@@ -10,7 +10,7 @@ import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import MAKE_COMMAND, BrokerStartError, PulsarBroker
+from tests.support.pulsar_broker import PulsarBroker, running_broker
 
 # TC_TEST_LOOP=uvloop runs every asyncio test on uvloop, the event loop production runs on (make
 # test-uvloop); unset (or "asyncio") leaves pytest-asyncio's default loop alone. uvloop differs where
@@ -36,13 +36,7 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBr
     with its log and the command that installs it; it never skips (docs/architecture.md §9).
     """
     broker = PulsarBroker(tmp_path_factory.mktemp("pulsar-broker"))
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.kill()
-        pytest.fail(f"the Pulsar broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
-    yield broker
-    broker.stop()
+    yield from running_broker(broker)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.interop.conftest import Harness, java_harness
 from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
+from tests.support.server_process import started
 
 __all__ = ["java_harness"]
 
@@ -37,14 +38,8 @@ REDELIVERY_BOUND_S = 180
 
 
 def start_server(broker: PulsarBroker, workdir: Path, *extra_args: str) -> TcServerProcess:
-    server = TcServerProcess(workdir / "data", "--upstream-url", broker.url, "--coordinators", str(COORDINATORS),
-                             *extra_args, log_path=workdir / "tc-server.log")
-    try:
-        server.start()
-    except ServerStartError as exc:
-        server.kill()
-        pytest.fail(f"tc-server did not start: {exc}")
-    return server
+    return started(TcServerProcess(workdir / "data", "--upstream-url", broker.url, "--coordinators",
+                                   str(COORDINATORS), *extra_args, log_path=workdir / "tc-server.log"))
 
 
 @pytest.fixture

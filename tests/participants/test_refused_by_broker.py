@@ -6,7 +6,6 @@ retried slowly (docs/participants.md). Needs `make pulsar-broker`; a missing bro
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,16 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.participants.test_real_broker import metric, undelivered
 from tests.security.pki import make_token
-from tests.support.pulsar_broker import COORDINATORS, MAKE_COMMAND, BrokerStartError, PulsarBroker
+from tests.support.pulsar_broker import (
+    COORDINATORS,
+    TOKEN_PLUGIN,
+    PulsarBroker,
+    running_broker,
+    token_auth_broker,
+)
+from tests.support.server_process import started
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
-TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
 ROLE = "tc-server-not-super"  # allowed to produce and consume (so its lookups pass), not a superuser
 
 
@@ -35,22 +39,8 @@ def secret() -> bytes:
 @pytest.fixture(scope="module")
 def strict_broker(secret: bytes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBroker]:
     admin = make_token(secret, "HS256", "broker-admin", expires_in_s=None)
-    broker = PulsarBroker(tmp_path_factory.mktemp("strict-broker"), extra_config={
-        "authenticationEnabled": "true",
-        "authorizationEnabled": "true",
-        "authenticationProviders": TOKEN_PROVIDER,
-        "tokenSecretKey": "data:;base64," + base64.b64encode(secret).decode(),
-        "superUserRoles": "broker-admin",
-        "brokerClientAuthenticationPlugin": TOKEN_PLUGIN,
-        "brokerClientAuthenticationParameters": f"token:{admin}",
-    }, admin_authorization=f"Bearer {admin}")
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.kill()
-        pytest.fail(f"the Pulsar broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
-    yield broker
-    broker.stop()
+    yield from running_broker(token_auth_broker(tmp_path_factory.mktemp("strict-broker"), secret, admin,
+                                                super_users="broker-admin"))
 
 
 async def test_a_refused_decision_stands_and_is_retried(strict_broker: PulsarBroker, secret: bytes,
@@ -69,11 +59,7 @@ async def test_a_refused_decision_stands_and_is_retried(strict_broker: PulsarBro
                              "--broker-client-auth-plugin", TOKEN_PLUGIN,
                              "--broker-client-auth-params", f"file://{token_file}",
                              log_path=tmp_path / "tc-server.log")
-    try:
-        server.start()
-    except ServerStartError as exc:
-        server.kill()
-        pytest.fail(f"tc-server did not start: {exc}")
+    started(server)
     client = await connect("127.0.0.1", server.port)
     try:
         opened = await client.new_txn(tc_id=2)

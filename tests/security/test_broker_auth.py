@@ -21,12 +21,10 @@ from tc_server.bench.process import TcServerProcess
 from tests.interop.conftest import Harness
 from tests.security.pki import make_token
 from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import MAKE_COMMAND, BrokerStartError, PulsarBroker
+from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, running_broker, token_auth_broker
 
 pytestmark = [pytest.mark.java, pytest.mark.golang, pytest.mark.slow, pytest.mark.timeout(600)]
 
-TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
-TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
 PARTITIONS = 2
 MESSAGES = 20
 
@@ -51,22 +49,8 @@ def keys() -> Keys:
 def secure_broker(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBroker]:
     """A broker of its own (the session broker runs without authentication)."""
     admin = keys.token("broker-admin")
-    broker = PulsarBroker(tmp_path_factory.mktemp("secure-broker"), extra_config={
-        "authenticationEnabled": "true",
-        "authorizationEnabled": "true",
-        "authenticationProviders": TOKEN_PROVIDER,
-        "tokenSecretKey": keys.data_url,
-        "superUserRoles": "broker-admin,tc-server",
-        "brokerClientAuthenticationPlugin": TOKEN_PLUGIN,
-        "brokerClientAuthenticationParameters": f"token:{admin}",
-    }, admin_authorization=f"Bearer {admin}")
-    try:
-        broker.start()
-    except BrokerStartError as exc:
-        broker.kill()
-        pytest.fail(f"the Pulsar broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
-    yield broker
-    broker.stop()
+    yield from running_broker(token_auth_broker(tmp_path_factory.mktemp("secure-broker"), keys.secret, admin,
+                                                super_users="broker-admin,tc-server"))
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +70,18 @@ def secure_tc_server(secure_broker: PulsarBroker, keys: Keys,
     server.stop()
 
 
+def grant_app(broker: PulsarBroker) -> None:
+    """Role ``app`` may produce and consume in public/default (its lookups pass); it is no superuser."""
+    code, body = broker.post_json("/admin/v2/namespaces/public/default/permissions/app", ["produce", "consume"])
+    assert code in (200, 204), (code, body)
+
+
 @pytest.mark.parametrize("client", ["java", "go"])
 def test_non_superuser_client_commits_through_tc_server(client: str, secure_broker: PulsarBroker,
                                                          secure_tc_server: TcServerProcess, keys: Keys,
                                                          request: pytest.FixtureRequest) -> None:
     harness: Harness = request.getfixturevalue(f"{client}_harness")
-    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
-                                         ["produce", "consume"])
-    assert code in (200, 204), (code, body)
+    grant_app(secure_broker)
     topic = f"persistent://public/default/secure-txn-{client}"
     secure_broker.create_topic(topic, PARTITIONS)
 
@@ -136,9 +124,7 @@ def test_aborted_and_timed_out_txns_are_aborted_on_the_secured_broker(
     """An abort by the client, and a txn left to time out (tc-server's sweep aborts it, with no client
     request at all): either way tc-server's END_TXN_ON_PARTITION(ABORT) passes the broker's superuser check,
     so nothing of the txn arrives and the partitions' read horizons move on."""
-    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
-                                         ["produce", "consume"])
-    assert code in (200, 204), (code, body)
+    grant_app(secure_broker)
     topic = f"persistent://public/default/secure-txn-{action}"
     secure_broker.create_topic(topic, PARTITIONS)
     result = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
@@ -156,9 +142,7 @@ def test_non_superuser_client_acks_in_a_txn_through_tc_server(java_harness: Harn
                                                               action: str) -> None:
     """END_TXN_ON_SUBSCRIPTION under the same credentials: the committed acks are applied, the aborted
     ones put the messages back."""
-    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
-                                         ["produce", "consume"])
-    assert code in (200, 204), (code, body)
+    grant_app(secure_broker)
     topic = f"persistent://public/default/secure-ack-{action}"
     secure_broker.create_topic(topic)
     count = 10
@@ -180,9 +164,7 @@ def test_a_non_superuser_broker_credential_cannot_deliver_the_decision(
     tc-server holding the client's own (non-superuser) token toward the broker. The broker refuses
     END_TXN_ON_PARTITION ("not a super user"), so the committed messages stay invisible and the decision
     waits in tc-server's outbox."""
-    code, body = secure_broker.post_json("/admin/v2/namespaces/public/default/permissions/app",
-                                         ["produce", "consume"])
-    assert code in (200, 204), (code, body)
+    grant_app(secure_broker)
     topic = "persistent://public/default/secure-txn-undelivered"
     secure_broker.create_topic(topic, PARTITIONS)
     key_file = tmp_path / "secret.key"

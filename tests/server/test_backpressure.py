@@ -8,21 +8,7 @@ from dataclasses import replace
 
 from tc_server.app import start_app
 from tc_server.client import connect
-from tc_server.store.memory import MemoryStore
-
-
-class GatedStore(MemoryStore):
-    """Header writes wait for the gate: a stalled store, on cue."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def put(self, key, value, **kwargs):
-        if key.startswith("/txn/id/"):
-            await self.gate.wait()
-        return await super().put(key, value, **kwargs)
+from tests.support.gated_store import GatedStore
 
 
 async def test_reading_stops_at_the_limit_and_resumes(settings):

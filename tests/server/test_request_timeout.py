@@ -12,22 +12,8 @@ import pytest
 from tc_server.app import start_app
 from tc_server.client import connect
 from tc_server.server.deadlines import RequestDeadlines
-from tc_server.store.memory import MemoryStore
 from tc_server.wire import ServerError
-
-
-class GatedStore(MemoryStore):
-    """Header writes wait for the gate: a stalled store, on cue."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def put(self, key, value, **kwargs):
-        if key.startswith("/txn/id/"):
-            await self.gate.wait()
-        return await super().put(key, value, **kwargs)
+from tests.support.gated_store import GatedStore
 
 
 async def test_stalled_request_is_answered_when_its_deadline_passes(settings):

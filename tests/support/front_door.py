@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tc_server.bench.process import ServerStartError, TcServerProcess
+from tc_server.bench.process import TcServerProcess
+from tests.support.server_process import started
 
 # As many coordinators as the broker's own assign topic has (tc_server.bench.pulsar_broker.COORDINATORS):
 # clients then see the same partition count whichever of the two answers.
@@ -23,11 +22,7 @@ def start_front_door(broker_url: str, workdir: Path, *extra_args: str) -> TcServ
     """A started tc-server (embedded store under ``workdir``) forwarding to ``broker_url``; ``extra_args``
     come last, so they override (``--lookup-connections proxy``). Fails the test with the server's log
     tail when it does not become ready."""
-    server = TcServerProcess(workdir / "data", "--upstream-url", broker_url, "--coordinators", str(COORDINATORS),
-                             *extra_args, log_path=workdir / "tc-server.log")
-    try:
-        server.start()
-    except ServerStartError as exc:
-        server.kill()
-        pytest.fail(f"the front-door tc-server did not start: {exc}")
-    return server
+    return started(TcServerProcess(workdir / "data", "--upstream-url", broker_url, "--coordinators",
+                                   str(COORDINATORS), *extra_args, log_path=workdir / "tc-server.log"),
+                   "the front-door tc-server")
+

@@ -1,6 +1,12 @@
 """The real Pulsar broker for the tests: the one launcher lives in tc_server/bench/pulsar_broker.py (the
 side-by-side benchmark starts it too, and the bench package must not import tests/)."""
 
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
 from tc_server.bench.pulsar_broker import (
     ASSIGN_TOPIC,
     BROKER_LIB,
@@ -11,6 +17,33 @@ from tc_server.bench.pulsar_broker import (
     PulsarBroker,
     split_topic,
 )
+from tests.support.server_process import started
 
-__all__ = ["ASSIGN_TOPIC", "BROKER_LIB", "CLUSTER", "COORDINATORS", "MAKE_COMMAND", "BrokerStartError",
-           "PulsarBroker", "split_topic"]
+__all__ = ["ASSIGN_TOPIC", "BROKER_LIB", "CLUSTER", "COORDINATORS", "MAKE_COMMAND", "TOKEN_PLUGIN",
+           "TOKEN_PROVIDER", "BrokerStartError", "PulsarBroker", "running_broker", "split_topic",
+           "token_auth_broker"]
+
+TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+
+
+def running_broker(broker: PulsarBroker) -> Iterator[PulsarBroker]:
+    """A fixture's body: start ``broker`` (a broker that cannot start fails the test with its log and the
+    command that installs it; it never skips), yield it, stop it."""
+    yield started(broker, "the Pulsar broker", BrokerStartError, f"\n(to install it: `{MAKE_COMMAND}`)")
+    broker.stop()
+
+
+def token_auth_broker(workdir: Path, secret: bytes, admin_token: str, super_users: str) -> PulsarBroker:
+    """A broker (not started) with HS256 token authentication and authorization on: ``secret`` is its key,
+    ``super_users`` its superuser roles, ``admin_token`` (a superuser's) what it and the tests' admin calls
+    present."""
+    return PulsarBroker(workdir, extra_config={
+        "authenticationEnabled": "true",
+        "authorizationEnabled": "true",
+        "authenticationProviders": TOKEN_PROVIDER,
+        "tokenSecretKey": "data:;base64," + base64.b64encode(secret).decode(),
+        "superUserRoles": super_users,
+        "brokerClientAuthenticationPlugin": TOKEN_PLUGIN,
+        "brokerClientAuthenticationParameters": f"token:{admin_token}",
+    }, admin_authorization=f"Bearer {admin_token}")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import pytest
 
 from tc_server.bench.process import ServerStartError, TcServerProcess, free_port
 
@@ -16,4 +19,23 @@ from tc_server.bench.process import ServerStartError, TcServerProcess, free_port
 TC_SERVER = str(Path(sys.executable).with_name("tc-server"))
 ServerProcess = TcServerProcess
 
-__all__ = ["TC_SERVER", "ServerProcess", "ServerStartError", "free_port"]
+__all__ = ["TC_SERVER", "ServerProcess", "ServerStartError", "free_port", "started"]
+
+
+class _Startable(Protocol):
+    def start(self) -> Any: ...
+    def kill(self) -> None: ...
+
+
+P = TypeVar("P", bound=_Startable)
+
+
+def started(process: P, what: str = "tc-server", errors: type[Exception] = ServerStartError, hint: str = "") -> P:
+    """``process`` (a tc-server or a broker), started; one that raises ``errors`` instead is killed and fails
+    the test with the error (its log tail) and ``hint``. It never skips (docs/architecture.md §9)."""
+    try:
+        process.start()
+    except errors as exc:
+        process.kill()
+        pytest.fail(f"{what} did not start: {exc}{hint}")
+    return process
