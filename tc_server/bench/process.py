@@ -58,6 +58,47 @@ def rss_bytes_of(pid: int) -> int:
     return 0
 
 
+def spawn_logged(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+                 stdin: int | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session (a terminal's Ctrl-C reaches the caller, which then stops it in
+    order) with stdout and stderr appended to ``log_path``, after a ``---- start <argv>`` line."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"---- start {' '.join(argv)}\n".encode())
+        log.flush()
+        return subprocess.Popen(list(argv), stdout=log, stderr=log, stdin=stdin,
+                                env=None if env is None else dict(env), start_new_session=True)
+
+
+def kill_process(proc: subprocess.Popen[bytes] | None, wait_s: float) -> None:
+    """SIGKILL ``proc`` if it is running, and reap it (within ``wait_s``)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(wait_s)
+
+
+def terminate_process(proc: subprocess.Popen[bytes], timeout_s: float, kill_wait_s: float) -> bool:
+    """SIGTERM ``proc`` if it is running and wait up to ``timeout_s``; False (after a SIGKILL, reaped within
+    ``kill_wait_s``) when it was still running then, True otherwise."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_process(proc, kill_wait_s)
+            return False
+    return True
+
+
+def log_tail_of(log_path: Path, lines: int, what: str = "log") -> str:
+    """The last ``lines`` lines of ``log_path`` under a header; ``(no <what> at <path>)`` when unreadable."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no {what} at {log_path})"
+    return f"---- {log_path} (last {lines} lines) ----\n" + "\n".join(text[-lines:])
+
+
 def default_command() -> list[str]:
     """The ``tc-server`` console script next to this interpreter; the module entry point otherwise."""
     script = Path(sys.executable).with_name("tc-server")
@@ -74,7 +115,28 @@ class ServerStopError(RuntimeError):
     """The process ignored SIGTERM for the whole bound and was killed."""
 
 
-class TcServerProcess:
+class LoggedProcess:
+    """What the launchers share: a child on 127.0.0.1 whose client port is ``port``, with its output in
+    ``log_path`` (spawn_logged), killed and reaped within ``KILL_WAIT_S``."""
+
+    KILL_WAIT_S = 10.0
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (what a crash or an OOM kill does)."""
+        kill_process(self.proc, self.KILL_WAIT_S)
+
+
+class TcServerProcess(LoggedProcess):
     """One ``tc-server run`` on 127.0.0.1 with its own ports, data directory and log file.
 
     ``extra_args`` go after the launcher's own flags, so a later flag (``--coordinators 8``) wins.
@@ -99,10 +161,6 @@ class TcServerProcess:
     # ---- addresses ---------------------------------------------------------------------------------
 
     @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
@@ -115,9 +173,6 @@ class TcServerProcess:
 
     # ---- life cycle --------------------------------------------------------------------------------
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> TcServerProcess:
         """Start it (again: same ports, same data); with ``wait``, return once ``/readyz`` says 200.
 
@@ -126,14 +181,7 @@ class TcServerProcess:
         if self.running():
             raise RuntimeError(f"tc-server on port {self.port} is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = self.argv
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {' '.join(argv)}\n".encode())
-            log.flush()
-            # Its own session: a terminal's Ctrl-C reaches the test runner, which then stops it in order.
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env={**self.base_env, **self.env},
-                                         start_new_session=True)
+        self.proc = spawn_logged(self.argv, self.log_path, env={**self.base_env, **self.env})
         if wait:
             self.wait_ready(timeout_s)
         return self
@@ -158,12 +206,6 @@ class TcServerProcess:
             time.sleep(0.1)
         raise ServerStartError(f"tc-server not ready within {timeout_s:.0f}s (last: {last})\n{self.log_tail()}")
 
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs (what a crash or an OOM kill does)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, the graceful stop, and wait; returns the exit code (0 if it never started).
 
@@ -171,13 +213,8 @@ class TcServerProcess:
         """
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise ServerStopError(f"tc-server ignored SIGTERM for {timeout_s:.0f}s\n{self.log_tail()}") from None
+        if not terminate_process(self.proc, timeout_s, self.KILL_WAIT_S):
+            raise ServerStopError(f"tc-server ignored SIGTERM for {timeout_s:.0f}s\n{self.log_tail()}")
         return self.proc.returncode
 
     # ---- observation -------------------------------------------------------------------------------
@@ -194,11 +231,7 @@ class TcServerProcess:
         return 0 if self.proc is None else rss_bytes_of(self.proc.pid)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return f"(no log at {self.log_path})"
-        return f"---- {self.log_path} (last {lines} lines) ----\n" + "\n".join(text[-lines:])
+        return log_tail_of(self.log_path, lines)
 
     def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """GET an admin path; (status, body). Raises OSError when nothing answers."""

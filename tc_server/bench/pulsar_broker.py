@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -22,13 +21,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tc_server.bench.process import cpu_seconds_of, free_port
+from tc_server.bench.process import (
+    LoggedProcess,
+    cpu_seconds_of,
+    free_port,
+    log_tail_of,
+    spawn_logged,
+    terminate_process,
+)
 
 # The jars are a development resource of the source checkout (like the tests), not of an installed package.
 REPO = Path(__file__).resolve().parents[2]
-BROKER_LIB = REPO / ".cache" / "pulsar-broker" / "lib"
-# Written by mk/broker.mk only once every jar is in place.
-BROKER_STAMP = REPO / ".cache" / "pulsar-broker" / "lib.stamp"
+
+
+def broker_jars(name: str) -> tuple[Path, Path]:
+    """The lib/ directory a ``make`` target (mk/broker.mk, mk/broker5.mk) fills under .cache/``name``, and
+    the stamp file it writes there only once every jar is in place."""
+    return REPO / ".cache" / name / "lib", REPO / ".cache" / name / "lib.stamp"
+
+
+BROKER_LIB, BROKER_STAMP = broker_jars("pulsar-broker")
 MAKE_COMMAND = "make pulsar-broker"
 MAIN_CLASS = "org.apache.pulsar.PulsarStandaloneStarter"
 CLUSTER = "standalone"
@@ -60,13 +72,18 @@ class BrokerStartError(RuntimeError):
     """The broker cannot start or did not become ready; the message holds the reason and its log tail."""
 
 
-class PulsarBroker:
+class PulsarBroker(LoggedProcess):
     """One standalone broker under ``workdir`` (config, metadata, bookie data, log).
 
     ``extra_config`` adds or overrides broker settings (e.g. ``authenticationEnabled``); values are
     written as they are. ``admin_authorization`` is the ``Authorization`` header value the admin
     helpers send (``"Bearer <token>"``) when the broker checks credentials.
     """
+
+    KILL_WAIT_S = 30.0
+    # What ``command`` runs: the jars and the modules the JVM must open (a subclass's broker version).
+    LIB = BROKER_LIB
+    OPENS: tuple[str, ...] = tuple(ADD_OPENS)
 
     def __init__(self, workdir: Path, extra_config: Mapping[str, str] | None = None,
                  admin_authorization: str | None = None) -> None:
@@ -81,10 +98,6 @@ class PulsarBroker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ---- addresses ---------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.port}"
 
     @property
     def admin_url(self) -> str:
@@ -116,16 +129,16 @@ class PulsarBroker:
         return settings
 
     def command(self, java: str) -> list[str]:
-        opens = [arg for module in ADD_OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
+        opens = [arg for module in self.OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
         return [java, *JVM_MEMORY, "-Djava.net.preferIPv4Stack=true", *opens,
-                "-cp", f"{BROKER_LIB}/*", MAIN_CLASS,
+                "-cp", f"{self.LIB}/*", MAIN_CLASS,
                 "--config", str(self.config_path), "--no-functions-worker", "--no-stream-storage",
-                "--metadata-dir", str(self.workdir / "metadata"),
-                "--bookkeeper-dir", str(self.workdir / "bookkeeper"),
-                "--bookkeeper-port", str(self.bookie_port), "--advertised-address", "127.0.0.1"]
+                *self.storage_args(), "--advertised-address", "127.0.0.1"]
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def storage_args(self) -> list[str]:
+        """Where the metadata and the bookie's data go: RocksDB and a bookie port of our own."""
+        return ["--metadata-dir", str(self.workdir / "metadata"), "--bookkeeper-dir", str(self.workdir / "bookkeeper"),
+                "--bookkeeper-port", str(self.bookie_port)]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> PulsarBroker:
         """Start it (again: same ports and data) and wait until it serves with 16 coordinators.
@@ -140,34 +153,22 @@ class PulsarBroker:
             raise BrokerStartError("java not found on PATH: the broker needs a Java 17+ JDK")
         if not BROKER_STAMP.exists():
             raise BrokerStartError(f"the Pulsar broker jars are missing ({BROKER_LIB}): run `{MAKE_COMMAND}`")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
-        argv = self.command(java)
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {' '.join(argv)}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+        self._launch(java)
         deadline = time.monotonic() + timeout_s
         self._wait_serving(deadline)
         self._scale_coordinators(deadline)
         return self
 
+    def _launch(self, java: str) -> None:
+        """Write the configuration file and spawn the JVM (its output in ``log_path``); no waiting."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
+        self.proc = spawn_logged(self.command(java), self.log_path, stdin=subprocess.DEVNULL)
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (the broker unloads its topics and closes the bookie), SIGKILL after ``timeout_s``."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL: nothing of the broker's shutdown runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        if self.proc is not None:
+            terminate_process(self.proc, timeout_s, self.KILL_WAIT_S)
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> PulsarBroker:
         """Stop it gracefully and start it again on the same ports and data."""
@@ -293,11 +294,7 @@ class PulsarBroker:
         return cpu_seconds_of(self.proc.pid)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return f"(no broker log at {self.log_path})"
-        return f"---- {self.log_path} (last {lines} lines) ----\n" + "\n".join(text[-lines:])
+        return log_tail_of(self.log_path, lines, "broker log")
 
 
 def split_topic(topic: str) -> tuple[str, str, str]:

@@ -18,17 +18,13 @@ from pathlib import Path
 
 from tc_server.bench.pulsar_broker import (
     ADD_OPENS,
-    JVM_MEMORY,
-    MAIN_CLASS,
     START_TIMEOUT_S,
     BrokerStartError,
     PulsarBroker,
+    broker_jars,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-BROKER5_LIB = REPO / ".cache" / "pulsar-broker5" / "lib"
-# Written by mk/broker5.mk only once every jar is in place.
-BROKER5_STAMP = REPO / ".cache" / "pulsar-broker5" / "lib.stamp"
+BROKER5_LIB, BROKER5_STAMP = broker_jars("pulsar-broker5")
 MAKE_COMMAND = "make pulsar-broker5"
 JDK_ROOT = Path("/usr/lib/jvm")
 # Pulsar 5 is compiled for class version 65.
@@ -68,6 +64,9 @@ def find_java21() -> str:
 class Pulsar5Broker(PulsarBroker):
     """One standalone Pulsar 5 broker under ``workdir`` on the Oxia at ``oxia_address`` (namespace default)."""
 
+    LIB = BROKER5_LIB
+    OPENS = tuple(ADD_OPENS_5)
+
     def __init__(self, workdir: Path, oxia_address: str, extra_config: Mapping[str, str] | None = None) -> None:
         super().__init__(workdir, extra_config)
         self.oxia_address = oxia_address
@@ -82,13 +81,9 @@ class Pulsar5Broker(PulsarBroker):
         settings["allowLoopback"] = "true"  # the embedded bookie listens on 127.0.0.1
         return settings
 
-    def command(self, java: str) -> list[str]:
-        opens = [arg for module in ADD_OPENS_5 for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
-        return [java, *JVM_MEMORY, "-Djava.net.preferIPv4Stack=true", *opens,
-                "-cp", f"{BROKER5_LIB}/*", MAIN_CLASS,
-                "--config", str(self.config_path), "--no-functions-worker", "--no-stream-storage",
-                "--metadata-url", self.metadata_url,
-                "--bookkeeper-dir", str(self.workdir / "bookkeeper"), "--advertised-address", "127.0.0.1"]
+    def storage_args(self) -> list[str]:
+        """The Oxia for the metadata; the bookie picks its own port."""
+        return ["--metadata-url", self.metadata_url, "--bookkeeper-dir", str(self.workdir / "bookkeeper")]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Pulsar5Broker:
         """Start it (again: same ports, same data) and wait until its admin API serves ``public/default``.
@@ -98,13 +93,6 @@ class Pulsar5Broker(PulsarBroker):
         java = find_java21()
         if not BROKER5_STAMP.exists():
             raise BrokerStartError(f"the Pulsar 5 broker jars are missing ({BROKER5_LIB}): run `{MAKE_COMMAND}`")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
-        argv = self.command(java)
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {' '.join(argv)}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+        self._launch(java)
         self._wait_serving(time.monotonic() + timeout_s)
         return self
