@@ -21,25 +21,19 @@ noisy machine.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
-import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tc_server.bench.process import ServerStartError, TcServerProcess
-from tc_server.bench.pulsar_broker import BrokerStartError, PulsarBroker
-from tc_server.bench.vs_pulsar import BROKER_MAKE, HARNESS_JAR, HARNESS_MAKE, RUN_SLACK_S, private_harness
+from tc_server.bench import java_load
+from tc_server.bench.java_load import Target
+from tc_server.bench.process import TcServerProcess
+from tc_server.bench.pulsar_broker import PulsarBroker
 
 PULSAR = "pulsar"
 TC_SERVER = "tc-server"
@@ -49,63 +43,26 @@ LABELS = {PULSAR: "Pulsar 4.2.4 (broker's own)", TC_SERVER: "tc-server (embedded
 
 
 @dataclass
-class Run:
-    """One counted window of the Java load against one server."""
+class Run(java_load.Run):
+    """One counted window of the Java load against one server, with the commit's own latency."""
 
-    server: str
-    concurrency: int
-    pairs_per_s: float
-    pair_p50_ms: float
-    pair_p99_ms: float
     commit_p50_ms: float
     commit_p99_ms: float
-    server_cpu_us_per_pair: float
-    errors: int
 
 
 def run_load(jar: Path, service_url: str, topic: str, concurrency: int, duration_s: float, warmup_s: float,
              server_cpu: Callable[[], float], server: str) -> Run:
     """One ``txn-bench`` run of the harness ``jar``; ``server_cpu`` is read at the edges of the counted
     window the harness announces. A run that outlives its bound is killed."""
-    java = shutil.which("java")
-    if java is None:
-        raise SystemExit("java not found on PATH: the benchmark's load is the Java client (Java 17+)")
-    argv = [java, "-jar", str(jar), "txn-bench", "--service-url", service_url, "--topic", topic,
-            "--concurrency", str(concurrency), "--duration-s", str(int(duration_s)),
-            "--warmup-s", str(int(warmup_s)), "--op-timeout-ms", "30000"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True)
-    marks: dict[str, float] = {}
-    result: dict[str, Any] | None = None
-    watchdog = threading.Timer(duration_s + warmup_s + RUN_SLACK_S, proc.kill)
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            kind = event.get("event")
-            if kind in ("measure-start", "measure-end"):
-                marks[kind] = server_cpu()
-            elif kind in ("result", "fatal"):
-                result = event
-        proc.wait(timeout=RUN_SLACK_S)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stderr = proc.stderr.read() if proc.stderr is not None else ""
-    if result is None or result.get("event") != "result" or len(marks) != 2:
-        raise SystemExit(f"the Java load against {server} gave no result (exit {proc.returncode}): "
-                         f"{result}\n{stderr[-3000:]}")
-    pairs = max(1, int(result["pairs"]))
+    done = java_load.run_harness(jar, ["txn-bench", "--service-url", service_url, "--topic", topic,
+                                       "--concurrency", str(concurrency), "--duration-s", str(int(duration_s)),
+                                       "--warmup-s", str(int(warmup_s)), "--op-timeout-ms", "30000"],
+                                 duration_s + warmup_s, server_cpu, server)
+    result = done.result
     return Run(server=server, concurrency=concurrency, pairs_per_s=float(result["pairs_per_s"]),
                pair_p50_ms=float(result["pair_p50_ms"]), pair_p99_ms=float(result["pair_p99_ms"]),
                commit_p50_ms=float(result["commit_p50_ms"]), commit_p99_ms=float(result["commit_p99_ms"]),
-               server_cpu_us_per_pair=(marks["measure-end"] - marks["measure-start"]) / pairs * 1e6,
+               server_cpu_us_per_pair=done.server_cpu_us_per_pair,
                errors=int(result["errors"]))
 
 
@@ -124,31 +81,22 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
     print("|---|---|---|---|---|---|")
     for concurrency in concurrencies:
         for server in (PULSAR, BASELINE, TC_SERVER):
-            mine = [r for r in runs if r.server == server and r.concurrency == concurrency]
-            if not mine:
+            count, values = java_load.medians_of(runs, server, concurrency, fields)
+            if not count:
                 continue
-            rate, p50, p99, c50, c99, cpu = (statistics.median(getattr(r, f) for r in mine) for f in fields)
-            print(f"| {concurrency} | {LABELS[server]}, median of {len(mine)} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
+            rate, p50, p99, c50, c99, cpu = values
+            print(f"| {concurrency} | {LABELS[server]}, median of {count} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
                   f"{c50:.1f} / {c99:.1f} | {cpu:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tc_server.bench.txn_java", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", type=int, action="append", help="transactions in flight (repeatable)")
-    parser.add_argument("--duration-s", type=float, default=20.0, help="counted window of each run")
-    parser.add_argument("--warmup-s", type=float, default=5.0, help="uncounted start of each run")
-    parser.add_argument("--prime-s", type=float, default=10.0, help="uncounted first run per server (0: none)")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per server and concurrency, alternated")
+    parser = java_load.load_parser("python -m tc_server.bench.txn_java", __doc__, "uncounted start of each run")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of each benchmark topic")
-    parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
-    parser.add_argument("--keep-workdir", action="store_true", help="keep logs and data (printed path)")
     parser.add_argument("--baseline-src", type=Path,
                         help="directory holding another tc_server/ package: run it too, alternated (before/after)")
     args = parser.parse_args(argv)
     concurrencies = args.concurrency or [16, 64]
-    if not HARNESS_JAR.exists():
-        raise SystemExit(f"the Java load harness is missing ({HARNESS_JAR}): run `{HARNESS_MAKE}`")
+    java_load.check_harness()
     if args.baseline_src is not None and not (args.baseline_src / "tc_server" / "__init__.py").is_file():
         raise SystemExit(f"--baseline-src {args.baseline_src}: no tc_server/__init__.py there")
 
@@ -162,30 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     server: TcServerProcess | None = None
     baseline: TcServerProcess | None = None
     try:
-        jar = private_harness(workdir)
-        try:
-            broker.start()
-        except BrokerStartError as exc:
-            raise SystemExit(f"the Pulsar broker did not start (to install it: `{BROKER_MAKE}`): {exc}") from None
-        server = TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url, "--coordinators", "16",
-                                 "--log-level", "warning", *args.server_arg, log_path=workdir / "tc-server.log")
-        try:
-            server.start()
-        except ServerStartError as exc:
-            raise SystemExit(str(exc)) from None
-        targets: dict[str, tuple[str, Callable[[], float]]] = {
+        jar = java_load.private_harness(workdir)
+        java_load.start_broker(broker)
+        server = java_load.start_server(TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url,
+                                                        "--coordinators", "16", "--log-level", "warning",
+                                                        *args.server_arg, log_path=workdir / "tc-server.log"))
+        targets: dict[str, Target] = {
             PULSAR: (broker.url, broker.cpu_seconds),
             TC_SERVER: (server.url, server.cpu_seconds),
         }
         if args.baseline_src is not None:
-            baseline = TcServerProcess(workdir / "baseline-data", "--upstream-url", broker.url, "--coordinators",
-                                       "16", "--log-level", "warning", *args.server_arg,
-                                       env={"PYTHONPATH": str(args.baseline_src.resolve())},
-                                       log_path=workdir / "baseline.log")
-            try:
-                baseline.start()
-            except ServerStartError as exc:
-                raise SystemExit(str(exc)) from None
+            baseline = java_load.start_server(TcServerProcess(
+                workdir / "baseline-data", "--upstream-url", broker.url, "--coordinators", "16", "--log-level",
+                "warning", *args.server_arg, env={"PYTHONPATH": str(args.baseline_src.resolve())},
+                log_path=workdir / "baseline.log"))
             targets[BASELINE] = (baseline.url, baseline.cpu_seconds)
         topics = {}
         for name in targets:
@@ -196,30 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             topics[name] = topic
         print(f"{'server':<10} {'in fl.':>5} {'pairs/s':>9} {'pair p50':>8} {'p99':>8} {'commit50':>8} "
               f"{'p99':>8} {'CPU/pair':>10} {'errors':>6}   (ms; CPU in us)", flush=True)
-        if args.prime_s > 0:
-            for name, (url, cpu) in targets.items():
-                run_load(jar, url, topics[name], max(concurrencies), args.prime_s, 0.0, cpu, name)
-        runs: list[Run] = []
-        for concurrency in concurrencies:
-            for round_no in range(args.rounds):
-                order = [name for name in (PULSAR, BASELINE, TC_SERVER) if name in targets]
-                if round_no % 2 == 1:
-                    order.reverse()
-                for name in order:
-                    url, cpu = targets[name]
-                    run = run_load(jar, url, topics[name], concurrency, args.duration_s, args.warmup_s, cpu, name)
-                    runs.append(run)
-                    print_run(run)
+
+        def run(name: str, target: Target, concurrency: int, prime: bool) -> Run:
+            url, cpu = target
+            if prime:
+                return run_load(jar, url, topics[name], concurrency, args.prime_s, 0.0, cpu, name)
+            return run_load(jar, url, topics[name], concurrency, args.duration_s, args.warmup_s, cpu, name)
+
+        runs = java_load.alternated(targets, [PULSAR, BASELINE, TC_SERVER], concurrencies, args.rounds,
+                                    args.prime_s, run, print_run)
         summary(runs, concurrencies)
     finally:
-        for process in (server, baseline):
-            if process is not None:
-                process.stop(timeout_s=30)
-        broker.stop()
-        if args.keep_workdir:
-            print(f"(logs and data kept in {workdir})")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        java_load.stop_all([server, baseline], broker, workdir, args.keep_workdir)
     return 0
 
 
