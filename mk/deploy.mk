@@ -12,15 +12,16 @@ TEST_DEPS += image-check
 
 # The paths .dockerignore admits into the build context; tests/deploy checks the two agree.
 IMAGE_CONTEXT := pyproject.toml uv.lock uv-requirements.txt README.md LICENSE tc_server deploy/install.sh
-
-image-check:
-	@set -euo pipefail; \
-	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/src"; \
+# A copy of that build context in $$tmp/src (a temporary directory removed on exit), as the image's
+# builder stage sees it: what image-check and floors-check install from.
+COPY_IMAGE_CONTEXT = tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; mkdir -p "$$tmp/src"; \
 	for path in $(IMAGE_CONTEXT); do \
 	    if [[ -e "$$path" ]]; then cp -R --parents "$$path" "$$tmp/src/"; fi; \
 	done; \
-	find "$$tmp/src" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +; \
+	find "$$tmp/src" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+
+image-check:
+	@set -euo pipefail; $(COPY_IMAGE_CONTEXT); \
 	echo "image-check: deploy/install.sh into $$tmp/venv"; \
 	PYTHON=$(PYTHON) "$$tmp/src/deploy/install.sh" "$$tmp/venv" "$$tmp/src"; \
 	"$$tmp/venv/bin/python" deploy/smoke.py "$$tmp/venv/bin/tc-server"
@@ -35,13 +36,7 @@ FLOOR_IMPORTS := import tc_server._proto.pulsar_tc_pb2, tc_server._proto.oxia_cl
 	tc_server._proto.oxia_client_pb2_grpc, tc_server.store.oxia, tc_server.app
 
 floors-check: $(UV)
-	@set -euo pipefail; \
-	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/src"; \
-	for path in $(IMAGE_CONTEXT); do \
-	    if [[ -e "$$path" ]]; then cp -R --parents "$$path" "$$tmp/src/"; fi; \
-	done; \
-	find "$$tmp/src" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +; \
+	@set -euo pipefail; $(COPY_IMAGE_CONTEXT); \
 	$(UV) venv --quiet --python $(PYTHON) "$$tmp/venv"; \
 	$(UV) pip install --quiet --python "$$tmp/venv/bin/python" --resolution lowest-direct "$$tmp/src"; \
 	echo "floors-check: $$($(UV) pip freeze --quiet --python "$$tmp/venv/bin/python" | grep -iE '^(protobuf|grpcio|aiohttp|uvloop|structlog|prometheus-client|pyjwt|cryptography|xxhash|sortedcontainers)==' | tr '\n' ' ')"; \
