@@ -36,11 +36,13 @@ LOCK_HINT = { echo "error: could not install from uv.lock; if pyproject.toml cha
 
 # --inexact: a venv that already holds the dev set keeps it.
 $(VENV)/.installed-runtime: pyproject.toml uv.lock $(UV)
-	$(UV_SYNC) --inexact || $(LOCK_HINT)
+	@echo "setup: the runtime dependencies from uv.lock into $(VENV)"
+	@$(UV_SYNC) --inexact || $(LOCK_HINT)
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml uv.lock $(UV)
-	$(UV_SYNC) --extra dev || $(LOCK_HINT)
+	@echo "setup: the dev dependencies from uv.lock into $(VENV)"
+	@$(UV_SYNC) --extra dev || $(LOCK_HINT)
 	@touch $@
 
 lock: $(UV)

@@ -27,7 +27,7 @@ $(BROKER_STAMP): $(BROKER_POM)
 	@# log that is shown only when it fails.
 	rm -rf $(BROKER_LIB) $(BROKER_LIB).partial
 	@mkdir -p $(BROKER_CACHE)
-	mvn -q -B -Dstyle.color=never -f $(BROKER_POM) package -Dbroker.lib.dir=$(abspath $(BROKER_LIB).partial) \
+	@mvn -q -B -Dstyle.color=never -f $(BROKER_POM) package -Dbroker.lib.dir=$(abspath $(BROKER_LIB).partial) \
 	    > $(BROKER_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER_CACHE)/mvn.log >&2; \
 	    echo "error: resolving the Pulsar broker with Maven failed (log above, $(BROKER_CACHE)/mvn.log)" >&2; exit 1; }
 	mv $(BROKER_LIB).partial $(BROKER_LIB)

@@ -28,7 +28,7 @@ $(BROKER5_STAMP): $(BROKER5_POM)
 	@$(PY) -c 'from tests.v5.broker5 import find_java21; find_java21()' || exit 1
 	rm -rf $(BROKER5_LIB) $(BROKER5_LIB).partial
 	@mkdir -p $(BROKER5_CACHE)
-	mvn -q -B -Dstyle.color=never -f $(BROKER5_POM) package -Dbroker.lib.dir=$(abspath $(BROKER5_LIB).partial) \
+	@mvn -q -B -Dstyle.color=never -f $(BROKER5_POM) package -Dbroker.lib.dir=$(abspath $(BROKER5_LIB).partial) \
 	    > $(BROKER5_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER5_CACHE)/mvn.log >&2; \
 	    echo "error: resolving the Pulsar 5 broker with Maven failed (log above, $(BROKER5_CACHE)/mvn.log)" >&2; exit 1; }
 	mv $(BROKER5_LIB).partial $(BROKER5_LIB)

@@ -22,12 +22,20 @@ $(INTEROP_JAVA_JAR): $(INTEROP_JAVA_SRC)
 	@command -v mvn >/dev/null || { echo "error: mvn not found; the interop tests need Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
 	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
 	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "error: java is version '$$v'; the interop harness needs Java 17+" >&2; exit 1; }
-	cd $(INTEROP_JAVA_DIR) && mvn -q -B package
+	@# Maven 3.8's -q still writes bare colour resets (ESC[0m): its output goes to a log shown only on failure.
+	@echo "interop-java: building $(INTEROP_JAVA_JAR)"
+	@mkdir -p $(INTEROP_JAVA_DIR)/target
+	@cd $(INTEROP_JAVA_DIR) && mvn -q -B -Dstyle.color=never package > target/build.log 2>&1 \
+	    || { sed 's/\x1b\[[0-9;]*m//g' target/build.log >&2; echo "error: building the Java interop harness failed (log above, $(INTEROP_JAVA_DIR)/target/build.log)" >&2; exit 1; }
 	@touch $@
 
 $(INTEROP_GO_BIN): $(INTEROP_GO_SRC)
 	@command -v go >/dev/null || { echo "error: go not found; the interop tests need Go (https://go.dev/dl/, the version in $(INTEROP_GO_DIR)/go.mod)" >&2; exit 1; }
-	cd $(INTEROP_GO_DIR) && go build -mod=readonly -o bin/tc-interop-go .
+	@# Module downloads ("go: downloading ...") go to a log shown only on failure.
+	@echo "interop-go: building $(INTEROP_GO_BIN)"
+	@mkdir -p $(INTEROP_GO_DIR)/bin
+	@cd $(INTEROP_GO_DIR) && go build -mod=readonly -o bin/tc-interop-go . > bin/build.log 2>&1 \
+	    || { cat bin/build.log >&2; echo "error: building the Go interop harness failed (log above, $(INTEROP_GO_DIR)/bin/build.log)" >&2; exit 1; }
 	@touch $@
 
 test-interop: setup interop-java interop-go
