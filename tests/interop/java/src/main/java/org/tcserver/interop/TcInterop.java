@@ -318,7 +318,7 @@ public final class TcInterop {
         return m;
     }
 
-    private static Throwable unwrap(Throwable t) {
+    static Throwable unwrap(Throwable t) {
         while ((t instanceof ExecutionException || t instanceof CompletionException) && t.getCause() != null) {
             t = t.getCause();
         }
@@ -332,16 +332,16 @@ public final class TcInterop {
         return t;
     }
 
-    private static String errorClass(Throwable t) {
+    static String errorClass(Throwable t) {
         return unwrap(t).getClass().getName();
     }
 
-    private static String errorMessage(Throwable t) {
+    static String errorMessage(Throwable t) {
         String m = unwrap(t).getMessage();
         return m == null ? "" : (m.length() > 500 ? m.substring(0, 500) : m);
     }
 
-    private static Map<String, Object> describe(Throwable t) {
+    static Map<String, Object> describe(Throwable t) {
         return obj("class", errorClass(t), "message", errorMessage(t));
     }
 

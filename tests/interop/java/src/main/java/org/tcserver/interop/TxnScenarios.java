@@ -1,5 +1,11 @@
 package org.tcserver.interop;
 
+import static org.tcserver.interop.TcInterop.describe;
+import static org.tcserver.interop.TcInterop.errorClass;
+import static org.tcserver.interop.TcInterop.errorMessage;
+import static org.tcserver.interop.TcInterop.obj;
+import static org.tcserver.interop.TcInterop.unwrap;
+
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -618,13 +624,6 @@ final class TxnScenarios {
         System.out.flush();
     }
 
-    private static Map<String, Object> obj(Object... keyValues) {
-        Map<String, Object> m = new LinkedHashMap<>();
-        for (int i = 0; i < keyValues.length; i += 2) {
-            m.put((String) keyValues[i], keyValues[i + 1]);
-        }
-        return m;
-    }
 
     private static Map<String, Object> outcome(CompletableFuture<?> future) {
         long start = System.nanoTime();
@@ -636,25 +635,6 @@ final class TxnScenarios {
         }
     }
 
-    private static Throwable unwrap(Throwable t) {
-        while ((t instanceof ExecutionException || t instanceof CompletionException) && t.getCause() != null) {
-            t = t.getCause();
-        }
-        return t;
-    }
-
-    private static String errorClass(Throwable t) {
-        return unwrap(t).getClass().getName();
-    }
-
-    private static String errorMessage(Throwable t) {
-        String m = unwrap(t).getMessage();
-        return m == null ? "" : (m.length() > 500 ? m.substring(0, 500) : m);
-    }
-
-    private static Map<String, Object> describe(Throwable t) {
-        return obj("class", errorClass(t), "message", errorMessage(t));
-    }
 
     private static long msSince(long startNanos) {
         return TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - startNanos);
