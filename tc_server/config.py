@@ -92,6 +92,11 @@ class Settings:
     # Open txns per coordinator before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator;
     # 0: no limit). ~550 B each: 16 coordinators x 10,000 stay within the memory limit we ship (issue 15).
     max_active_transactions_per_coordinator: int = 10_000
+    # Open txns of one authenticated principal across the coordinators this instance leads before its
+    # NEW_TXN is refused (0: no limit; no authentication: no principal, no limit). 10,000: one sixteenth
+    # of what the per-coordinator default lets the instance hold (16 x 10,000), so one role cannot starve
+    # the rest, and far above what a client keeps open (its txn rate x txn duration: 1,000/s x 5 s).
+    max_open_transactions_per_principal: int = 10_000
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
@@ -198,6 +203,8 @@ class Settings:
         check(self.gc_interval_s > 0, "gc_interval_s", "must be positive")
         check(0 <= self.max_active_transactions_per_coordinator <= MAX_REQUESTS_IN_FLIGHT * 100,
               "max_active_transactions_per_coordinator", "must be between 0 (no limit) and 100000000")
+        check(0 <= self.max_open_transactions_per_principal <= MAX_REQUESTS_IN_FLIGHT * 100,
+              "max_open_transactions_per_principal", "must be between 0 (no limit) and 100000000")
         check(1 <= self.id_block_size <= MAX_ID_BLOCK_SIZE, "id_block_size",
               f"must be between 1 and {MAX_ID_BLOCK_SIZE}")
         check(self.keepalive_s > 0, "keepalive_s", "must be positive")

@@ -25,6 +25,7 @@ from tc_server.coordinator.partition import (
     PartitionConfig,
     wall_clock_ms,
 )
+from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.health import Health
 from tc_server.metrics import Metrics
@@ -43,6 +44,9 @@ OVERDUE_GRACE_MS = 1000
 # partition made a 16-partition take-over with 50k open txns 16 times slower (measured).
 RECOVERY_DEBOUNCE_S = 0.2
 RECOVERY_RETRY_S = 1.0
+# Open txns adopted between two turns of the event loop while the recovery scan streams: a store that
+# answers a page without suspending would otherwise hold the loop for the whole scan.
+RECOVERY_YIELD_EVERY = 1000
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class TransactionCoordinator:
         self.metrics = metrics
         self._clock = clock
         self._partitions: dict[int, CoordinatorPartition] = {}
+        # Open txns per principal across the partitions led here (--max-open-transactions-per-principal).
+        self.open_by_principal = OpenByPrincipal(config.partition.max_open_txns_per_principal)
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost,
             advertised_url_tls=config.advertised_url_tls,
@@ -228,16 +234,27 @@ class TransactionCoordinator:
                 if header.state is layout.TxnState.OPEN:
                     yield most, least, header, record.version
 
-    async def _scan_open_txns(self) -> dict[int, list[tuple[int, TxnHeader, int]]]:
-        found: dict[int, list[tuple[int, TxnHeader, int]]] = defaultdict(list)
-        async for most, least, header, version in self.open_headers():
-            found[most].append((least, header, version))
+    async def _adopt_open_txns(self, partitions: dict[int, CoordinatorPartition]) -> dict[int, int]:
+        """Stream the deadline index (the store reads it in pages) into ``partitions``: each keeps only
+        the deadline and owner of its open txns, never the list of all (issue 15: 500,000 open txns
+        after a kill -9). Returns tc_id -> txns found. Raises StoreError, TimeoutError."""
+        found: dict[int, int] = defaultdict(int)
+        seen = 0
+        async for most, least, header, _ in self.open_headers():
+            seen += 1
+            if seen % RECOVERY_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            partition = partitions.get(most)
+            if partition is not None:
+                partition.adopt_one(least, header.deadline_ms, header.owner)
+                found[most] += 1
         return found
 
     async def _elected(self, tc_id: int) -> None:
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
+            open_by_principal=self.open_by_principal,
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:
@@ -261,22 +278,28 @@ class TransactionCoordinator:
         while self._pending_recovery:
             await asyncio.sleep(RECOVERY_DEBOUNCE_S)
             wanted = set(self._pending_recovery)
+            # The partition objects now: one lost and won again during the scan is a new object that
+            # stays pending and is scanned for once more (adopting into the stopped one is harmless).
+            partitions = {tc_id: self._partitions[tc_id] for tc_id in wanted if tc_id in self._partitions}
             try:
-                found = await self._scan_open_txns()
+                found = await self._adopt_open_txns(partitions)
             except (StoreError, TimeoutError) as exc:
                 log.warning("recovery scan failed; retrying", coordinators=sorted(wanted), error=repr(exc))
-                # Until it succeeds, open txns of these coordinators are not tracked: their timeouts wait.
+                # Until it succeeds, open txns of these coordinators are not all tracked: their timeouts
+                # wait. What was adopted stays (adopting again is a no-op).
                 self.health.failed("recovery scan", repr(exc), until_recovered=True)
                 await asyncio.sleep(RECOVERY_RETRY_S)
                 continue
             self.health.recovered("recovery scan")
             for tc_id in wanted:
-                self._pending_recovery.discard(tc_id)
                 partition = self._partitions.get(tc_id)
+                if partition is not None and partition is not partitions.get(tc_id):
+                    continue  # won again during the scan: still pending
+                self._pending_recovery.discard(tc_id)
                 if partition is not None:
-                    partition.adopt(found.get(tc_id, []))
+                    partition.finish_adopting()
                     if found.get(tc_id):
-                        log.info("recovered open transactions", coordinator_id=tc_id, count=len(found[tc_id]))
+                        log.info("recovered open transactions", coordinator_id=tc_id, count=found[tc_id])
                     # The outbox: decided txns whose brokers were not all told (docs/participants.md).
                     try:
                         await partition.recover_outbox()

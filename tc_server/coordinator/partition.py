@@ -31,6 +31,7 @@ from tc_server.coordinator.errors import (
 from tc_server.coordinator.events import publish_decision
 from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
+from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, Delete, MetadataStore, Put, Record, StoreError
@@ -103,6 +104,8 @@ class PartitionConfig:
     superusers: frozenset[str] = frozenset()
     # Open txns tracked here before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator); 0: none.
     max_active_txns: int = 0
+    # Open txns of one principal across the coordinators led here before NEW_TXN is refused; 0: none.
+    max_open_txns_per_principal: int = 0
 
 
 class CoordinatorPartition:
@@ -115,8 +118,13 @@ class CoordinatorPartition:
         clock: Clock = wall_clock_ms,
         sweep_timeouts: bool = True,
         sender: ParticipantSender | None = None,
+        open_by_principal: OpenByPrincipal | None = None,
     ) -> None:
         self.tc_id = tc_id
+        # Shared by every partition of the instance (coordinator.py); one of its own when used alone.
+        self._principals = open_by_principal or OpenByPrincipal(config.max_open_txns_per_principal)
+        # least -> owner of each OPEN txn counted in _principals (txns without an owner are not).
+        self._owners: dict[int, str] = {}
         self._store = store
         self._config = config
         self._metrics = metrics
@@ -139,9 +147,11 @@ class CoordinatorPartition:
         # the OPEN txns opened or recovered here.
         self._open: dict[int, int] = {}
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline ms, least); stale entries skipped
-        # Header and store version of each OPEN txn created or recovered here. END_TXN and ADD_*
-        # decide from it and go straight to the CAS, saving a store read per request; a stale entry
-        # (someone else wrote the header) only makes the CAS fail, and then the header is read.
+        # Header and store version of each OPEN txn created here. END_TXN and ADD_* decide from it
+        # and go straight to the CAS, saving a store read per request; a stale entry (someone else
+        # wrote the header) only makes the CAS fail, and then the header is read. Recovered txns are
+        # not cached: their header is read on their first request (500,000 recovered headers cost
+        # ~200 MB more, README "Limits").
         self._headers: dict[int, tuple[TxnHeader, int]] = {}
         # Decisions whose events could not all be written after the CAS (store error, request
         # timeout): the sweeper writes them again so participants do not wait for GC.
@@ -184,11 +194,20 @@ class CoordinatorPartition:
             self._sweeper = asyncio.create_task(self._run_timeouts(), name=f"timeouts-{self.tc_id}")
 
     def adopt(self, open_txns: Iterable[tuple[int, TxnHeader, int]]) -> None:
-        """Track the OPEN txns found in the deadline index: (least, header, store version)."""
-        for least, header, version in open_txns:
-            if least not in self._open:
-                self._track(least, header.deadline_ms)
-                self._headers[least] = (header, version)
+        """Track the OPEN txns found in the store: (least, header, store version)."""
+        for least, header, _ in open_txns:
+            self.adopt_one(least, header.deadline_ms, header.owner)
+        self.finish_adopting()
+
+    def adopt_one(self, least: int, deadline_ms: int, owner: str | None) -> None:
+        """Track one OPEN txn found in the deadline index: only its deadline and owner are kept (the
+        recovery scan streams every open txn through here; call :meth:`finish_adopting` after)."""
+        if least not in self._open:
+            self._track(least, deadline_ms)
+        if owner is not None and least not in self._owners:
+            self._owners[least] = self._principals.add(owner)
+
+    def finish_adopting(self) -> None:
         self._active.set(len(self._open))
 
     async def stop(self) -> None:
@@ -207,11 +226,19 @@ class CoordinatorPartition:
                 outbox.done.set_result(None)  # END_TXN waiting here answers now: the decision is durable
         self._undelivered_gauge.set_function(lambda: 0)
         self._oldest_gauge.set_function(lambda: 0)
+        # Their owners' counts were this instance's while it led; the next leader counts them.
+        for owner in self._owners.values():
+            self._principals.remove(owner)
+        self._owners.clear()
         await self._ids.close()
 
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def lowest_open(self) -> int | None:
+        """The smallest id of the open txns tracked here (no copy of the open set)."""
+        return _smallest(self._open_ids, self._open)
 
     @property
     def reserved_next(self) -> int:
@@ -235,13 +262,22 @@ class CoordinatorPartition:
             # (apache/pulsar#15133); an answer that is not retried says the same and names the limit.
             raise NotAllowed(f"transaction coordinator {self.tc_id} has {len(self._open)} open transactions, "
                              f"its limit (--max-active-transactions-per-coordinator); end some first")
+        self._principals.check(owner)
         least = await self._ids.next_id()
+        if owner is not None:
+            # Re-checked after the await: concurrent NEW_TXNs of one principal must not overshoot.
+            self._principals.check(owner)
         header = TxnHeader(TxnState.OPEN, created_ms=self._clock(), timeout_ms=ttl_ms, owner=owner)
         key = layout.txn_key(self.tc_id, least)
         # Track the deadline before writing: if the write's outcome is unknown (store error, request
         # timeout) the header may exist, and it must still be aborted on time. If it does not
         # exist, the timeout finds nothing and forgets the id.
         self._track(least, header.deadline_ms)
+        if owner is not None:
+            # Counted from here, not only once the write lands: otherwise a principal's concurrent
+            # NEW_TXNs all pass the check before the first write lands. It leaves the count with
+            # the open set (_forget), also when the write failed and the timeout forgets the id.
+            self._owners[least] = self._principals.add(owner)
         write = asyncio.ensure_future(self._store.put(
             layout.header_path(self.tc_id, least),
             header.to_json(),
@@ -397,6 +433,9 @@ class CoordinatorPartition:
         heapq.heappush(self._deadlines, (deadline_ms, least))
 
     def _forget(self, least: int) -> None:
+        owner = self._owners.pop(least, None)
+        if owner is not None:
+            self._principals.remove(owner)
         self._headers.pop(least, None)
         self._recorded.pop(least, None)
         self._complete.discard(least)
