@@ -7,7 +7,10 @@ aiohttp handlers; who may call which is decided before them, in tc_server/admin/
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
+from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import structlog
 from aiohttp import web
@@ -28,6 +31,19 @@ READY_PROBE_TIMEOUT_S = 2.0
 _ID = r"{%s:[^/]+}"
 # Txn id halves are Java longs in Pulsar (TxnID), and so are timeouts in ms.
 MAX_LONG = 2**63 - 1
+# Listings that grow with the open or undelivered txns answer one page (issue 15: slowTransactions with
+# 200,000 open built a 37 MB answer, 1.47 GB for 8 at once). ?limit= entries (~250 B of JSON each), in
+# txn id order after ?after=(most,least); the rest is named by the X-Next-After and Link headers, so the
+# body keeps the shape Pulsar's admin returns (a map of txn id -> TransactionMetadata for
+# slowTransactions) and pulsar-admin reads the first page unchanged.
+DEFAULT_PAGE = 1000
+MAX_PAGE = 10_000
+# A page is the smallest ids of one scan of the index: scans at once (the rest wait), so that many
+# concurrent listings cannot take every turn of the event loop from the coordinators.
+LISTING_SCANS = 2
+# Index records read between two turns of the event loop (a store that answers without suspending).
+LISTING_YIELD_EVERY = 1000
+NEXT_HEADER = "X-Next-After"
 
 
 def number(text: str, name: str, maximum: int = MAX_LONG) -> int:
@@ -41,6 +57,41 @@ def number(text: str, name: str, maximum: int = MAX_LONG) -> int:
 
 def json_response(status: int, doc: object) -> web.Response:
     return web.json_response(doc, status=status, dumps=lambda d: json.dumps(d, separators=(",", ":")))
+
+
+def txn_id(most: int, least: int) -> str:
+    """Pulsar's ``TxnID.toString()``: the keys of its admin maps."""
+    return f"({most},{least})"
+
+
+def parse_txn_id(text: str, name: str) -> tuple[int, int]:
+    """``(most,least)`` (or ``most,least``), each half a number from 0 to a Java long, or 400 naming ``name``."""
+    inner = text[1:-1] if text.startswith("(") and text.endswith(")") else text
+    most, sep, least = inner.partition(",")
+    if not sep:
+        raise web.HTTPBadRequest(reason=f"{name}: expected a transaction id (most,least), got {ascii(text[:40])}")
+    return number(most, name), number(least, name)
+
+
+def page_parameters(request: web.Request) -> tuple[int, tuple[int, int] | None]:
+    """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?after=(most,least)``; 400 naming a bad one."""
+    limit_text = request.query.get("limit")
+    limit = DEFAULT_PAGE if limit_text is None else number(limit_text, "limit", MAX_PAGE)
+    if limit < 1:
+        raise web.HTTPBadRequest(reason=f"limit: expected a number from 1 to {MAX_PAGE}, got 0")
+    after_text = request.query.get("after")
+    return limit, None if after_text is None else parse_txn_id(after_text, "after")
+
+
+def paged(response: web.Response, request: web.Request, last: tuple[int, int] | None) -> web.Response:
+    """Name the next page when this one is full and more may follow: ``X-Next-After`` (the value for
+    ``?after=``) and an RFC 8288 ``Link: <...>; rel="next"``. No header: this was the last page."""
+    if last is not None:
+        after = txn_id(*last)
+        query = {**request.query, "after": after}
+        response.headers[NEXT_HEADER] = after
+        response.headers["Link"] = f'<{request.path}?{urlencode(query)}>; rel="next"'
+    return response
 
 
 def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
@@ -62,6 +113,7 @@ class AdminRoutes:
     def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics) -> None:
         self._tc = coordinator
         self._metrics = metrics
+        self._listing_scans = asyncio.Semaphore(LISTING_SCANS)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
@@ -114,7 +166,7 @@ class AdminRoutes:
                 "leader": self._tc.leader_url(tc_id),
                 # The next id this instance may hand out is below this (ids are reserved in blocks).
                 "leastSigBits": partition.reserved_next if partition else 0,
-                "lowWaterMark": min(partition.open_txns(), default=-1) if partition else -1,
+                "lowWaterMark": _or_minus_one(partition.lowest_open()) if partition else -1,
                 "ongoingTxnSize": partition.open_count if partition else 0,
                 "recoverStartTime": 0,
                 "recoverEndTime": 0,
@@ -142,18 +194,43 @@ class AdminRoutes:
         return json_response(200, txn_metadata(most, least, header))
 
     async def slow(self, request: web.Request) -> web.Response:
-        """Open txns whose configured timeout is greater than the argument (as Pulsar; not age)."""
+        """Open txns whose configured timeout is greater than the argument (as Pulsar; not age), one page
+        in txn id order (``?limit=``, ``?after=``; see DEFAULT_PAGE)."""
         timeout_ms = number(request.match_info["timeout"], "timeout")
-        coordinator_id = request.query.get("coordinatorId")
-        if coordinator_id is not None:
-            coordinator_id = str(number(coordinator_id, "coordinatorId"))
-        found: dict[str, object] = {}
-        async for most, least, header, _ in self._tc.open_headers():
-            if coordinator_id is not None and str(most) != coordinator_id:
-                continue
-            if header.timeout_ms > timeout_ms:
-                found[f"({most},{least})"] = txn_metadata(most, least, header)
-        return json_response(200, found)
+        query = request.query.get("coordinatorId")
+        coordinator_id = None if query is None else number(query, "coordinatorId")
+        limit, after = page_parameters(request)
+        # The deadline index is in deadline order, not id order: the page is the `limit` smallest ids
+        # above `after`, kept in a max-heap of limit + 1 entries (one more tells that more follow).
+        page: list[tuple[int, int, TxnHeader]] = []  # (-most, -least, header)
+        async with self._listing_scans:
+            async for most, least, header in self._counted(self._tc.open_headers()):
+                if coordinator_id is not None and most != coordinator_id:
+                    continue
+                if header.timeout_ms <= timeout_ms or (after is not None and (most, least) <= after):
+                    continue
+                if len(page) <= limit:
+                    heapq.heappush(page, (-most, -least, header))
+                elif (most, least) < (-page[0][0], -page[0][1]):
+                    heapq.heapreplace(page, (-most, -least, header))
+        more = len(page) > limit
+        if more:
+            heapq.heappop(page)  # the largest: the first of the next page
+        ordered = sorted((-most, -least, header) for most, least, header in page)
+        found = {txn_id(most, least): txn_metadata(most, least, header) for most, least, header in ordered}
+        last = (ordered[-1][0], ordered[-1][1]) if more else None
+        return paged(json_response(200, found), request, last)
+
+    @staticmethod
+    async def _counted(
+        headers: AsyncIterator[tuple[int, int, TxnHeader, int]]
+    ) -> AsyncIterator[tuple[int, int, TxnHeader]]:
+        seen = 0
+        async for most, least, header, _ in headers:
+            seen += 1
+            if seen % LISTING_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            yield most, least, header
 
     async def force_abort(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
@@ -173,37 +250,69 @@ class AdminRoutes:
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
         docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
-        decision, when it was decided, and the participants still to be told."""
+        decision, when it was decided, and the participants still to be told. One page in txn id order
+        (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed where they are found."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
         if coordinator_id is not None and coordinator_id >= self._tc.num_partitions:
             return json_response(404, {"reason": f"no transaction coordinator {coordinator_id}"})
+        limit, after = page_parameters(request)
         start, end = layout.participants_by_coordinator_range(coordinator_id)
-        waiting: dict[tuple[int, int], list[dict[str, str]]] = {}
-        async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+        if after is not None:
+            # The index key is the txn id, padded (layout.participants_by_coordinator_key): start at the next id.
+            start = max(start, layout.participants_by_coordinator_key(after[0], after[1] + 1))
+        found: list[dict[str, object]] = []
+        full_at: tuple[int, int] | None = None  # the page filled up with this txn: the next starts after it
+        # The index is in txn id order, so one txn's records are adjacent: only the current txn is held.
+        current: tuple[int, int] | None = None
+        participants: list[dict[str, str]] = []
+        async with self._listing_scans:
+            async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+                try:
+                    txn = layout.parse_participant_path(record.key)
+                    participant = layout.Participant.from_json(record.value)
+                except ValueError as exc:
+                    if len(found) < limit:  # damage, listed where it is found (never more than a page)
+                        found.append({"txnId": None, "participants": [{"key": record.key, "unreadable": str(exc)}]})
+                    continue
+                if txn != current:
+                    if current is not None:
+                        await self._add_undelivered(found, current, participants)
+                        if len(found) >= limit:
+                            full_at = current
+                            break
+                    current, participants = txn, []
+                entry = {"topic": participant.topic}
+                if participant.subscription is not None:
+                    entry["subscription"] = participant.subscription
+                participants.append(entry)
+            else:
+                if current is not None:
+                    await self._add_undelivered(found, current, participants)
+        return paged(json_response(200, found), request, full_at)
+
+    async def _add_undelivered(self, found: list[dict[str, object]], txn: tuple[int, int],
+                               participants: list[dict[str, str]]) -> None:
+        """Append the txn to ``found`` unless it is still OPEN (nothing to deliver yet)."""
+        most, least = txn
+        doc: dict[str, object] = {"txnId": txn_id(most, least), "participants": participants}
+        header = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
+        if header is not None:
             try:
-                txn = layout.parse_participant_path(record.key)
-                participant = layout.Participant.from_json(record.value)
-            except ValueError as exc:
-                waiting.setdefault((-1, -1), []).append({"key": record.key, "unreadable": str(exc)})
-                continue
-            entry = {"topic": participant.topic}
-            if participant.subscription is not None:
-                entry["subscription"] = participant.subscription
-            waiting.setdefault(txn, []).append(entry)
-        found = []
-        for (most, least), participants in sorted(waiting.items()):
-            doc: dict[str, object] = {"txnId": f"({most},{least})", "participants": participants}
-            if most >= 0:
-                header = await self._tc.store.get(layout.header_path(most, least),
-                                                  partition_key=layout.txn_key(most, least))
-                if header is not None:
-                    parsed = TxnHeader.from_json(header.value)
-                    if parsed.state is TxnState.OPEN:
-                        continue  # not decided yet: nothing to deliver
-                    doc["status"] = parsed.state.value
-                    doc["finalizedTimestamp"] = parsed.finalized_ms
-                else:
-                    doc["status"] = None  # no header: delivered as ABORTED (docs/participants.md)
-            found.append(doc)
-        return json_response(200, found)
+                parsed = TxnHeader.from_json(header.value)
+            except ValueError:
+                log.warning("unreadable txn header", txn=txn_id(most, least))
+                doc["status"] = "unreadable header"
+                found.append(doc)
+                return
+            if parsed.state is TxnState.OPEN:
+                return  # not decided yet: nothing to deliver
+            doc["status"] = parsed.state.value
+            doc["finalizedTimestamp"] = parsed.finalized_ms
+        else:
+            doc["status"] = None  # no header: delivered as ABORTED (docs/participants.md)
+        found.append(doc)
+
+
+def _or_minus_one(value: int | None) -> int:
+    return -1 if value is None else value
