@@ -7,13 +7,15 @@
 #                       any UnknownError for a well-formed request, any unanswered request.
 #   make hostile     -- every hostile-input test (tests/hostile), the bounded fuzz included
 #   make hostile-load -- the floods of issue 15 against a real tc-server process for HOSTILE_SECONDS while a
-#                       well-behaved client runs; prints the server's RSS and the client's outcome
+#                       well-behaved client runs, the server in a memory cgroup of HOSTILE_MEMORY_LIMIT_MIB
+#                       (the deploy manifests' limit; 0: none); prints its RSS, OOM kills and the client's outcome
 FUZZ_EXAMPLES ?= 480
 FUZZ_BATCH ?= 300
 FUZZ_MIN_BATCH ?= 150
 FUZZ_REPEAT ?= 10
 
 HOSTILE_SECONDS ?= 60
+HOSTILE_MEMORY_LIMIT_MIB ?= 256
 
 .PHONY: fuzz fuzz-long hostile hostile-load
 fuzz: setup
@@ -29,4 +31,4 @@ hostile: setup
 	$(PY) -m pytest tests/hostile $(PYTEST_ARGS)
 
 hostile-load: setup
-	$(PY) -m tests.hostile.load --seconds $(HOSTILE_SECONDS)
+	$(PY) -m tests.hostile.load --seconds $(HOSTILE_SECONDS) --memory-limit-mib $(HOSTILE_MEMORY_LIMIT_MIB)

@@ -47,11 +47,12 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_bytes_of(pid: int) -> int:
-    """Resident set size of process ``pid`` (Linux /proc/<pid>/status VmRSS); 0 where /proc cannot tell."""
+def rss_bytes_of(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of process ``pid`` (Linux /proc/<pid>/status VmRSS; ``field="VmHWM"``: its peak so
+    far); 0 where /proc cannot tell."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024  # reported in kB
     except (OSError, ValueError, IndexError):
         return 0

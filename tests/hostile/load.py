@@ -2,7 +2,7 @@
 while a well-behaved client runs NEW_TXN + END_TXN pairs; prints the server's peak RSS and the
 well-behaved client's outcome and latency. ``make hostile-load`` (mk/fuzz.mk) runs it.
 
-    python -m tests.hostile.load [--seconds 60] [--store embedded]
+    python -m tests.hostile.load [--seconds 60] [--store embedded] [--memory-limit-mib 256]
 
 Floods, all at once:
   * stalled frames: connections that send a frame header announcing the largest frame allowed and
@@ -11,9 +11,11 @@ Floods, all at once:
   * connections: more than --max-connections, held open;
   * open transactions: NEW_TXN with a one-hour timeout, never ended, up to the per-coordinator cap.
 
-The RSS is read from /proc (VmRSS, VmHWM). No memory limit is enforced here: this machine has neither
-systemd nor a cgroup this run may create; the figure is compared with the 256 MiB the deploy
-manifests set.
+The server runs under a real memory limit, the 256 MiB the deploy manifests set
+(deploy/kubernetes/*/: resources.limits.memory), in a memory cgroup of its own
+(tc_server/bench/memory_limit.py): past it the kernel OOM-kills it, as Kubernetes would. Where no memory
+cgroup can be created the run says so and goes on without a limit. The RSS is read from /proc (VmRSS,
+VmHWM); the group's peak charge (page cache included) and its OOM kills are printed too.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import struct
 import tempfile
 import time
 from pathlib import Path
 
+from tc_server.bench.memory_limit import MIB, MemoryLimit, MemoryLimitUnavailable, open_memory_limit
 from tc_server.bench.process import ServerStopError, TcServerProcess
 from tc_server.client import TcClient, connect, connect_command
 from tc_server.wire import NewTxn, encode_command
@@ -113,9 +117,12 @@ async def polite_client(port: int, stop: asyncio.Event, latencies: list[float], 
         client.close()
 
 
-async def run(seconds: float, store: str) -> int:
+async def run(seconds: float, store: str, limit: MemoryLimit | None) -> int:
     with tempfile.TemporaryDirectory(prefix="tc-hostile-") as workdir:
-        server = TcServerProcess(Path(workdir) / "data", store=store).start()
+        server = TcServerProcess(Path(workdir) / "data", store=store)
+        if limit is not None:
+            server.command = limit.wrap(server.command)
+        server.start()
         assert server.proc is not None
         pid = server.proc.pid
         held: list[asyncio.StreamWriter] = []
@@ -154,30 +161,49 @@ async def run(seconds: float, store: str) -> int:
             for writer in held:
                 writer.close()
             stop_started = time.monotonic()
+            alive = server.running()
             try:
                 server.stop()
                 stop_note = f"graceful stop took {time.monotonic() - stop_started:.1f} s"
             except ServerStopError:
                 stop_note = "the graceful stop did not finish within its bound; killed"
+            if not alive:
+                stop_note = f"the server had exited before the end (exit code {server.proc.returncode})"
     lat = sorted(latencies)
+    oom_kills = limit.oom_kills() if limit is not None else 0
     print(f"hostile load, {seconds:.0f} s, store {store}:")
     print(f"  server RSS: peak sampled {peak:.0f} MiB, high-water mark {hwm:.0f} MiB, at the end {rss:.0f} MiB "
           f"(Kubernetes limit {K8S_MEMORY_LIMIT_MIB} MiB)")
+    if limit is not None:
+        print(f"  under {limit.describe()}: the group's peak charge {limit.peak_bytes() / MIB:.0f} MiB (page cache "
+              f"included), OOM kills {oom_kills}")
     print(f"  well-behaved client: {len(lat)} pairs ok, {len(failures)} failed {sorted(set(failures))[:5]}; "
           f"pair latency p50 {statistics.median(lat) * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms" if lat else
           f"  well-behaved client: no pair succeeded; failures {sorted(set(failures))[:5]}")
     print(f"  /readyz not 200 in {probes_failed} samples; open txns created by the flood: {opened[0]}")
     print("  " + "; ".join(refused))
     print(f"  {stop_note}")
-    return 0 if not failures and hwm < K8S_MEMORY_LIMIT_MIB else 1
+    return 0 if not failures and not oom_kills and hwm < K8S_MEMORY_LIMIT_MIB else 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--store", default="embedded")
+    parser.add_argument("--memory-limit-mib", type=int, default=K8S_MEMORY_LIMIT_MIB,
+                        help="run the server in a memory cgroup of this limit (0: none)")
     args = parser.parse_args()
-    return asyncio.run(run(args.seconds, args.store))
+    limit = None
+    if args.memory_limit_mib:
+        try:
+            limit = open_memory_limit(args.memory_limit_mib * MIB, name=f"tc-server-hostile-{os.getpid()}")
+        except MemoryLimitUnavailable as exc:
+            print(f"NO MEMORY LIMIT ENFORCED: {exc}")
+    try:
+        return asyncio.run(run(args.seconds, args.store, limit))
+    finally:
+        if limit is not None:
+            limit.close()
 
 
 if __name__ == "__main__":
