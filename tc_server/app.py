@@ -29,6 +29,7 @@ from tc_server.server.listener import PulsarListener
 from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore
+from tc_server.workers import WorkerRole
 
 log = structlog.get_logger("tc_server")
 
@@ -45,10 +46,12 @@ class App:
     tls: ServerTlsContext | None = None
     tls_reload: asyncio.Task[None] | None = None
     broker_pool: ConnectionPool | None = None  # tc-server's own connections to brokers (delivery)
+    shared_listener: PulsarListener | None = None  # a worker's share of the service port (--workers)
 
     @property
     def listeners(self) -> list[PulsarListener]:
-        return [listener for listener in (self.listener, self.tls_listener) if listener is not None]
+        return [listener for listener in (self.listener, self.tls_listener, self.shared_listener)
+                if listener is not None]
 
     async def stop(self) -> None:
         """Stop accepting, drain requests in flight, step down, close the store; one log line."""
@@ -127,8 +130,11 @@ def connections_that_fit(max_connections: int) -> int:
     return fitting
 
 
-async def start_app(settings: Settings, store: MetadataStore | None = None) -> App:
-    """Start everything; raises ConfigError/ParallelismMismatch/OSError with a message for the user."""
+async def start_app(settings: Settings, store: MetadataStore | None = None, worker: WorkerRole | None = None) -> App:
+    """Start everything; raises ConfigError/ParallelismMismatch/OSError with a message for the user.
+
+    ``worker``: this process is one worker of ``--workers N`` (tc_server/supervisor.py); ``settings`` are
+    then its own (``worker.settings``: its port, admin port, URL and data directory)."""
     max_connections = connections_that_fit(settings.max_connections)
     metrics = Metrics(settings.cluster)
     if settings.store == "memory":
@@ -181,7 +187,16 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             advertised_tls = settings.advertised_url_tls or advertised_url_for(tls_host, tls_bound, "pulsar+ssl")
         # TLS only: the leader record's brokerServiceUrl is the TLS URL too (nothing else is reachable).
         advertised = advertised or str(advertised_tls)
-        context.own_addresses = frozenset(host_port(url) for url in (advertised, advertised_tls) if url)
+        shared_listener = None
+        if worker is not None:
+            shared_host, shared_port = parse_hostport(worker.service_listen)
+            shared_listener = PulsarListener(context, shared_host, shared_port, reuse_port=True)
+            try:
+                shared_listener.bind()
+            except OSError as exc:
+                raise cannot_bind("listen", worker.service_listen, exc) from exc
+        context.own_addresses = frozenset(
+            host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url)
         if settings.upstream_urls:
             context.upstream = Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
                                         connection_mode=settings.lookup_connections, metrics=metrics)
@@ -200,6 +215,9 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
             gc_retention_s=settings.gc_retention_s,
             gc_interval_s=settings.gc_interval_s,
             timeout_sweep=settings.timeout_sweep,
+            campaign=worker.coordinators if worker is not None else None,
+            static_leaders=worker.urls if worker is not None else {},
+            gc_coordinator=worker.gc_coordinator if worker is not None else 0,
         )
         delivery = None
         if broker_credentials is not None:
@@ -217,7 +235,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         await coordinator.start()
         context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s,
                                         participant_wait_s=settings.participant_wait_s)
-        for started in (listener, tls_listener):
+        for started in (listener, tls_listener, shared_listener):
             if started is not None:
                 await started.start()
         admin_host, admin_port = parse_hostport(settings.admin_listen)
@@ -236,14 +254,16 @@ async def start_app(settings: Settings, store: MetadataStore | None = None) -> A
         await store.close()
         raise
     log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised,
-             upstream=settings.upstream_url or None)
+             upstream=settings.upstream_url or None,
+             worker=None if worker is None else f"{worker.index} of {worker.count}")
     tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
-    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload, broker_pool)
+    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload, broker_pool,
+               shared_listener)
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully."""
-    app = await start_app(settings)
+    app = await start_app(settings, worker=worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from tc_server.config import ENV_PREFIX, ConfigError, Settings, load_settings
 from tc_server.store import store_kinds_help
 
@@ -23,6 +25,10 @@ HELP = {
     "store": "metadata store: " + store_kinds_help(),
     "data_dir": "directory of the embedded store",
     "coordinators": "number of coordinator partitions (stored once; every instance must agree)",
+    "workers": "worker processes on this machine (1: one process). N > 1: this process supervises N workers "
+               "(restarted when one dies); coordinator i is led by worker i mod N; worker k also listens on "
+               "--listen's port + 1 + k (its advertised URL) and serves admin on --admin-listen's port + 1 + k; "
+               "on the embedded store each has its own store under --data-dir, which records N",
     "default_txn_timeout_ms": "timeout of a txn whose client asks for 0",
     "max_txn_timeout_ms": "largest timeout a client may ask for (larger: NotAllowedError)",
     "gc_retention_s": "how long ended txn headers are kept before GC deletes them",
@@ -109,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the coordinator")
     run.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
+    # Set by the supervisor of --workers N on the processes it starts (tc_server/supervisor.py).
+    run.add_argument("--worker-index", dest="worker_index", type=int, default=None, help=argparse.SUPPRESS)
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
     export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")
@@ -131,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
-        return _run(args)
+        return _run(args, list(sys.argv[1:] if argv is None else argv))
     return _export(args)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         settings = _settings(args, [f.name for f in fields(Settings)])
     except ConfigError as exc:
@@ -145,10 +153,28 @@ def _run(args: argparse.Namespace) -> int:
     from tc_server.coordinator.errors import ParallelismMismatch
     from tc_server.logs import configure_logging
     from tc_server.store.api import StoreError
+    from tc_server.workers import WorkerCountMismatch, WorkerRole, check_worker_count
 
     configure_logging(settings.log_format, settings.log_level)
+    worker = None
     try:
-        _run_loop(serve(settings))
+        if args.worker_index is not None:
+            from tc_server.supervisor import follow_supervisor
+
+            follow_supervisor()
+            worker = WorkerRole.of(settings, args.worker_index)
+            settings = worker.settings
+            structlog.contextvars.bind_contextvars(worker=worker.index)  # on every log line
+        else:
+            check_worker_count(settings)
+        if worker is None and settings.workers > 1:
+            from tc_server.supervisor import supervise
+
+            return int(_run_loop(supervise(settings, argv)))
+        _run_loop(serve(settings, worker))
+    except WorkerCountMismatch as exc:
+        print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
+        return 2
     # Every failure to start is one line naming the setting or the file, and exit code 2 (issue 15).
     except ParallelismMismatch as exc:
         print(f"tc-server: refusing to start: {exc}", file=sys.stderr)

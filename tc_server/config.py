@@ -69,6 +69,8 @@ MAX_RETENTION_S = 10 * 365 * 24 * 3600
 MAX_REQUESTS_IN_FLIGHT = 1_000_000
 # Each connection is a file descriptor: a million is beyond any descriptor limit set in practice.
 MAX_CONNECTIONS = 1_000_000
+# Worker processes of one supervisor: far more than the cores of one machine would only add processes.
+MAX_WORKERS = 256
 # A CONNECT with a large token must still fit.
 MIN_FRAME_SIZE = 64 * 1024
 
@@ -82,6 +84,10 @@ class Settings:
     store: str = "embedded"
     data_dir: str = "./data"
     coordinators: int = 16
+    # Worker processes on this machine (tc_server/supervisor.py, README "Several cores"): 1 is one
+    # process as before; N > 1 makes the started process a supervisor of N workers, coordinator i on
+    # worker i mod N, each worker on --listen's port + 1 + k besides the shared --listen port.
+    workers: int = 1
     default_txn_timeout_ms: int = 60_000
     max_txn_timeout_ms: int = 3_600_000
     gc_retention_s: int = 900
@@ -186,6 +192,7 @@ class Settings:
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")
+        self._validate_workers(check)
         check(0 < self.default_txn_timeout_ms <= MAX_TIMEOUT_MS, "default_txn_timeout_ms",
               f"must be between 1 and {MAX_TIMEOUT_MS} (ten years)")
         check(self.max_txn_timeout_ms <= MAX_TIMEOUT_MS, "max_txn_timeout_ms",
@@ -232,6 +239,24 @@ class Settings:
               "must be debug, info, warning or error")
         self._validate_security()
         return self
+
+    def _validate_workers(self, check: Callable[[bool, str, str], None]) -> None:
+        """--workers N > 1 derives each worker's ports from --listen and --admin-listen (port + 1 + k), so
+        those must be fixed ports; TLS listeners per worker are not built (README, "Several cores")."""
+        check(1 <= self.workers <= MAX_WORKERS, "workers", f"must be between 1 and {MAX_WORKERS}")
+        if self.workers == 1:
+            return
+        check(self.workers <= self.coordinators, "workers", "must be at most coordinators (each worker leads "
+              "coordinators i with i mod workers = its index)")
+        check(bool(self.listen) and parse_hostport(self.listen)[1] != 0, "listen",
+              "must be a fixed port with --workers above 1 (worker k listens on its port + 1 + k)")
+        check(parse_hostport(self.admin_listen)[1] != 0, "admin_listen",
+              "must be a fixed port with --workers above 1 (worker k's admin port is its port + 1 + k)")
+        for name in ("listen", "admin_listen"):
+            check(parse_hostport(getattr(self, name))[1] + self.workers <= 65535, name,
+                  f"its port + {self.workers} (the workers' ports) must be at most 65535")
+        check(not self.tls_listen, "tls_listen", "a TLS listener per worker is not built: use --workers 1 "
+              "with --tls-listen")
 
     def _validate_security(self) -> None:
         """Shapes only: key files and certificates are read at start (tc_server/auth), and secret values

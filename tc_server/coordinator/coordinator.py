@@ -58,6 +58,13 @@ class CoordinatorConfig:
     gc_retention_s: int = 900
     gc_interval_s: int = 300
     timeout_sweep: bool = True
+    # A worker of --workers N (tc_server/workers.py): the coordinators it campaigns for (None: all),
+    # every coordinator's worker URL (LOOKUP's answer where no leader record is known, e.g. the other
+    # workers' coordinators, whose records are in their own embedded stores), and the coordinator
+    # whose leader runs GC (0 as in PIP-473; a worker with its own store collects it itself).
+    campaign: frozenset[int] | None = None
+    static_leaders: dict[int, str] = field(default_factory=dict)
+    gc_coordinator: int = 0
 
 
 class TransactionCoordinator:
@@ -78,7 +85,7 @@ class TransactionCoordinator:
         self.open_by_principal = OpenByPrincipal(config.partition.max_open_txns_per_principal)
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost,
-            advertised_url_tls=config.advertised_url_tls,
+            advertised_url_tls=config.advertised_url_tls, campaign=config.campaign,
         )
         self._pending_recovery: set[int] = set()
         self._recovery_task: asyncio.Task[None] | None = None
@@ -128,7 +135,7 @@ class TransactionCoordinator:
     # -- what the server asks --------------------------------------------------------------------
 
     def leader_url(self, tc_id: int) -> str | None:
-        return self._election.leaders.get(tc_id)
+        return self._election.leaders.get(tc_id) or self.config.static_leaders.get(tc_id)
 
     def tls_url(self, url: str | None) -> str | None:
         """The ``pulsar+ssl://`` URL of the instance that advertises ``url`` (LOOKUP's brokerServiceUrlTls)."""
@@ -136,12 +143,17 @@ class TransactionCoordinator:
 
     def assignments(self) -> dict[int, str]:
         """The known leader URL of every coordinator that has one (one in mid-election is missing)."""
-        return dict(self._election.leaders)
+        return {**self.config.static_leaders, **self._election.leaders}
 
     def watch_assignments(self, listener: Callable[[dict[int, str]], None]) -> Callable[[], None]:
         """Call ``listener`` with the new map whenever it changes; returns the unsubscribe function."""
-        self._election.listeners.append(listener)
-        return lambda: self._election.listeners.remove(listener)
+        static = self.config.static_leaders
+
+        def changed(leaders: dict[int, str]) -> None:
+            listener({**static, **leaders})
+
+        self._election.listeners.append(changed)
+        return lambda: self._election.listeners.remove(changed)
 
     def leads(self, tc_id: int) -> bool:
         return tc_id in self._partitions
@@ -159,8 +171,12 @@ class TransactionCoordinator:
 
     @property
     def ready(self) -> bool:
-        """Every partition has a known leader (this instance or another)."""
-        return len(self._election.leaders) == self.config.partitions
+        """Every partition this instance may lead has a known leader (this instance or another); with
+        no campaign limit that is every partition."""
+        campaign = self.config.campaign
+        if campaign is None:
+            return len(self._election.leaders) == self.config.partitions
+        return all(tc_id in self._election.leaders for tc_id in campaign)
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]
@@ -349,8 +365,9 @@ class TransactionCoordinator:
     async def _run_gc(self) -> None:
         while True:
             await asyncio.sleep(self.config.gc_interval_s)
-            # As in PIP-473, only the leader of partition 0 sweeps, so instances do not race.
-            if not self.leads(0):
+            # As in PIP-473, only the leader of partition 0 sweeps, so instances do not race (a
+            # worker with its own store: the leader of its first coordinator, CoordinatorConfig).
+            if not self.leads(self.config.gc_coordinator):
                 continue
             try:
                 await collect_garbage(self.store, self.metrics, self._clock(), self.config.gc_retention_s)

@@ -80,9 +80,13 @@ class LeaderElection:
         on_elected: Callback,
         on_lost: Callback,
         advertised_url_tls: str | None = None,
+        campaign: frozenset[int] | None = None,
     ) -> None:
         self._store = store
         self._partitions = partitions
+        # The partitions this instance may lead at all (a worker of --workers N: i mod N = its index,
+        # tc_server/workers.py); None: every partition. The others are only watched.
+        self._campaign = campaign
         self._url = advertised_url
         self._url_tls = advertised_url_tls
         # An instance's pulsar:// URL -> its pulsar+ssl:// URL, learned from the leader records.
@@ -167,7 +171,7 @@ class LeaderElection:
         if current is None:
             self.leaders.pop(tc_id, None)
             await self._lose(tc_id)
-            if len(self.led) < self.share:
+            if len(self.led) < self.share and self.may_lead(tc_id):
                 await self._try_take(tc_id)
             return
         url, owner = parse_leader(current.value)
@@ -177,7 +181,7 @@ class LeaderElection:
         if owner == self.instance_id:
             if tc_id in self.led:
                 self._versions[tc_id] = current.version
-            elif len(self.led) < self.share:
+            elif len(self.led) < self.share and self.may_lead(tc_id):
                 # Our own record, but we do not serve it: a create whose answer was lost, or a
                 # take-over that failed half way. Serve it now.
                 await self._serve(tc_id, current.version)
@@ -185,6 +189,9 @@ class LeaderElection:
                 await self._release(tc_id, current.version)
         elif tc_id in self.led:
             await self._lose(tc_id)
+
+    def may_lead(self, tc_id: int) -> bool:
+        return self._campaign is None or tc_id in self._campaign
 
     def _learn_tls_url(self, url: str | None, raw: bytes) -> None:
         url_tls = parse_leader_tls(raw)

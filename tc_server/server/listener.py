@@ -19,8 +19,12 @@ log = structlog.get_logger("tc_server.listener")
 
 
 class PulsarListener:
-    def __init__(self, context: ServerContext, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, context: ServerContext, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                 *, reuse_port: bool = False) -> None:
         self.context = context
+        # SO_REUSEPORT: the workers of --workers N all bind the service port and the kernel spreads new
+        # connections over them (tc_server/workers.py).
+        self._reuse_port = reuse_port
         self._host = host
         self._port = port
         self._ssl = ssl_context
@@ -33,6 +37,8 @@ class PulsarListener:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self._reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((self._host, self._port))
         except OSError:

@@ -1,0 +1,250 @@
+"""``tc-server run --workers N``: the process started supervises N worker processes of itself.
+
+Each worker is ``tc-server run`` with the same flags, environment and configuration file plus a hidden
+``--worker-index k``; it serves coordinators i with i mod N = k on its own port and shares the service
+port with the others (tc_server/workers.py). The supervisor
+
+* restarts a worker that exits, after a backoff (tc_server/backoff.py), and logs it; a worker that
+  exits MAX_START_FAILURES times in a row before it was ever ready stops everything: the supervisor
+  prints that worker's one-line error and exits non-zero (a port taken, a bad store: retrying will
+  not help);
+* stops every worker with SIGTERM on SIGTERM/SIGINT (each drains as a single process does), and
+  SIGKILLs one still running after WORKER_STOP_S;
+* serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
+  worker's own ``/readyz`` says 200: the body lists each worker and its problems) and ``/metrics``
+  (the supervisor's own series: worker readiness and restarts). Each worker's series, and its
+  ``/admin/v3/transactions`` API over its own coordinators, are on the worker's admin port
+  (``--admin-listen``'s port + 1 + k): Prometheus scrapes each, so no series is summed or hidden here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from tc_server.backoff import Backoff
+from tc_server.config import Settings, parse_hostport
+from tc_server.workers import worker_admin_url, worker_url
+
+log = structlog.get_logger("tc_server.supervisor")
+
+# A worker that exits this many times in a row without ever getting ready stops the supervisor.
+MAX_START_FAILURES = 3
+# First restart after half a second (a kill -9 is back at once), at most one every 10 s.
+RESTART_INITIAL_S = 0.5
+RESTART_MAX_S = 10.0
+# How often each worker's /readyz is asked (readiness tracking, the restart-failure count, metrics).
+POLL_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+# A worker drains requests for up to --request-timeout-s (10 s by default) on SIGTERM; the launcher's
+# stop bound is 15 s (tc_server/bench/process.py).
+WORKER_STOP_S = 12.0
+# The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
+ERROR_PREFIX = b"tc-server: "
+PR_SET_PDEATHSIG = 1
+
+
+def follow_supervisor() -> None:
+    """In a worker: get SIGTERM when the supervisor dies (even by SIGKILL), so no worker outlives it
+    holding the ports and the stores; exit at once if it is already gone (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        sys.exit(1)
+
+
+@dataclass
+class _Worker:
+    index: int
+    url: str
+    admin_url: str
+    proc: asyncio.subprocess.Process | None = None
+    ready: bool = False  # its /readyz said 200 at the last poll
+    ready_since_start: bool = False
+    start_failures: int = 0  # exits in a row before ever being ready
+    last_error: str = ""  # its last "tc-server: ..." stderr line
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, run_argv: list[str]) -> None:
+        self.settings = settings
+        self._argv = run_argv
+        self.workers = [_Worker(k, worker_url(settings, k), worker_admin_url(settings, k))
+                        for k in range(settings.workers)]
+        self._stopping = asyncio.Event()
+        self.failure: tuple[int, str] | None = None  # (exit code, message) that stopped everything
+        self._registry = CollectorRegistry()
+        self._up = Gauge("tc_server_worker_ready", "1 when the worker's /readyz said 200 at the last check",
+                         ["worker"], registry=self._registry)
+        self._restarts = Counter("tc_server_worker_restarts", "worker processes restarted after they exited",
+                                 ["worker"], registry=self._registry)
+        for worker in self.workers:
+            self._up.labels(str(worker.index)).set(0)
+            self._restarts.labels(str(worker.index))
+        self._http: aiohttp.ClientSession | None = None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # -- workers ------------------------------------------------------------------------------------
+
+    def _command(self, index: int) -> list[str]:
+        return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index)]
+
+    async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
+        """Pass the worker's log lines on to our stderr, keeping its last error line."""
+        while line := await stream.readline():
+            if line.startswith(ERROR_PREFIX):
+                worker.last_error = line.decode(errors="replace").strip()
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+
+    async def _keep_running(self, worker: _Worker) -> None:
+        backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
+        while not self._stopping.is_set():
+            worker.ready = worker.ready_since_start = False
+            worker.proc = await asyncio.create_subprocess_exec(
+                *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
+            if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
+                worker.proc.send_signal(signal.SIGTERM)
+            assert worker.proc.stderr is not None
+            forwarding = asyncio.create_task(self._forward_stderr(worker, worker.proc.stderr))
+            code = await worker.proc.wait()
+            await forwarding
+            worker.ready = False
+            self._up.labels(str(worker.index)).set(0)
+            if self._stopping.is_set():
+                return
+            if worker.ready_since_start:
+                worker.start_failures = 0
+                backoff.reset()
+            else:
+                worker.start_failures += 1
+            if worker.start_failures >= MAX_START_FAILURES:
+                error = worker.last_error.removeprefix(ERROR_PREFIX.decode()) or f"exit code {code}"
+                self.failure = (code if code > 0 else 1,
+                                f"tc-server: worker {worker.index} of {len(self.workers)} failed to start "
+                                f"{worker.start_failures} times in a row: {error}")
+                self._stopping.set()
+                return
+            delay = backoff.next_delay()
+            log.warning("worker exited; restarting", worker=worker.index, exit_code=code, pid=worker.proc.pid,
+                        restart_in_s=round(delay, 2), failed_starts_in_a_row=worker.start_failures)
+            self._restarts.labels(str(worker.index)).inc()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+
+    async def _stop_workers(self) -> None:
+        running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            try:
+                await asyncio.wait_for(proc.wait(), WORKER_STOP_S)
+            except TimeoutError:
+                log.warning("worker ignored SIGTERM; killing it", pid=proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+    # -- readiness ----------------------------------------------------------------------------------
+
+    async def _probe(self, worker: _Worker) -> tuple[bool, object]:
+        """(ready, the worker's /readyz body or why it did not answer)."""
+        assert self._http is not None
+        if worker.proc is None or worker.proc.returncode is not None:
+            return False, "not running (being restarted)"
+        try:
+            async with self._http.get(worker.admin_url + "/readyz",
+                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                body = await resp.json(content_type=None)
+                return resp.status == 200, body
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
+
+    async def _poll(self) -> None:
+        while True:
+            results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
+            for worker, (ready, _) in zip(self.workers, results, strict=True):
+                if ready and not worker.ready_since_start:
+                    log.info("worker ready", worker=worker.index, pid=worker.proc.pid if worker.proc else None)
+                    worker.ready_since_start = True
+                worker.ready = ready
+                self._up.labels(str(worker.index)).set(1 if ready else 0)
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    # -- admin --------------------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "workers": len(self.workers)})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
+        listed = [{"index": worker.index, "pid": worker.proc.pid if worker.proc else None, "url": worker.url,
+                   "admin": worker.admin_url, "ready": ready, "readyz": body}
+                  for worker, (ready, body) in zip(self.workers, results, strict=True)]
+        ready = all(ready for ready, _ in results)
+        return web.json_response({"ready": ready, "workers": listed}, status=200 if ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def run(self) -> int:
+        """Serve the admin port, keep the workers running until stopped; the exit code."""
+        from tc_server.app import cannot_bind
+
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        host, port = parse_hostport(self.settings.admin_listen)
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise cannot_bind("admin_listen", self.settings.admin_listen, exc) from exc
+        self._http = aiohttp.ClientSession()
+        log.info("supervising workers", workers=len(self.workers), service=self.settings.listen,
+                 worker_urls=[worker.url for worker in self.workers])
+        keepers = [asyncio.create_task(self._keep_running(worker), name=f"worker-{worker.index}")
+                   for worker in self.workers]
+        poll = asyncio.create_task(self._poll(), name="worker-readiness")
+        try:
+            await self._stopping.wait()
+        finally:
+            await self._stop_workers()
+            await asyncio.gather(*keepers, return_exceptions=True)
+            poll.cancel()
+            await asyncio.gather(poll, return_exceptions=True)
+            await self._http.close()
+            await runner.cleanup()
+        if self.failure is not None:
+            code, message = self.failure
+            print(message, file=sys.stderr)
+            return code
+        log.info("stopped")
+        return 0
+
+
+async def supervise(settings: Settings, argv: list[str]) -> int:
+    """Run the supervisor of ``settings.workers`` workers until SIGTERM/SIGINT; its exit code.
+    ``argv``: this process's own arguments (``run …``), which every worker gets too."""
+    supervisor = Supervisor(settings, argv)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.stop)
+    return await supervisor.run()

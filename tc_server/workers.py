@@ -1,0 +1,130 @@
+"""The static split of ``--workers N`` (README, "Several cores"): coordinator i is led by worker i mod N.
+
+Everything here is computed from the settings alone, the same way in the supervisor and in every worker,
+so each worker knows every other worker's URL without asking anyone:
+
+* worker k listens on ``--listen``'s port + 1 + k and advertises that port (on ``--advertised-url``'s
+  host when one is set), besides sharing ``--listen``'s port with the other workers (SO_REUSEPORT);
+* worker k's admin port is ``--admin-listen``'s port + 1 + k; the supervisor keeps ``--admin-listen``;
+* on the embedded store worker k has its own store in ``<data-dir>/worker-<k>-of-<N>/`` (one writer per
+  SQLite file keeps its group commit and its lock), and ``<data-dir>/workers`` records N, so that a
+  start with another N, whose coordinators would land on the wrong stores, is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from tc_server.config import ConfigError, Settings, parse_hostport
+
+# Holds N in the data directory of a supervisor's workers (plain decimal text).
+WORKERS_FILE = "workers"
+# The single process's embedded store (tc_server/store/embedded.py DB_FILENAME): a data directory that
+# holds it directly was made by --workers 1.
+SINGLE_STORE_FILE = "tc-server.sqlite3"
+
+
+class WorkerCountMismatch(ConfigError):
+    """The data directory was made with another --workers; the message names the setting."""
+
+
+def coordinators_of(index: int, count: int, coordinators: int) -> frozenset[int]:
+    """The coordinators worker ``index`` of ``count`` leads: i with i mod count = index."""
+    return frozenset(range(index, coordinators, count))
+
+
+def _shifted(address: str, offset: int) -> str:
+    host, port = parse_hostport(address)
+    return f"[{host}]:{port + offset}" if ":" in host else f"{host}:{port + offset}"
+
+
+def worker_url(settings: Settings, index: int) -> str:
+    """The ``pulsar://`` URL worker ``index`` advertises: its own port, on the advertised host."""
+    if settings.advertised_url:
+        parts = urlsplit(settings.advertised_url)
+        assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
+        host, port = parts.hostname, parts.port
+    else:
+        host, port = parse_hostport(settings.listen)
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"pulsar://{host}:{port + 1 + index}"
+
+
+def worker_admin_url(settings: Settings, index: int) -> str:
+    """``http://HOST:PORT`` of worker ``index``'s admin port, as the supervisor reaches it."""
+    host, port = parse_hostport(settings.admin_listen)
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{host}:{port + 1 + index}"
+
+
+def worker_data_dir(settings: Settings, index: int) -> str:
+    return str(Path(settings.data_dir) / f"worker-{index}-of-{settings.workers}")
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What makes one process worker ``index`` of ``count``: its settings (own ports, URL and data
+    directory), the shared service address, its coordinators and every coordinator's worker URL."""
+
+    index: int
+    count: int
+    settings: Settings
+    service_listen: str  # HOST:PORT shared by all workers (SO_REUSEPORT)
+    service_url: str  # the URL clients are given for the service (--advertised-url or from --listen)
+    coordinators: frozenset[int]
+    urls: dict[int, str]  # tc_id -> URL of the worker that leads it
+    # The coordinator whose leader runs GC: the store holds only this worker's coordinators on the
+    # embedded store, so each worker collects its own; on a shared store (Oxia) one sweep for all.
+    gc_coordinator: int
+
+    @classmethod
+    def of(cls, settings: Settings, index: int) -> WorkerRole:
+        if not 0 <= index < settings.workers:
+            raise ConfigError(f"worker index {index} outside 0..{settings.workers - 1} (--workers)")
+        own_store = settings.store != "oxia"
+        worker_settings = replace(
+            settings,
+            listen=_shifted(settings.listen, 1 + index),
+            admin_listen=_shifted(settings.admin_listen, 1 + index),
+            advertised_url=worker_url(settings, index),
+            data_dir=worker_data_dir(settings, index) if own_store else settings.data_dir,
+        )
+        service_url = settings.advertised_url or worker_url(settings, -1)  # port + 1 - 1: --listen's own
+        return cls(
+            index=index, count=settings.workers, settings=worker_settings, service_listen=settings.listen,
+            service_url=service_url,
+            coordinators=coordinators_of(index, settings.workers, settings.coordinators),
+            urls={tc_id: worker_url(settings, tc_id % settings.workers) for tc_id in range(settings.coordinators)},
+            gc_coordinator=index if own_store else 0,
+        )
+
+
+def check_worker_count(settings: Settings) -> None:
+    """Refuse a data directory made with another --workers (embedded store only: Oxia keeps one data
+    set for any number of instances); record N in a fresh one when N > 1.
+
+    Raises WorkerCountMismatch (one line naming --workers), OSError when the record cannot be read or
+    written."""
+    if settings.store != "embedded":
+        return
+    directory = Path(settings.data_dir)
+    record = directory / WORKERS_FILE
+    stored: int | None = None
+    if record.exists():
+        text = record.read_text().strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 4):
+            raise WorkerCountMismatch(f"{record} does not hold a number of workers (got {text[:40]!r}); "
+                                      "fix or delete it")
+        stored = int(text)
+    elif (directory / SINGLE_STORE_FILE).exists():
+        stored = 1
+    if stored is not None and stored != settings.workers:
+        raise WorkerCountMismatch(
+            f"the data directory {directory} holds the stores of --workers {stored} but this start asked for "
+            f"--workers {settings.workers} (TC_SERVER_WORKERS): start with --workers {stored}, or use another "
+            "--data-dir (coordinator i lives in worker i mod N's store)")
+    if stored is None and settings.workers > 1:
+        directory.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{settings.workers}\n")
