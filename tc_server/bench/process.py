@@ -36,6 +36,58 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports_in_a_row(count: int, attempts: int = 100) -> int:
+    """The first of ``count`` consecutive TCP ports nothing listens on at 127.0.0.1 right now: ``--workers
+    N`` takes ``--listen``'s and ``--admin-listen``'s ports + 1 .. N too (tc_server/workers.py)."""
+    for _ in range(attempts):
+        first = free_port()
+        held: list[socket.socket] = []
+        try:
+            for port in range(first + 1, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found in {attempts} attempts")
+
+
+def workers_in(args: Sequence[str]) -> int:
+    """The ``--workers`` value among tc-server flags (``--workers N`` or ``--workers=N``; the last wins), 1
+    when absent or unreadable (tc-server itself then says what is wrong)."""
+    found = "1"
+    for i, arg in enumerate(args):
+        if arg == "--workers" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--workers="):
+            found = arg.split("=", 1)[1]
+    return int(found) if found.isascii() and found.isdigit() and 0 < int(found) <= 256 else 1
+
+
+def descendants_of(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc/<pid>/task/<tid>/children): a supervisor's workers."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(child) for child in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            pending.extend(children)
+    return found
+
+
 def cpu_seconds_of(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far (Linux /proc/<pid>/stat, every thread included);
     NaN where /proc cannot tell."""
@@ -154,8 +206,10 @@ class TcServerProcess(LoggedProcess):
         self.env = dict(env or {})
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.command = list(command) if command is not None else default_command()
-        self.port = port if port is not None else free_port()
-        self.admin_port = admin_port if admin_port is not None else free_port()
+        # --workers N: worker k also takes the client and admin ports + 1 + k.
+        self.workers = workers_in(self.extra_args)
+        self.port = port if port is not None else free_ports_in_a_row(1 + self.workers)
+        self.admin_port = admin_port if admin_port is not None else free_ports_in_a_row(1 + self.workers)
         self.log_path = log_path if log_path is not None else data_dir.parent / f"tc-server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -225,11 +279,14 @@ class TcServerProcess(LoggedProcess):
         read even when other processes share the cores; NaN where /proc cannot tell."""
         if self.proc is None:
             return float("nan")
-        return cpu_seconds_of(self.proc.pid)
+        # With --workers N: the supervisor and every worker (a worker restarted meanwhile starts at 0).
+        return sum(cpu_seconds_of(pid) for pid in (self.proc.pid, *descendants_of(self.proc.pid)))
 
     def rss_bytes(self) -> int:
-        """Resident set size of the process now; 0 when it is not running."""
-        return 0 if self.proc is None else rss_bytes_of(self.proc.pid)
+        """Resident set size of the process (and its workers) now; 0 when it is not running."""
+        if self.proc is None:
+            return 0
+        return sum(rss_bytes_of(pid) for pid in (self.proc.pid, *descendants_of(self.proc.pid)))
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail_of(self.log_path, lines)

@@ -25,7 +25,7 @@ from tc_server.client.errors import (
     is_retryable,
 )
 from tc_server.client.pool import ConnectionPool
-from tc_server.client.tc import TcClient, connect
+from tc_server.client.tc import TcClient, connect, connect_coordinators
 
 __all__ = [
     "BrokerError",
@@ -40,6 +40,7 @@ __all__ = [
     "RequestTimedOut",
     "TcClient",
     "connect",
+    "connect_coordinators",
     "connect_command",
     "error_of",
     "is_retryable",

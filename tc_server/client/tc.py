@@ -93,3 +93,32 @@ async def connect(host: str, port: int, *, handshake: bool = True, protocol_vers
     if handshake:
         await client.handshake_as(protocol_version, auth)
     return client
+
+
+async def connect_coordinators(host: str, port: int, coordinators: int, *,
+                               auth: ClientAuth = NO_AUTH) -> list[TcClient]:
+    """A client per coordinator, at index tcId, as Pulsar's clients find them: LOOKUP of each assign-topic
+    partition at the service URL, then a connection to the URL it names (one per distinct URL; the service
+    connection itself when it names the service). With ``--workers N`` that is each coordinator's worker.
+
+    Raises ClientError when a LOOKUP fails, with the coordinator and the answer's error."""
+    from tc_server.client.connection import Endpoint
+    from tc_server.client.errors import ClientError
+    from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
+
+    service = await connect(host, port, auth=auth)
+    by_url: dict[str, TcClient] = {f"pulsar://{host}:{port}": service}
+    routed: list[TcClient] = []
+    for tc_id in range(coordinators):
+        answer = await service.lookup(f"{ASSIGN_TOPIC}{PARTITION_SUFFIX}{tc_id}", authoritative=True)
+        if answer.error is not None or not answer.broker_service_url:
+            raise ClientError(f"pulsar://{host}:{port}",
+                              f"LOOKUP of coordinator {tc_id}: {answer.error!r} {answer.message or ''}")
+        url = answer.broker_service_url
+        if url not in by_url:
+            endpoint = Endpoint.parse(url)
+            by_url[url] = await connect(endpoint.host, endpoint.port, auth=auth)
+        routed.append(by_url[url])
+    if service not in routed:  # it named other processes only (--workers N): not needed any more
+        service.close()
+    return routed
