@@ -1,0 +1,222 @@
+"""``tc-server run --workers 2`` as an operator runs it: a real supervisor process and its two worker
+processes (tc_server/bench/process.py, tc_server/supervisor.py), real sockets, real SQLite; clients are
+the project's wire client, which finds coordinators as Pulsar's clients do (LOOKUP at the service URL).
+
+Coordinator i is led by worker i mod 2 (tc_server/workers.py), on its own port (--listen's + 1 + i mod 2);
+both workers share --listen's port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tc_server.bench.process import TcServerProcess, free_port, free_ports_in_a_row
+from tc_server.client import TcClient, connect, connect_coordinators
+from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
+from tc_server.wire import ServerError
+from tests.support.oxia_standin import standin_oxia_process
+from tests.support.server_process import TC_SERVER, started
+
+pytestmark = pytest.mark.slow
+
+COORDINATORS = 4
+WORKERS = 2
+# Bound on waiting for a restarted worker (a cold interpreter start on a loaded 2-core machine).
+RESTART_BOUND_S = 60.0
+
+
+def workers_server(base: Path, *extra: str, store: str = "embedded") -> TcServerProcess:
+    return TcServerProcess(base / "data", "--workers", str(WORKERS), "--coordinators", str(COORDINATORS), *extra,
+                           store=store, log_path=base / "server.log")
+
+
+def worker_url(server: TcServerProcess, tc_id: int) -> str:
+    return f"pulsar://127.0.0.1:{server.port + 1 + tc_id % WORKERS}"
+
+
+def worker_get_json(server: TcServerProcess, worker: int, path: str) -> tuple[int, Any]:
+    """GET a path of worker ``worker``'s own admin port (--admin-listen's port + 1 + worker)."""
+    url = f"http://127.0.0.1:{server.admin_port + 1 + worker}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read() or b"null")
+
+
+def header_status(server: TcServerProcess, most: int, least: int) -> str | None:
+    code, body = worker_get_json(server, most % WORKERS,
+                                 f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+    return body.get("status") if code == 200 else None
+
+
+def close_all(routed: list[TcClient]) -> None:
+    for client in {id(c): c for c in routed}.values():
+        client.close()
+
+
+async def commit_on_every_coordinator(server: TcServerProcess, per_coordinator: int) -> list[tuple[int, int]]:
+    routed = await connect_coordinators("127.0.0.1", server.port, COORDINATORS)
+    committed = []
+    try:
+        for tc_id in range(COORDINATORS):
+            assert (await routed[tc_id].tc_client_connect(tc_id)).error is None
+            for _ in range(per_coordinator):
+                opened = await routed[tc_id].new_txn(tc_id, ttl_ms=600_000)
+                assert opened.error is None and opened.most == tc_id, opened
+                ended = await routed[tc_id].end_txn(opened.most, opened.least, commit=True)
+                assert ended.error is None, ended
+                committed.append((opened.most, opened.least))
+    finally:
+        close_all(routed)
+    return committed
+
+
+@pytest.fixture(scope="module")
+def oxia_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The STAND-IN Oxia server in its own process (the real one cannot be installed here)."""
+    with standin_oxia_process(tmp_path_factory.mktemp("oxia") / "standin.log") as address:
+        yield address
+
+
+@pytest.mark.parametrize("store", ["embedded", "oxia-standin"])
+async def test_every_coordinator_is_served_through_the_one_service_url(
+        store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if store == "oxia-standin":
+        server = workers_server(tmp_path, "--oxia-address", request.getfixturevalue("oxia_address"), store="oxia")
+    else:
+        server = workers_server(tmp_path)
+    started(server)
+    try:
+        # The supervisor's /readyz: every worker ready, each leading its own coordinators.
+        code, ready = server.get_json("/readyz")
+        assert code == 200 and ready["ready"], ready
+        assert [w["readyz"]["led"] for w in ready["workers"]] == [[0, 2], [1, 3]]
+        assert [w["url"] for w in ready["workers"]] == [worker_url(server, 0), worker_url(server, 1)]
+
+        # Discovery at the service port, whichever worker the kernel handed each connection to.
+        for _ in range(6):
+            client = await connect("127.0.0.1", server.port)
+            assert (await client.partitioned_metadata(ASSIGN_TOPIC)).partitions == COORDINATORS
+            for tc_id in range(COORDINATORS):
+                answer = await client.lookup(f"{ASSIGN_TOPIC}{PARTITION_SUFFIX}{tc_id}")
+                assert answer.error is None and answer.broker_service_url == worker_url(server, tc_id), answer
+            watched = await client.watch_assignments(7)
+            assert watched.snapshot is not None, watched
+            assert {a.tc_id: a.broker_service_url for a in watched.snapshot.assignments} == {
+                tc_id: worker_url(server, tc_id) for tc_id in range(COORDINATORS)}
+            client.close()
+
+        # Transactions on every coordinator, each at its worker.
+        committed = await commit_on_every_coordinator(server, per_coordinator=3)
+        assert {most for most, _ in committed} == set(range(COORDINATORS))
+        for most, least in committed:
+            assert header_status(server, most, least) == "COMMITTED"
+
+        # A worker answers TC_CLIENT_CONNECT only for its own coordinators, naming the other's worker.
+        other = await connect("127.0.0.1", server.port + 1 + 1)
+        refused = await other.tc_client_connect(0)
+        assert refused.error is ServerError.TransactionCoordinatorNotFound
+        assert worker_url(server, 0) in (refused.message or "")
+        other.close()
+    finally:
+        assert server.stop() == 0
+
+
+async def test_a_killed_worker_is_restarted_and_its_decisions_stay(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path, "--id-block-size", "10"))
+    try:
+        committed = await commit_on_every_coordinator(server, per_coordinator=5)
+        _, ready = server.get_json("/readyz")
+        pids = [w["pid"] for w in ready["workers"]]
+
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while True:
+            code, ready = server.get_json("/readyz")
+            if code == 200 and ready["workers"][1]["pid"] != pids[1]:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker 1 not back within {RESTART_BOUND_S:.0f} s: {ready}\n{server.log_tail()}")
+            time.sleep(0.2)
+
+        assert server.running(), "the supervisor itself must survive a worker's kill -9"
+        assert ready["workers"][0]["pid"] == pids[0], "the other worker keeps running"
+        _, metrics = server.get("/metrics")
+        assert 'tc_server_worker_restarts_total{worker="1"} 1.0' in metrics.decode()
+        for most, least in committed:
+            assert header_status(server, most, least) == "COMMITTED", (most, least)
+        # New ids on the restarted worker's coordinators are above every id it handed out before.
+        newest = await commit_on_every_coordinator(server, per_coordinator=1)
+        for most, least in newest:
+            assert least > max(old_least for old_most, old_least in committed if old_most == most)
+    finally:
+        assert server.stop() == 0
+    assert not any(_alive(pid) for pid in pids), "SIGTERM to the supervisor stops every worker"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _run(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    port, admin = free_ports_in_a_row(4), free_ports_in_a_row(4)
+    return subprocess.run([TC_SERVER, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+                           "--data-dir", str(data_dir), "--coordinators", str(COORDINATORS), *flags],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_another_worker_count_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path))
+    assert server.stop() == 0
+    assert (tmp_path / "data" / "workers").read_text().strip() == "2"
+    for flags in (["--workers", "3"], []):
+        run = _run(tmp_path / "data", *flags)
+        assert run.returncode == 2, run.stderr
+        line = run.stderr.strip()
+        assert "\n" not in line and line.startswith("tc-server: refusing to start:"), run.stderr
+        assert "--workers 2" in line and f"--workers {flags[1] if flags else 1}" in line, line
+    # A single process's data directory is refused to --workers 2 as well (its coordinators would
+    # be looked for in the workers' stores).
+    single = started(TcServerProcess(tmp_path / "single", "--coordinators", str(COORDINATORS),
+                                     log_path=tmp_path / "single.log"))
+    assert single.stop() == 0
+    run = _run(tmp_path / "single", "--workers", "2")
+    assert run.returncode == 2 and "holds the stores of --workers 1" in run.stderr, run.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path: Path) -> None:
+    server = workers_server(tmp_path)
+    with socket.socket() as taken:  # worker 1's own port is taken by someone else
+        taken.bind(("127.0.0.1", server.port + 2))
+        taken.listen()
+        server.start(wait=False)
+        assert server.proc is not None
+        code = server.proc.wait(RESTART_BOUND_S)
+    assert code == 2, server.log_tail()
+    last = server.log_tail(1).splitlines()[-1]
+    assert last.startswith("tc-server: worker 1 of 2 failed to start 3 times in a row: cannot start: "
+                           "address already in use"), server.log_tail()
+
+
+def test_workers_need_fixed_ports(tmp_path: Path) -> None:
+    run = subprocess.run([TC_SERVER, "run", "--workers", "2", "--listen", "127.0.0.1:0",
+                          "--admin-listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "data")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2 and "listen: must be a fixed port with --workers" in run.stderr, run.stderr
