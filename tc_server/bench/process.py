@@ -291,18 +291,24 @@ class TcServerProcess(LoggedProcess):
     def log_tail(self, lines: int = 40) -> str:
         return log_tail_of(self.log_path, lines)
 
-    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-        """GET an admin path; (status, body). Raises OSError when nothing answers."""
+    def worker_admin_url(self, worker: int) -> str:
+        """Worker ``worker``'s own admin port under ``--workers N`` (``--admin-listen``'s port + 1 + worker)."""
+        return f"http://127.0.0.1:{self.admin_port + 1 + worker}"
+
+    def get(self, path: str, timeout_s: float = 5.0, worker: int | None = None) -> tuple[int, bytes]:
+        """GET an admin path (of worker ``worker``'s own admin port under ``--workers N``); (status, body).
+        Raises OSError when nothing answers."""
+        base = self.admin_url if worker is None else self.worker_admin_url(worker)
         try:
-            with urllib.request.urlopen(self.admin_url + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())
 
-    def get_json(self, path: str, timeout_s: float = 5.0) -> tuple[int, Any]:
-        """GET an admin path; (status, parsed JSON body, None if the body is not JSON). Raises OSError
-        when nothing answers."""
-        code, body = self.get(path, timeout_s)
+    def get_json(self, path: str, timeout_s: float = 5.0, worker: int | None = None) -> tuple[int, Any]:
+        """GET an admin path (of worker ``worker`` as in :meth:`get`); (status, parsed JSON body, None if the
+        body is not JSON). Raises OSError when nothing answers."""
+        code, body = self.get(path, timeout_s, worker)
         try:
             return code, json.loads(body or b"null")
         except ValueError:

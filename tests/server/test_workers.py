@@ -8,17 +8,13 @@ both workers share --listen's port.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -46,19 +42,9 @@ def worker_url(server: TcServerProcess, tc_id: int) -> str:
     return f"pulsar://127.0.0.1:{server.port + 1 + tc_id % WORKERS}"
 
 
-def worker_get_json(server: TcServerProcess, worker: int, path: str) -> tuple[int, Any]:
-    """GET a path of worker ``worker``'s own admin port (--admin-listen's port + 1 + worker)."""
-    url = f"http://127.0.0.1:{server.admin_port + 1 + worker}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
-            return int(resp.status), json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read() or b"null")
-
-
 def header_status(server: TcServerProcess, most: int, least: int) -> str | None:
-    code, body = worker_get_json(server, most % WORKERS,
-                                 f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+    code, body = server.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}", timeout_s=10,
+                                 worker=most % WORKERS)
     return body.get("status") if code == 200 else None
 
 
