@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pulsar
 import pytest
 
 from tc_server.bench.process import TcServerProcess
@@ -34,6 +35,12 @@ pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]
 
 PARTITIONS = 4
 INPUTS = 2_000
+# The kills wait for commits, so the worker must not run out of input while they still need some: when
+# its backlog falls under LOW_BACKLOG, TOP_UP more inputs are sent (numbered on, checked the same way).
+# Without it a quick worker finished all 2,000 before the targeted kills were done and the test waited
+# for a commit that could not come.
+LOW_BACKLOG = 200
+TOP_UP = 500
 KILLS = 5
 # The worker's txns: a txn left undecided by a kill is aborted by the coordinator after this long, and its
 # inputs (their acks pending in it until then) are processed again.
@@ -50,12 +57,14 @@ REDRIVE_EVENT = "re-driving undelivered decisions"
 
 
 @pytest.fixture
-def spawned() -> Iterator[list[RunningHarness]]:
-    """Harnesses left running by a test (registered here) are killed when it ends, pass or fail."""
+def spawned(tmp_path: Path) -> Iterator[list[RunningHarness]]:
+    """Harnesses left running by a test (registered here) are killed when it ends, pass or fail; their
+    event lines and stderr are kept in the test's directory (read them after a failure)."""
     running: list[RunningHarness] = []
     yield running
-    for harness in running:
+    for index, harness in enumerate(running):
         harness.terminate()
+        harness.save(tmp_path / f"harness-{index}")
 
 
 @pytest.fixture
@@ -95,6 +104,24 @@ def wait_drained(broker: PulsarBroker, topic: str, worker: RunningHarness) -> No
             pytest.fail(f"input backlog still {backlog} after {DRAIN_TIMEOUT_S:.0f}s\n{worker.stderr_tail()}")
         time.sleep(1.0)
         backlog = input_backlog(broker, topic)
+
+
+def keep_fed(broker: PulsarBroker, topic: str, inputs: list[str]) -> None:
+    """Send TOP_UP more inputs (``in-<n>``, numbered after ``inputs``, which they are appended to) when
+    the worker's backlog is under LOW_BACKLOG. Straight to the broker: the kills must not stop them."""
+    backlog = input_backlog(broker, topic)
+    if backlog is None or backlog >= LOW_BACKLOG:
+        return
+    more = [f"in-{n}" for n in range(len(inputs), len(inputs) + TOP_UP)]
+    client = pulsar.Client(broker.url, operation_timeout_seconds=OP_TIMEOUT_MS // 1000)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False,
+                                          message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+        for value in more:
+            producer.send(value.encode())
+    finally:
+        client.close()
+    inputs.extend(more)
 
 
 def undelivered(server: TcServerProcess) -> list[Any]:
@@ -161,6 +188,7 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
         server = front_door()
         url = server.url
     stop_file = tmp_path / "stop-worker"
+    inputs = [f"in-{n}" for n in range(INPUTS)]  # what the worker's input topic holds, top-ups included
     worker = java_harness.spawn("ctp", service_url=url, input=source, output=sink, until_file=stop_file,
                                 fill=INPUTS, batch=10, txn_timeout_ms=WORKER_TXN_TIMEOUT_MS,
                                 op_timeout_ms=OP_TIMEOUT_MS)
@@ -172,6 +200,7 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
             rng = random.Random()
             for _ in range(KILLS):
                 # A random number of commits since the last restart, then a random pause.
+                keep_fed(pulsar_broker, source, inputs)
                 worker.wait_for("committed", rng.randint(2, 10), PROGRESS_TIMEOUT_S, after=len(worker.lines))
                 time.sleep(rng.uniform(0.0, 0.5))
                 server.kill()
@@ -184,6 +213,7 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
             for _ in range(TARGETED_KILLS):
                 if wait_redriven(server, REDRIVE_LOG_WAIT_S):
                     break
+                keep_fed(pulsar_broker, source, inputs)
                 worker.wait_for("committed", 1, PROGRESS_TIMEOUT_S, after=len(worker.lines))
                 held = kill_between_decision_and_delivery(server)
                 kills.append({"targeted": True, "outbox_at_kill": held[:3]})
@@ -199,7 +229,7 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
     # Every marker arrived: no output partition is pinned by a txn left open.
     assert sorted(drained["markers_seen"]) == sorted(drained["markers_sent"]), drained["markers_seen"]
     # Every input is in the output exactly once, whatever the kills did.
-    expected = [f"out:in-{i}" for i in range(INPUTS)]
+    expected = [f"out:{value}" for value in inputs]
     assert exactly_once(drained["values"], expected) == {}, (summary, kills)
     # The broker holds no open txn on any partition of either topic (buffers and pending acks).
     assert wait_no_open_txns(pulsar_broker, [(source, PARTITIONS, SUBSCRIPTION), (sink, PARTITIONS, None)]) == {}

@@ -239,11 +239,16 @@ class RunningHarness:
                 pytest.fail(f"harness exited ({self.proc.returncode}) after {len(got)}/{count} {event} lines"
                             f"\n{self.stderr_tail()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"only {len(got)}/{count} {event} lines in {timeout_s}s\n{self.stderr_tail()}")
+                pytest.fail(f"only {len(got)}/{count} {event} lines in {timeout_s}s\n{self.lines_tail()}"
+                            f"\n{self.stderr_tail()}")
             try:
                 self._new.get(timeout=0.2)
             except queue.Empty:
                 pass
+
+    def lines_tail(self, n: int = 12) -> str:
+        """The harness's last event lines: what it was doing when a wait ran out (failures name their error)."""
+        return "---- harness events (tail) ----\n" + "\n".join(json.dumps(line) for line in self.lines[-n:])
 
     def finish(self, timeout_s: float = 30) -> int:
         try:
@@ -254,6 +259,11 @@ class RunningHarness:
         self._out_thread.join(5)
         self._err_thread.join(5)
         return code
+
+    def save(self, stem: Path) -> None:
+        """Write the event lines (``stem``.jsonl) and stderr (``stem``.stderr) collected so far."""
+        stem.with_suffix(".jsonl").write_text("".join(json.dumps(line) + "\n" for line in self.lines))
+        stem.with_suffix(".stderr").write_text("\n".join(self._stderr) + "\n")
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
