@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tc_server.bench.process import ServerStartError, TcServerProcess
-from tc_server.client import ClientAuth, TcClient, connect
+from tc_server.client import ClientAuth, TcClient, connect_coordinators
 from tc_server.store import LOCAL_STORE_KINDS, STORE_KINDS
 
 
@@ -54,10 +54,11 @@ def bench_server(store: str, extra: list[str]) -> Iterator[TcServerProcess]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _worker(client: TcClient, tc_ids: int, count: int, new_lat: list[float], end_lat: list[float],
+async def _worker(routed: list[TcClient], tc_ids: int, count: int, new_lat: list[float], end_lat: list[float],
                   pair_lat: list[float], errors: list[str], offset: int) -> None:
     for i in range(count):
         tc_id = (offset + i) % tc_ids
+        client = routed[tc_id]  # the connection to the process leading tc_id (--workers N: its worker)
         t0 = time.perf_counter()
         created = await client.new_txn(tc_id=tc_id, ttl_ms=60_000)
         t1 = time.perf_counter()
@@ -88,7 +89,10 @@ def auth_setup(kind: str) -> tuple[list[str], ClientAuth]:
 
 async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc_ids: int,
                    auth: ClientAuth | None = None) -> dict[str, Any]:
-    clients = [await connect("127.0.0.1", port, auth=auth or ClientAuth()) for _ in range(connections)]
+    # Each "connection" finds its coordinators as Pulsar's clients do (LOOKUP at the service port), so
+    # with --server-arg=--workers=N its pairs reach every worker; with one process it is one connection.
+    clients = [await connect_coordinators("127.0.0.1", port, tc_ids, auth=auth or ClientAuth())
+               for _ in range(connections)]
     per_worker = max(1, pairs // (connections * concurrency))
     new_lat: list[float] = []
     end_lat: list[float] = []
@@ -100,8 +104,9 @@ async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc
         for n, c in enumerate(clients) for w in range(n * concurrency, (n + 1) * concurrency)
     ))
     elapsed = time.perf_counter() - started
-    for c in clients:
-        c.close()
+    for routed in clients:
+        for c in {id(c): c for c in routed}.values():
+            c.close()
     return {"pairs": len(pair_lat), "seconds": elapsed, "pairs_per_s": len(pair_lat) / elapsed,
             "new": percentiles(new_lat), "end": percentiles(end_lat), "pair": percentiles(pair_lat),
             "errors": len(errors)}
