@@ -205,6 +205,14 @@ def _export(args: argparse.Namespace) -> int:
         return 2
     from tc_server.app import open_configured_store
     from tc_server.audit.export import export_snapshot
+    from tc_server.workers import WORKERS_FILE
+
+    if settings.store == "embedded" and (Path(settings.data_dir) / WORKERS_FILE).exists():
+        # --workers N keeps one store per worker (tc_server/workers.py); opening the directory itself
+        # would create an empty store and export nothing.
+        print(f"tc-server: {settings.data_dir} holds one store per worker of --workers: export each with "
+              f"--data-dir {Path(settings.data_dir) / 'worker-<k>-of-<N>'}", file=sys.stderr)
+        return 2
 
     async def go() -> dict[str, int]:
         store = await open_configured_store(settings)

@@ -52,6 +52,9 @@ WORKER_STOP_S = 12.0
 # The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
 ERROR_PREFIX = b"tc-server: "
 PR_SET_PDEATHSIG = 1
+# A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
+STDERR_CHUNK = 65536
+STDERR_TAIL = 8192
 
 
 def follow_supervisor() -> None:
@@ -102,12 +105,16 @@ class Supervisor:
         return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index)]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
-        """Pass the worker's log lines on to our stderr, keeping its last error line."""
-        while line := await stream.readline():
-            if line.startswith(ERROR_PREFIX):
-                worker.last_error = line.decode(errors="replace").strip()
-            sys.stderr.buffer.write(line)
+        """Pass the worker's output on to our stderr as it comes (in chunks: a log line of any length
+        passes), keeping the tail to find its last error line once it exits."""
+        tail = b""
+        while chunk := await stream.read(STDERR_CHUNK):
+            sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()
+            tail = (tail + chunk)[-STDERR_TAIL:]
+        errors = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+        if errors:
+            worker.last_error = errors[-1].decode(errors="replace").strip()
 
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)

@@ -178,6 +178,10 @@ def test_another_worker_count_on_the_same_data_dir_is_refused(tmp_path: Path) ->
         line = run.stderr.strip()
         assert "\n" not in line and line.startswith("tc-server: refusing to start:"), run.stderr
         assert "--workers 2" in line and f"--workers {flags[1] if flags else 1}" in line, line
+    # `tc-server export` of the directory itself would find no store: it names the workers' directories.
+    export = subprocess.run([TC_SERVER, "export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "x")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert export.returncode == 2 and "worker-<k>-of-<N>" in export.stderr, export.stderr
     # A single process's data directory is refused to --workers 2 as well (its coordinators would
     # be looked for in the workers' stores).
     single = started(TcServerProcess(tmp_path / "single", "--coordinators", str(COORDINATORS),
