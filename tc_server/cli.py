@@ -40,8 +40,8 @@ HELP = {
     "max_open_transactions_per_principal": "open transactions of one authenticated role across the coordinators "
                                            "this instance leads before its NEW_TXN is answered NotAllowedError "
                                            "(0: no limit; without authentication there is no role and no limit). "
-                                           "Default 10000: a sixteenth of what 16 coordinators x the per-coordinator "
-                                           "default hold, so one role cannot starve the others",
+                                           "Default 5000: half of one coordinator's default cap, so one role cannot "
+                                           "fill a coordinator and starve the others there",
     "id_block_size": "txn ids reserved per store round trip",
     "keepalive_s": "PING idle clients this often; drop those that do not answer by the next tick",
     "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",

@@ -99,10 +99,11 @@ class Settings:
     # 0: no limit). ~550 B each: 16 coordinators x 10,000 stay within the memory limit we ship (issue 15).
     max_active_transactions_per_coordinator: int = 10_000
     # Open txns of one authenticated principal across the coordinators this instance leads before its
-    # NEW_TXN is refused (0: no limit; no authentication: no principal, no limit). 10,000: one sixteenth
-    # of what the per-coordinator default lets the instance hold (16 x 10,000), so one role cannot starve
-    # the rest, and far above what a client keeps open (its txn rate x txn duration: 1,000/s x 5 s).
-    max_open_transactions_per_principal: int = 10_000
+    # NEW_TXN is refused (0: no limit; no authentication: no principal, no limit). 5,000: half of one
+    # coordinator's default cap, so one role aiming all its txns at one coordinator cannot fill it and
+    # refuse every other role there, and still far above what a client keeps open (its txn rate x txn
+    # duration: 1,000/s x 5 s).
+    max_open_transactions_per_principal: int = 5_000
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0

@@ -101,7 +101,11 @@ def measure(args: argparse.Namespace, extra: list[str], limit: MemoryLimit | Non
                 oom = f" (OOM kills in its group: {limit.oom_kills()})" if limit is not None else ""
                 print(f"tc-server exited while recovering{oom}:\n{server.log_tail()}", file=sys.stderr)
                 return 1
-            _, stats = server.get_json("/admin/v3/transactions/coordinatorStats")
+            try:
+                _, stats = server.get_json("/admin/v3/transactions/coordinatorStats")
+            except OSError:
+                time.sleep(0.1)  # killed meanwhile (the OOM killer): the check above says so
+                continue
             tracked = sum(partition["ongoingTxnSize"] for partition in stats.values())
             if tracked >= args.open:
                 recovered = time.perf_counter() - started

@@ -4,12 +4,18 @@ well-behaved client's outcome and latency. ``make hostile-load`` (mk/fuzz.mk) ru
 
     python -m tests.hostile.load [--seconds 60] [--store embedded] [--memory-limit-mib 256]
 
+Token authentication is on: the floods run as the role ``flood``, the well-behaved client as ``app``.
+That is what lets the server tell them apart: a role past --max-open-transactions-per-principal gets
+NotAllowedError while the others are served. Without authentication every client is the same nobody,
+and a flood that fills a coordinator's --max-active-transactions-per-coordinator refuses everyone's
+NEW_TXN on it (measured: 41 of the well-behaved client's 303 NEW_TXN refused in 60 s).
+
 Floods, all at once:
   * stalled frames: connections that send a frame header announcing the largest frame allowed and
     most of its body, then nothing;
   * pipelining: connections that send thousands of NEW_TXN and never read an answer;
   * connections: more than --max-connections, held open;
-  * open transactions: NEW_TXN with a one-hour timeout, never ended, up to the per-coordinator cap.
+  * open transactions: NEW_TXN with a one-hour timeout, never ended, up to the per-role cap.
 
 The server runs under a real memory limit, the 256 MiB the deploy manifests set
 (deploy/kubernetes/*/: resources.limits.memory), in a memory cgroup of its own
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import os
 import statistics
@@ -32,8 +39,9 @@ from pathlib import Path
 
 from tc_server.bench.memory_limit import MIB, MemoryLimit, MemoryLimitUnavailable, open_memory_limit
 from tc_server.bench.process import ServerStopError, TcServerProcess
-from tc_server.client import TcClient, connect, connect_command
+from tc_server.client import ClientAuth, TcClient, connect, connect_command
 from tc_server.wire import NewTxn, encode_command
+from tests.security.pki import make_token
 
 K8S_MEMORY_LIMIT_MIB = 256
 
@@ -48,11 +56,17 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
 
 
+# The HS256 key of this run and the two roles' credentials.
+SECRET = os.urandom(32)
+FLOOD = ClientAuth("token", make_token(SECRET, "HS256", "flood", expires_in_s=None).encode())
+APP = ClientAuth("token", make_token(SECRET, "HS256", "app", expires_in_s=None).encode())
+
+
 async def raw_connection(port: int, handshake: bool = True,
                          source: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     if handshake:
-        writer.write(encode_command(connect_command()))
+        writer.write(encode_command(connect_command(FLOOD)))
         await writer.drain()
     return reader, writer
 
@@ -84,7 +98,7 @@ async def connection_flood(port: int, count: int, held: list[asyncio.StreamWrite
 
 
 async def open_txn_flood(port: int, total: int, opened: list[int]) -> None:
-    client = await connect("127.0.0.1", port)
+    client = await connect("127.0.0.1", port, auth=FLOOD)
     try:
         for start in range(0, total, 500):
             answers = await asyncio.gather(*(client.new_txn(tc_id=i % 16, ttl_ms=3_600_000)
@@ -95,7 +109,7 @@ async def open_txn_flood(port: int, total: int, opened: list[int]) -> None:
 
 
 async def polite_client(port: int, stop: asyncio.Event, latencies: list[float], failures: list[str]) -> None:
-    client: TcClient = await connect("127.0.0.1", port)
+    client: TcClient = await connect("127.0.0.1", port, auth=APP)
     try:
         while not stop.is_set():
             started = time.perf_counter()
@@ -119,7 +133,9 @@ async def polite_client(port: int, stop: asyncio.Event, latencies: list[float], 
 
 async def run(seconds: float, store: str, limit: MemoryLimit | None) -> int:
     with tempfile.TemporaryDirectory(prefix="tc-hostile-") as workdir:
-        server = TcServerProcess(Path(workdir) / "data", store=store)
+        key = "data:;base64," + base64.b64encode(SECRET).decode()
+        server = TcServerProcess(Path(workdir) / "data", "--authentication-providers", "token",
+                                 "--token-secret-key", key, store=store)
         if limit is not None:
             server.command = limit.wrap(server.command)
         server.start()
@@ -156,7 +172,8 @@ async def run(seconds: float, store: str, limit: MemoryLimit | None) -> int:
             except OSError as exc:
                 exposition = f"tc_server_connections_refused_total: /metrics did not answer ({exc!r})"
             refused = [line for line in exposition.splitlines()
-                       if line.startswith("tc_server_connections_refused_total")]
+                       if line.startswith("tc_server_connections_refused_total")
+                       or (line.startswith("tc_server_request_errors_total") and "NotAllowedError" in line)]
         finally:
             for writer in held:
                 writer.close()
