@@ -56,7 +56,7 @@ async def all_pages(app: App, first: str) -> tuple[list[Any], list[int]]:
         sizes.append(len(body))
         link = headers.get("Link")
         path = link[1:link.index(">")] if link else None
-        if link:
+        if path is not None:
             assert urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)["after"] == [headers["X-Next-After"]]
     return bodies, sizes
 
