@@ -21,7 +21,7 @@ from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.metrics import Metrics
-from tc_server.store.api import StoreError
+from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
 
@@ -221,6 +221,31 @@ class AdminRoutes:
         last = (ordered[-1][0], ordered[-1][1]) if more else None
         return paged(json_response(200, found), request, last)
 
+    async def _participant_records(self, coordinator_id: int | None,
+                                   after: tuple[int, int] | None) -> AsyncIterator[Record]:
+        """The participant records of one coordinator (None: each in turn), of txns after ``after``.
+        One range per coordinator: Oxia orders keys with more '/' after those with fewer, so one range
+        from ``pad(0)`` to ``~`` over every coordinator's ``<most>/<least>`` keys finds nothing there."""
+        wanted = range(self._tc.num_partitions) if coordinator_id is None else (coordinator_id,)
+        for tc_id in wanted:
+            if after is not None and tc_id < after[0]:
+                continue
+            start, end = layout.participants_by_coordinator_range(tc_id)
+            if after is not None and tc_id == after[0]:
+                # The index key is the txn id, padded (layout.participants_by_coordinator_key): the next id on.
+                start = layout.participants_by_coordinator_key(tc_id, after[1] + 1)
+            async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+                yield record
+
+    @staticmethod
+    async def _counted_records(records: AsyncIterator[Record]) -> AsyncIterator[Record]:
+        seen = 0
+        async for record in records:
+            seen += 1
+            if seen % LISTING_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            yield record
+
     @staticmethod
     async def _counted(
         headers: AsyncIterator[tuple[int, int, TxnHeader, int]]
@@ -251,67 +276,79 @@ class AdminRoutes:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
         docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
         decision, when it was decided, and the participants still to be told. One page in txn id order
-        (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed where they are found."""
+        (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed first on the first page."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
         if coordinator_id is not None and coordinator_id >= self._tc.num_partitions:
             return json_response(404, {"reason": f"no transaction coordinator {coordinator_id}"})
         limit, after = page_parameters(request)
-        start, end = layout.participants_by_coordinator_range(coordinator_id)
-        if after is not None:
-            # The index key is the txn id, padded (layout.participants_by_coordinator_key): start at the next id.
-            start = max(start, layout.participants_by_coordinator_key(after[0], after[1] + 1))
-        found: list[dict[str, object]] = []
-        full_at: tuple[int, int] | None = None  # the page filled up with this txn: the next starts after it
-        # The index is in txn id order, so one txn's records are adjacent: only the current txn is held.
-        current: tuple[int, int] | None = None
-        participants: list[dict[str, str]] = []
+        # Oxia scans shard after shard, each in index order, so the stream is not in txn id order overall;
+        # one txn's records come together (one partition key: one shard). The page is the `limit` smallest
+        # decided txns above `after`: a max-heap of limit + 1 ids (one more tells that more follow) and
+        # their documents. A txn's header is read when it would enter the heap (still OPEN: left out).
+        heap: list[tuple[int, int]] = []  # (-most, -least)
+        chosen: dict[tuple[int, int], dict[str, object]] = {}
+        left_out: tuple[int, int] | None = None  # the last txn found still OPEN (its other records follow)
+        unreadable: list[dict[str, object]] = []
         async with self._listing_scans:
-            async for record in self._tc.store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
+            async for record in self._counted_records(self._participant_records(coordinator_id, after)):
                 try:
                     txn = layout.parse_participant_path(record.key)
                     participant = layout.Participant.from_json(record.value)
                 except ValueError as exc:
-                    if len(found) < limit:  # damage, listed where it is found (never more than a page)
-                        found.append({"txnId": None, "participants": [{"key": record.key, "unreadable": str(exc)}]})
+                    if after is None and len(unreadable) < limit:  # damage: on the first page, at most a page
+                        unreadable.append({"txnId": None, "participants": [{"key": record.key,
+                                                                             "unreadable": str(exc)}]})
                     continue
-                if txn != current:
-                    if current is not None:
-                        await self._add_undelivered(found, current, participants)
-                        if len(found) >= limit:
-                            full_at = current
-                            break
-                    current, participants = txn, []
                 entry = {"topic": participant.topic}
                 if participant.subscription is not None:
                     entry["subscription"] = participant.subscription
+                doc = chosen.get(txn)
+                if doc is None:
+                    if txn == left_out or (len(heap) > limit and txn > (-heap[0][0], -heap[0][1])):
+                        continue
+                    doc = await self._undelivered_doc(txn)
+                    if doc is None:
+                        left_out = txn
+                        continue
+                    if len(heap) > limit:
+                        most, least = heapq.heapreplace(heap, (-txn[0], -txn[1]))
+                        del chosen[(-most, -least)]
+                    else:
+                        heapq.heappush(heap, (-txn[0], -txn[1]))
+                    chosen[txn] = doc
+                participants = doc["participants"]
+                assert isinstance(participants, list)
                 participants.append(entry)
-            else:
-                if current is not None:
-                    await self._add_undelivered(found, current, participants)
+        more = len(heap) > limit
+        if more:
+            most, least = heapq.heappop(heap)
+            del chosen[(-most, -least)]
+        ordered = sorted(chosen)
+        found = unreadable + [chosen[txn] for txn in ordered]
+        full_at = ordered[-1] if more else None
         return paged(json_response(200, found), request, full_at)
 
-    async def _add_undelivered(self, found: list[dict[str, object]], txn: tuple[int, int],
-                               participants: list[dict[str, str]]) -> None:
-        """Append the txn to ``found`` unless it is still OPEN (nothing to deliver yet)."""
+    async def _undelivered_doc(self, txn: tuple[int, int]) -> dict[str, object] | None:
+        """The listing's document of a txn with participant records (participants still to add); None
+        while it is OPEN (not decided yet: nothing to deliver)."""
         most, least = txn
-        doc: dict[str, object] = {"txnId": txn_id(most, least), "participants": participants}
+        doc: dict[str, object] = {"txnId": txn_id(most, least), "participants": []}
         header = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
-        if header is not None:
-            try:
-                parsed = TxnHeader.from_json(header.value)
-            except ValueError:
-                log.warning("unreadable txn header", txn=txn_id(most, least))
-                doc["status"] = "unreadable header"
-                found.append(doc)
-                return
-            if parsed.state is TxnState.OPEN:
-                return  # not decided yet: nothing to deliver
-            doc["status"] = parsed.state.value
-            doc["finalizedTimestamp"] = parsed.finalized_ms
-        else:
+        if header is None:
             doc["status"] = None  # no header: delivered as ABORTED (docs/participants.md)
-        found.append(doc)
+            return doc
+        try:
+            parsed = TxnHeader.from_json(header.value)
+        except ValueError:
+            log.warning("unreadable txn header", txn=txn_id(most, least))
+            doc["status"] = "unreadable header"
+            return doc
+        if parsed.state is TxnState.OPEN:
+            return None
+        doc["status"] = parsed.state.value
+        doc["finalizedTimestamp"] = parsed.finalized_ms
+        return doc
 
 
 def _or_minus_one(value: int | None) -> int:
