@@ -202,6 +202,8 @@ class CoordinatorPartition:
     def adopt_one(self, least: int, deadline_ms: int, owner: str | None) -> None:
         """Track one OPEN txn found in the deadline index: only its deadline and owner are kept (the
         recovery scan streams every open txn through here; call :meth:`finish_adopting` after)."""
+        if self._stopped:
+            return  # stepped down during the scan: the owners' counts are the next leader's
         if least not in self._open:
             self._track(least, deadline_ms)
         if owner is not None and least not in self._owners:
@@ -273,7 +275,7 @@ class CoordinatorPartition:
         # timeout) the header may exist, and it must still be aborted on time. If it does not
         # exist, the timeout finds nothing and forgets the id.
         self._track(least, header.deadline_ms)
-        if owner is not None:
+        if owner is not None and not self._stopped:  # stopped: stop() already handed the counts back
             # Counted from here, not only once the write lands: otherwise a principal's concurrent
             # NEW_TXNs all pass the check before the first write lands. It leaves the count with
             # the open set (_forget), also when the write failed and the timeout forgets the id.

@@ -84,3 +84,23 @@ async def test_recovered_open_txns_are_served_and_time_out_as_before() -> None:
         await store.close()
     # Stepping down gave every count back: the next leader counts them.
     assert second.open_by_principal.snapshot() == {}
+
+
+async def test_a_partition_that_stepped_down_counts_nothing_more() -> None:
+    """A coordinator lost while the recovery scan streams into it (or while a NEW_TXN waits for an id)
+    must not add to the counts its stop() handed back: they would never be released."""
+    store = MemoryStore(MemoryBackend())
+    tc = make(store, FakeClock(), max_open_txns_per_principal=10)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        partition = tc.partition(2)
+        await partition.new_txn(LONG_MS, "alice")
+        assert tc.open_by_principal.snapshot() == {"alice": 1}
+        await partition.stop()
+        assert tc.open_by_principal.snapshot() == {}
+        partition.adopt_one(123, FakeClock().now + LONG_MS, "alice")
+        assert tc.open_by_principal.snapshot() == {}
+    finally:
+        await tc.stop()
+        await store.close()
