@@ -1,9 +1,10 @@
-"""The official Java client (org.apache.pulsar:pulsar-client 4.x) against ``tc-server run --workers 2``:
-its service URL is the port both workers share; it finds each coordinator's worker by LOOKUP
-(tc_server/workers.py) and keeps committing while a worker is killed with SIGKILL and restarted by
-the supervisor (tc_server/supervisor.py).
+"""The official Java client (org.apache.pulsar:pulsar-client 4.x) and Go client against ``tc-server run
+--workers 2``: their service URL is the port both workers share; they find each coordinator's worker by
+LOOKUP (tc_server/workers.py); the Java client keeps committing while a worker is killed with SIGKILL and
+restarted by the supervisor (tc_server/supervisor.py).
 
-Built by `make interop-java`; the scenarios are in tests/interop/java (TcInterop.java).
+Built by `make interop-java` / `make interop-go`; the scenarios are in tests/interop/java (TcInterop.java)
+and tests/interop/go/main.go.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.interop.conftest import COORDINATORS, Harness, RunningHarness, TcServer
+from tests.interop.conftest import COORDINATORS, Harness, HarnessRun, RunningHarness, TcServer
 
 pytestmark = [pytest.mark.java, pytest.mark.slow]
 
@@ -30,17 +31,12 @@ def header(server: TcServer, most: int, least: int) -> tuple[int, Any]:
                            worker=most % WORKERS)
 
 
-def test_java_client_uses_every_coordinator_through_the_shared_port(java_harness: Harness,
-                                                                     tc_server_factory: Any) -> None:
-    server = tc_server_factory(extra_args=["--workers", str(WORKERS)]).start()
-    run = java_harness.run("concurrent", service_url=server.url, count=400)
-    result = run.result
-    assert result["coordinators"] == COORDINATORS
-    assert None not in result["handler_connections"]
+def check_spread(run: HarnessRun, server: TcServer, count: int) -> None:
+    """Every txn succeeded, every coordinator was used, and each header is in its coordinator's worker's
+    store (each worker has its own: a header found there was written by that worker)."""
     txns = run.events("txn")
-    assert len(txns) == 400 and all(t["outcome"] == "ok" for t in txns), run.stderr_tail()
+    assert len(txns) == count and all(t["outcome"] == "ok" for t in txns), run.stderr_tail()
     assert {t["most"] for t in txns} == set(range(COORDINATORS))
-    # Each worker has its own store: a header found at coordinator i's worker was written by that worker.
     wrong = []
     for t in txns:
         want = "COMMITTED" if t["action"] == "commit" else "ABORTED"
@@ -48,6 +44,22 @@ def test_java_client_uses_every_coordinator_through_the_shared_port(java_harness
         if code != 200 or body["status"] != want:
             wrong.append((t, code, body))
     assert not wrong, wrong[:5]
+
+
+def test_java_client_uses_every_coordinator_through_the_shared_port(java_harness: Harness,
+                                                                     tc_server_factory: Any) -> None:
+    server = tc_server_factory(extra_args=["--workers", str(WORKERS)]).start()
+    run = java_harness.run("concurrent", service_url=server.url, count=400)
+    assert run.result["coordinators"] == COORDINATORS
+    assert None not in run.result["handler_connections"]
+    check_spread(run, server, 400)
+
+
+@pytest.mark.golang
+def test_go_client_uses_every_coordinator_through_the_shared_port(go_harness: Harness,
+                                                                   tc_server_factory: Any) -> None:
+    server = tc_server_factory(extra_args=["--workers", str(WORKERS)]).start()
+    check_spread(go_harness.run("concurrent", service_url=server.url, count=400), server, 400)
 
 
 def test_java_client_keeps_committing_while_a_worker_is_killed(
