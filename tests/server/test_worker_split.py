@@ -1,0 +1,93 @@
+"""The static split of ``--workers N`` (tc_server/workers.py) and its settings checks, without processes:
+which coordinators, ports, URL and store directory worker k gets, and which data directories refuse
+which N. The processes themselves: tests/server/test_workers.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tc_server.config import ConfigError, Settings, load_settings
+from tc_server.workers import WORKERS_FILE, WorkerCountMismatch, WorkerRole, check_worker_count
+
+
+def test_worker_k_gets_its_coordinators_ports_url_and_store() -> None:
+    settings = Settings(listen="0.0.0.0:6650", admin_listen="0.0.0.0:8080", workers=2, coordinators=5,
+                        data_dir="/srv/tc")
+    role = WorkerRole.of(settings, 1)
+    assert role.coordinators == {1, 3}
+    assert (role.settings.listen, role.settings.admin_listen) == ("0.0.0.0:6652", "0.0.0.0:8082")
+    assert role.settings.advertised_url == "pulsar://127.0.0.1:6652"
+    assert role.settings.data_dir == "/srv/tc/worker-1-of-2"
+    assert (role.service_listen, role.service_url) == ("0.0.0.0:6650", "pulsar://127.0.0.1:6650")
+    assert role.urls == {0: "pulsar://127.0.0.1:6651", 1: "pulsar://127.0.0.1:6652", 2: "pulsar://127.0.0.1:6651",
+                         3: "pulsar://127.0.0.1:6652", 4: "pulsar://127.0.0.1:6651"}
+    assert role.gc_coordinator == 1  # its own store: it collects it itself
+
+
+def test_an_advertised_url_gives_each_worker_its_host_and_its_own_port() -> None:
+    settings = Settings(listen="[::1]:7000", advertised_url="pulsar://tc.example:7000", workers=3, coordinators=16)
+    role = WorkerRole.of(settings, 2)
+    assert role.settings.listen == "[::1]:7003"
+    assert role.settings.advertised_url == "pulsar://tc.example:7003"
+    assert role.service_url == "pulsar://tc.example:7000"
+
+
+def test_on_oxia_the_workers_share_the_store_and_one_gc() -> None:
+    settings = Settings(store="oxia", workers=2, data_dir="/srv/tc")
+    role = WorkerRole.of(settings, 1)
+    assert role.settings.data_dir == "/srv/tc"
+    assert role.gc_coordinator == 0
+
+
+def test_a_worker_index_outside_the_workers_is_refused() -> None:
+    with pytest.raises(ConfigError, match="worker index 2 outside 0..1"):
+        WorkerRole.of(Settings(workers=2), 2)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ({"workers": "0"}, "workers: must be between 1 and 256"),
+    ({"workers": "5", "coordinators": "4"}, "workers: must be at most coordinators"),
+    ({"workers": "2", "listen": "127.0.0.1:0"}, "listen: must be a fixed port"),
+    ({"workers": "2", "listen": ""}, "listen: must be a fixed port"),
+    ({"workers": "2", "admin_listen": "127.0.0.1:0"}, "admin_listen: must be a fixed port"),
+    ({"workers": "3", "listen": "127.0.0.1:65533"}, "listen: its port \\+ 3"),
+    ({"workers": "2", "tls_listen": "127.0.0.1:6651", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
+     "tls_listen: a TLS listener per worker is not built"),
+])
+def test_settings_that_cannot_make_workers_are_refused(flags: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_settings(flags=flags, environ={})
+
+
+def test_the_environment_sets_workers() -> None:
+    assert load_settings(environ={"TC_SERVER_WORKERS": "2"}).workers == 2
+
+
+def test_a_data_dir_records_its_workers_and_refuses_another_count(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    check_worker_count(Settings(data_dir=str(data)))  # a fresh directory, one process: nothing recorded
+    assert not (data / WORKERS_FILE).exists()
+    check_worker_count(Settings(data_dir=str(data), workers=2))
+    assert (data / WORKERS_FILE).read_text() == "2\n"
+    check_worker_count(Settings(data_dir=str(data), workers=2))  # the same N again: fine
+    for other in (1, 3):
+        with pytest.raises(WorkerCountMismatch, match=f"holds the stores of --workers 2 but this start asked "
+                                                      f"for --workers {other}"):
+            check_worker_count(Settings(data_dir=str(data), workers=other))
+    # The memory and Oxia stores keep nothing in the directory: no record, no refusal.
+    check_worker_count(Settings(store="memory", data_dir=str(data), workers=3))
+
+
+def test_a_single_process_store_is_workers_1_and_a_damaged_record_is_named(tmp_path: Path) -> None:
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "tc-server.sqlite3").write_bytes(b"")
+    with pytest.raises(WorkerCountMismatch, match="holds the stores of --workers 1"):
+        check_worker_count(Settings(data_dir=str(single), workers=2))
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / WORKERS_FILE).write_text("two²\n")
+    with pytest.raises(WorkerCountMismatch, match="does not hold a number of workers"):
+        check_worker_count(Settings(data_dir=str(damaged), workers=2))
