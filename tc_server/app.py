@@ -69,16 +69,22 @@ class App:
         log.info("stopped")
 
 
-def cannot_bind(setting: str, address: str, exc: OSError) -> OSError:
+def cannot_bind(setting: str, address: str, exc: OSError, derived: str = "") -> OSError:
     """A bind failure that names the address and the setting that chose it; the CLI prints it after
-    "cannot start: " (e.g. ``address already in use: 0.0.0.0:6650 (--listen / TC_SERVER_LISTEN)``)."""
+    "cannot start: " (e.g. ``address already in use: 0.0.0.0:6650 (--listen / TC_SERVER_LISTEN)``).
+    ``derived``: how the port follows from the setting (a worker's: ``worker 1: port + 2 of ``)."""
     # A name that does not resolve is a socket.gaierror, whose errno is no errno (os.strerror(-2)
     # would say "unknown error -2"): its own text says what happened.
     if isinstance(exc, socket.gaierror) or not exc.errno:
         reason = f"cannot resolve the host ({exc.strerror or exc})" if isinstance(exc, socket.gaierror) else str(exc)
     else:
         reason = os.strerror(exc.errno).lower()
-    return OSError(f"{reason}: {address} (--{setting.replace('_', '-')} / {ENV_PREFIX}{setting.upper()})")
+    return OSError(f"{reason}: {address} ({derived}--{setting.replace('_', '-')} / {ENV_PREFIX}{setting.upper()})")
+
+
+def worker_port_of(worker: WorkerRole | None) -> str:
+    """How a worker's own ports follow from the settings, for bind errors (tc_server/workers.py)."""
+    return "" if worker is None else f"worker {worker.index}: port + {1 + worker.index} of "
 
 
 def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
@@ -173,7 +179,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             try:
                 bound = listener.bind()
             except OSError as exc:
-                raise cannot_bind("listen", settings.listen, exc) from exc
+                raise cannot_bind("listen", settings.listen, exc, worker_port_of(worker)) from exc
             advertised = settings.advertised_url or advertised_url_for(host, bound)
         tls_listener, advertised_tls = None, None
         if settings.tls_listen:
@@ -245,7 +251,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         try:
             await admin.start()
         except OSError as exc:
-            raise cannot_bind("admin_listen", settings.admin_listen, exc) from exc
+            raise cannot_bind("admin_listen", settings.admin_listen, exc, worker_port_of(worker)) from exc
     except BaseException:
         if coordinator is not None:  # it campaigns in the background: stop it before its store goes
             await coordinator.stop()

@@ -201,8 +201,9 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path
         code = server.proc.wait(RESTART_BOUND_S)
     assert code == 2, server.log_tail()
     last = server.log_tail(1).splitlines()[-1]
-    assert last.startswith("tc-server: worker 1 of 2 failed to start 3 times in a row: cannot start: "
-                           "address already in use"), server.log_tail()
+    want = ("tc-server: worker 1 of 2 failed to start 3 times in a row: cannot start: address already in use: "
+            f"127.0.0.1:{server.port + 2} (worker 1: port + 2 of --listen / TC_SERVER_LISTEN)")
+    assert last == want, server.log_tail()
 
 
 def test_workers_need_fixed_ports(tmp_path: Path) -> None:
