@@ -58,10 +58,13 @@ STDERR_TAIL = 8192
 
 
 def follow_supervisor() -> None:
-    """In a worker: get SIGTERM when the supervisor dies (even by SIGKILL), so no worker outlives it
-    holding the ports and the stores; exit at once if it is already gone (Linux prctl)."""
+    """In a worker: be killed (SIGKILL) when the supervisor dies, by whatever means, so no worker outlives
+    it holding the ports and the store locks; exit at once if it is already gone (Linux prctl). SIGKILL,
+    not SIGTERM: a supervisor started again at once (systemd, Kubernetes) must find the ports and the
+    stores free, not held by workers still draining; a kill loses nothing acknowledged (the embedded store
+    fsyncs before it answers), as a single process's kill -9."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(1)
 
@@ -120,8 +123,11 @@ class Supervisor:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         while not self._stopping.is_set():
             worker.ready = worker.ready_since_start = False
+            # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
+            # in order (a worker that stopped on its own would look like one to restart).
             worker.proc = await asyncio.create_subprocess_exec(
-                *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
             if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
                 worker.proc.send_signal(signal.SIGTERM)

@@ -153,6 +153,23 @@ async def test_a_killed_worker_is_restarted_and_its_decisions_stay(tmp_path: Pat
     assert not any(_alive(pid) for pid in pids), "SIGTERM to the supervisor stops every worker"
 
 
+async def test_a_killed_supervisor_takes_its_workers_along_and_starts_again(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path))
+    try:
+        committed = await commit_on_every_coordinator(server, per_coordinator=2)
+        _, ready = server.get_json("/readyz")
+        pids = [w["pid"] for w in ready["workers"]]
+        # SIGKILL to the supervisor, then at once a new one on the same ports and data directory: the
+        # kernel killed the old workers with it, so nothing holds the ports or the stores' locks.
+        server.restart()
+        assert not any(_alive(pid) for pid in pids)
+        for most, least in committed:
+            assert header_status(server, most, least) == "COMMITTED", (most, least)
+        assert len(await commit_on_every_coordinator(server, per_coordinator=1)) == COORDINATORS
+    finally:
+        assert server.stop() == 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
