@@ -171,12 +171,16 @@ class TransactionCoordinator:
 
     @property
     def ready(self) -> bool:
-        """Every partition this instance may lead has a known leader (this instance or another); with
-        no campaign limit that is every partition."""
+        """Every partition has a known leader (this instance or another); a worker of --workers N: every
+        partition of its share is led by it or by another instance."""
         campaign = self.config.campaign
         if campaign is None:
             return len(self._election.leaders) == self.config.partitions
-        return all(tc_id in self._election.leaders for tc_id in campaign)
+        # A worker restarted on Oxia finds its predecessor's records (its own URL, another session) until
+        # that session expires: those coordinators are not served yet, so it is not ready.
+        own = self.config.advertised_url
+        return all(tc_id in self._partitions or self._election.leaders.get(tc_id) not in (None, own)
+                   for tc_id in campaign)
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]

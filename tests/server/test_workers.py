@@ -121,8 +121,15 @@ async def test_every_coordinator_is_served_through_the_one_service_url(
         assert server.stop() == 0
 
 
-async def test_a_killed_worker_is_restarted_and_its_decisions_stay(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path, "--id-block-size", "10"))
+@pytest.mark.parametrize("store", ["embedded", "oxia-standin"])
+async def test_a_killed_worker_is_restarted_and_its_decisions_stay(store: str, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
+    if store == "oxia-standin":
+        # The killed worker's leader records stay until its Oxia session expires: a short one.
+        server = started(workers_server(tmp_path, "--id-block-size", "10", "--oxia-session-timeout-ms", "2000",
+                                        "--oxia-address", request.getfixturevalue("oxia_address"), store="oxia"))
+    else:
+        server = started(workers_server(tmp_path, "--id-block-size", "10"))
     try:
         committed = await commit_on_every_coordinator(server, per_coordinator=5)
         _, ready = server.get_json("/readyz")
