@@ -243,7 +243,8 @@ class Settings:
 
     def _validate_workers(self, check: Callable[[bool, str, str], None]) -> None:
         """--workers N > 1 derives each worker's ports from --listen and --admin-listen (port + 1 + k), so
-        those must be fixed ports; TLS listeners per worker are not built (README, "Several cores")."""
+        those must be fixed ports; TLS listeners and HTTPS admin ports per worker are not built (README,
+        "Several cores")."""
         check(1 <= self.workers <= MAX_WORKERS, "workers", f"must be between 1 and {MAX_WORKERS}")
         if self.workers == 1:
             return
@@ -258,6 +259,8 @@ class Settings:
                   f"its port + {self.workers} (the workers' ports) must be at most 65535")
         check(not self.tls_listen, "tls_listen", "a TLS listener per worker is not built: use --workers 1 "
               "with --tls-listen")
+        check(not self.admin_tls, "admin_tls", "an HTTPS admin port per worker is not built: use --workers 1 "
+              "with --admin-tls")
 
     def _validate_security(self) -> None:
         """Shapes only: key files and certificates are read at start (tc_server/auth), and secret values

@@ -55,6 +55,8 @@ def test_a_worker_index_outside_the_workers_is_refused() -> None:
     ({"workers": "3", "listen": "127.0.0.1:65533"}, "listen: its port \\+ 3"),
     ({"workers": "2", "tls_listen": "127.0.0.1:6651", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
      "tls_listen: a TLS listener per worker is not built"),
+    ({"workers": "2", "admin_tls": "true", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
+     "admin_tls: an HTTPS admin port per worker is not built"),
 ])
 def test_settings_that_cannot_make_workers_are_refused(flags: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
