@@ -635,9 +635,12 @@ def participants_by_coordinator_key(most: int, least: int) -> str:
 
 
 def participants_by_coordinator_range(most: int | None = None) -> IndexRange:
-    """Every participant record of coordinator ``most`` (of every coordinator when None)."""
+    """Every participant record of coordinator ``most`` (of every coordinator when None).
+
+    Both bounds have one ``/``, as every key ``<most>/<least>`` does: Oxia orders keys with more ``/``
+    after those with fewer (docs/record-layout.md, "Ranges"), so ``pad(0)`` to ``~`` holds none of them."""
     if most is None:
-        return pad(0), INDEX_END
+        return f"{pad(0)}/{pad(0)}", f"{INDEX_END}/{INDEX_END}"
     return f"{pad(most)}/", f"{pad(most)}/{INDEX_END}"
 
 
