@@ -11,15 +11,15 @@ and with no index entry at all: in every case GC must keep the header and publis
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from tc_server.coordinator import layout
-from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
-from tc_server.coordinator.sweeps import collect_garbage
+from tc_server.coordinator.layout import OpKind, Participant, TxnHeader, TxnOp, TxnState
+from tc_server.coordinator.sweeps import GC_PAGE, collect_garbage
 from tc_server.metrics import Metrics
-from tc_server.store.api import MetadataStore
+from tc_server.store.api import Delete, MetadataStore, Put, WriteResult
 
 SEGMENT = "segment://public/default/orders/0"
 CREATED_MS = 1_795_447_209_230
@@ -113,3 +113,78 @@ async def test_gc_waits_for_the_retention(store: MetadataStore) -> None:
     result = await collect_garbage(store, Metrics("gc-safety"), FINALIZED_MS + 1000, RETENTION_S)
     assert (result.deleted, result.republished) == (0, 0)
     assert await store.get(layout.header_path(3, 0), partition_key="3_0") is not None
+
+
+# -- GC handles its candidates a page at a time (sweeps.GC_PAGE): one participants-index scan per
+# coordinator, one op-record check, one write_batch of deletes per page. These cases sit on the edges.
+
+
+async def put_participant(store: MetadataStore, most: int, least: int) -> None:
+    """A participant record as ADD_PARTITION_TO_TXN writes it (partition.py), index entry included."""
+    participant = Participant("persistent://public/default/orders-partition-0")
+    await store.put(participant.path(most, least), participant.to_json(), partition_key=layout.txn_key(most, least),
+                    secondary_indexes={layout.IDX_PARTICIPANTS_BY_COORDINATOR:
+                                       layout.participants_by_coordinator_key(most, least)})
+
+
+async def headers_left(store: MetadataStore, ids: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    return {(most, least) for most, least in ids
+            if await store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))}
+
+
+async def test_gc_pages_keep_exactly_the_headers_with_participant_or_op_records(store: MetadataStore) -> None:
+    # More candidates than one page, over two coordinators whose padded ids share no prefix trap (1
+    # and 10): the kept txns sit on both sides of the first page boundary and at both ends of a
+    # coordinator's id span, where the per-coordinator index range starts and ends.
+    ids = [(1, least) for least in range(GC_PAGE + 20)] + [(10, least) for least in range(1, 40)]
+    for most, least in ids:
+        await put_header(store, most, least, TxnState.COMMITTED if least % 2 else TxnState.ABORTED)
+    with_participants = [(1, 0), (1, GC_PAGE - 1), (1, GC_PAGE), (1, GC_PAGE + 19), (10, 1), (10, 39)]
+    for most, least in with_participants:
+        await put_participant(store, most, least)
+    await put_participant(store, 10, 40)  # a txn that is no candidate (no header): changes nothing
+    await put_op(store, 1, GC_PAGE + 1, "no-index")
+
+    result = await collect_garbage(store, Metrics("gc-safety"), AFTER_RETENTION_MS, RETENTION_S)
+
+    assert await headers_left(store, ids) == {*with_participants, (1, GC_PAGE + 1)}
+    assert (result.deleted, result.undelivered, result.republished, result.outstanding_ops) == (
+        len(ids) - len(with_participants) - 1, len(with_participants), 1, 1)
+
+
+async def test_gc_keeps_a_header_that_changed_between_the_check_and_the_delete(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deletes are conditional on the version GC scanned: a header written again after the scan
+    # (here just before the page's write_batch reaches the store, as a concurrent writer would) stays,
+    # and the rest of the batch still goes.
+    for least in range(3):
+        await put_header(store, 4, least, TxnState.COMMITTED)
+    write_batch = store.write_batch
+
+    async def header_rewritten_first(ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        monkeypatch.setattr(store, "write_batch", write_batch)
+        await put_header(store, 4, 1, TxnState.COMMITTED)
+        return await write_batch(ops)
+
+    monkeypatch.setattr(store, "write_batch", header_rewritten_first)
+    result = await collect_garbage(store, Metrics("gc-safety"), AFTER_RETENTION_MS, RETENTION_S)
+
+    assert await headers_left(store, [(4, 0), (4, 1), (4, 2)]) == {(4, 1)}
+    assert result.deleted == 2
+    # The next pass sees the new version and collects it.
+    result = await collect_garbage(store, Metrics("gc-safety"), AFTER_RETENTION_MS, RETENTION_S)
+    assert (result.deleted, await headers_left(store, [(4, 1)])) == (1, set())
+
+
+async def test_gc_keeps_every_header_of_a_page_when_an_op_record_is_indexed_only(store: MetadataStore) -> None:
+    # An op record found only through Pulsar's ops-by-txn index key (its primary key outside the txn's
+    # key range) still keeps its txn's header: the page falls back to each candidate's own checks.
+    await put_header(store, 5, 1, TxnState.COMMITTED)
+    await put_header(store, 5, 2, TxnState.COMMITTED)
+    op = TxnOp(OpKind.WRITE, SEGMENT, 12, 3)
+    await store.put("/txn/op/elsewhere-5_2", op.to_json(), partition_key="5_2",
+                    secondary_indexes=op.index_entries(5, 2))
+    result = await collect_garbage(store, Metrics("gc-safety"), AFTER_RETENTION_MS, RETENTION_S)
+    assert await headers_left(store, [(5, 1), (5, 2)]) == {(5, 2)}
+    assert (result.deleted, result.republished) == (1, 1)
