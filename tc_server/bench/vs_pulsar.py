@@ -15,6 +15,7 @@ Both servers stay up for the whole benchmark; the load generator shares the mach
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -68,6 +69,22 @@ def run_load(jar: Path, service_url: str, concurrency: int, duration_s: float, w
                client_cpu_us_per_pair=done.client_cpu_us_per_pair, errors=int(result["errors"]))
 
 
+def alternated_runs(jar: Path, targets: dict[str, Target], order: list[str], concurrencies: list[int],
+                    args: argparse.Namespace) -> list[Run]:
+    """The counted ``pair-bench`` runs of ``targets`` (name -> service URL and CPU reader), alternated
+    (java_load.alternated) with the run lengths of ``args`` (load_parser's), each shown as it ends."""
+    print(f"{'server':<10} {'in fl.':>5} {'pairs/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'srv CPU/pair':>12} "
+          f"{'cli CPU/pair':>12} {'errors':>6}   (CPU in us)", flush=True)
+
+    def run(name: str, target: Target, concurrency: int, prime: bool) -> Run:
+        url, cpu = target
+        if prime:
+            return run_load(jar, url, concurrency, args.prime_s, 0.0, cpu, name)
+        return run_load(jar, url, concurrency, args.duration_s, args.warmup_s, cpu, name)
+
+    return alternated(targets, order, concurrencies, args.rounds, args.prime_s, run, print_run)
+
+
 def print_run(run: Run) -> None:
     print(f"{run.server:<10} {run.concurrency:>5} {run.pairs_per_s:>9,.0f} {run.pair_p50_ms:>9.2f} "
           f"{run.pair_p99_ms:>9.2f} {run.server_cpu_us_per_pair:>12.0f} {run.client_cpu_us_per_pair:>12.0f} "
@@ -119,16 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "pulsar": (broker.url, broker.cpu_seconds),
             tc_name: (server.url, server.cpu_seconds),
         }
-        print(f"{'server':<10} {'in fl.':>5} {'pairs/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'srv CPU/pair':>12} "
-              f"{'cli CPU/pair':>12} {'errors':>6}   (CPU in us)", flush=True)
-
-        def run(name: str, target: Target, concurrency: int, prime: bool) -> Run:
-            url, cpu = target
-            if prime:
-                return run_load(jar, url, concurrency, args.prime_s, 0.0, cpu, name)
-            return run_load(jar, url, concurrency, args.duration_s, args.warmup_s, cpu, name)
-
-        runs = alternated(targets, ["pulsar", tc_name], concurrencies, args.rounds, args.prime_s, run, print_run)
+        runs = alternated_runs(jar, targets, ["pulsar", tc_name], concurrencies, args)
         summary(runs, concurrencies, tc_name)
     finally:
         stop_all([server], broker, workdir, args.keep_workdir)

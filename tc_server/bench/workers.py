@@ -24,7 +24,6 @@ from pathlib import Path
 
 from tc_server.bench.java_load import (
     Target,
-    alternated,
     check_harness,
     load_parser,
     medians_of,
@@ -32,7 +31,7 @@ from tc_server.bench.java_load import (
     start_server,
 )
 from tc_server.bench.process import TcServerProcess
-from tc_server.bench.vs_pulsar import Run, print_run, run_load
+from tc_server.bench.vs_pulsar import Run, alternated_runs
 
 FIELDS = ("pairs_per_s", "pair_p50_ms", "pair_p99_ms", "server_cpu_us_per_pair")
 
@@ -77,16 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--workers", str(count), *args.server_arg, store=args.store,
                 log_path=workdir / f"tc-server-{count}.log"))
         targets: dict[str, Target] = {name: (server.url, server.cpu_seconds) for name, server in servers.items()}
-        print(f"{'server':<10} {'in fl.':>5} {'pairs/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'srv CPU/pair':>12} "
-              f"{'cli CPU/pair':>12} {'errors':>6}   (CPU in us)", flush=True)
-
-        def run(name: str, target: Target, concurrency: int, prime: bool) -> Run:
-            url, cpu = target
-            if prime:
-                return run_load(jar, url, concurrency, args.prime_s, 0.0, cpu, name)
-            return run_load(jar, url, concurrency, args.duration_s, args.warmup_s, cpu, name)
-
-        runs = alternated(targets, list(targets), concurrencies, args.rounds, args.prime_s, run, print_run)
+        runs = alternated_runs(jar, targets, list(targets), concurrencies, args)
         summary(runs, concurrencies, list(targets))
     finally:
         for server in servers.values():
