@@ -7,6 +7,7 @@ acknowledges at once); tests/participants/test_real_broker.py drives a real Puls
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -80,16 +81,26 @@ def coordinator(store: MetadataStore, sender: RecordingSender | None = None, par
     return TransactionCoordinator(store, config, Metrics("test"), clock or FakeClock(), participant_sender=sender)
 
 
+@contextlib.asynccontextmanager
+async def led(store: MetadataStore, sender: RecordingSender | None = None,
+              clock: FakeClock | None = None) -> AsyncIterator[TransactionCoordinator]:
+    """A coordinator (see ``coordinator``) started and recovered on ``store``, stopped on the way out."""
+    tc = coordinator(store, sender, clock=clock)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        yield tc
+    finally:
+        await tc.stop()
+
+
 async def records(store: MetadataStore, most: int, least: int) -> dict[str, Participant]:
     return {r.key: Participant.from_json(r.value) async for r in
             store.scan_prefix(layout.participants_prefix(most, least), partition_key=layout.txn_key(most, least))}
 
 
 async def test_add_records_each_participant_once(store: MetadataStore) -> None:
-    tc = coordinator(store)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store) as tc:
         partition = tc.partition(1)
         least = await partition.new_txn(60_000, None)
         await partition.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
@@ -106,16 +117,11 @@ async def test_add_records_each_participant_once(store: MetadataStore) -> None:
         start, end = layout.participants_by_coordinator_range(1)
         indexed = [r.key async for r in store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end)]
         assert sorted(indexed) == sorted((await records(store, 1, least)).keys())
-    finally:
-        await tc.stop()
 
 
 async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) -> None:
     sender = RecordingSender()
-    tc = coordinator(store, sender)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store, sender) as tc:
         partition = tc.partition(0)
         first = await partition.new_txn(60_000, None)
         second = await partition.new_txn(60_000, None)
@@ -135,8 +141,6 @@ async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) 
         assert len(sender.told) == 2
         # A txn without participants has nothing to wait for.
         assert await partition.end_txn(first, commit=False, principal=None) is None
-    finally:
-        await tc.stop()
 
 
 async def test_txns_acknowledged_together_all_lose_their_records(store: MetadataStore) -> None:
@@ -144,10 +148,7 @@ async def test_txns_acknowledged_together_all_lose_their_records(store: Metadata
     brokers of each hear its own decision, every record goes (one batch per txn) and every txn leaves
     the outbox."""
     sender = RecordingSender()
-    tc = coordinator(store, sender)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store, sender) as tc:
         partition = tc.partition(1)
         txns = [await partition.new_txn(60_000, None) for _ in range(20)]
         for least in txns:
@@ -161,8 +162,6 @@ async def test_txns_acknowledged_together_all_lose_their_records(store: Metadata
         assert await eventually(lambda: not partition.undelivered())
         for least in txns:
             assert await records(store, 1, least) == {}
-    finally:
-        await tc.stop()
 
 
 async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:
@@ -198,17 +197,14 @@ async def test_watermark_is_unknown_until_the_outbox_was_scanned(store: Metadata
 
 
 async def test_watermark_is_unknown_until_recovery_and_then_from_the_store(store: MetadataStore) -> None:
-    first = coordinator(store)
-    await first.start()
-    await first.wait_recovered()
-    p = first.partition(0)
-    open_least = await p.new_txn(60_000, None)
-    undelivered_least = await p.new_txn(60_000, None)
-    await p.add_participants(undelivered_least, None, [Participant(TOPIC)])
-    await p.end_txn(undelivered_least, commit=True, principal=None)
-    await p.end_txn(open_least, commit=False, principal=None)  # ended, no participants: not held
-    open_later = await p.new_txn(60_000, None)
-    await first.stop()
+    async with led(store) as first:
+        p = first.partition(0)
+        open_least = await p.new_txn(60_000, None)
+        undelivered_least = await p.new_txn(60_000, None)
+        await p.add_participants(undelivered_least, None, [Participant(TOPIC)])
+        await p.end_txn(undelivered_least, commit=True, principal=None)
+        await p.end_txn(open_least, commit=False, principal=None)  # ended, no participants: not held
+        open_later = await p.new_txn(60_000, None)
 
     second = coordinator(store)  # a new leader: memory is empty, the store is not
     await second.start()
@@ -223,22 +219,16 @@ async def test_watermark_is_unknown_until_recovery_and_then_from_the_store(store
 
 
 async def test_outbox_is_redriven_when_a_coordinator_is_led_again(store: MetadataStore) -> None:
-    first = coordinator(store)  # no upstream: the decision cannot be delivered, the records wait
-    await first.start()
-    await first.wait_recovered()
-    p = first.partition(1)
-    still_open = await p.new_txn(60_000, None)
-    least = await p.new_txn(60_000, None)
-    await p.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
-    await p.end_txn(least, commit=False, principal=None)
-    await first.stop()
+    async with led(store) as first:  # no upstream: the decision cannot be delivered, the records wait
+        p = first.partition(1)
+        still_open = await p.new_txn(60_000, None)
+        least = await p.new_txn(60_000, None)
+        await p.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
+        await p.end_txn(least, commit=False, principal=None)
     assert len(await records(store, 1, least)) == 2
 
     sender = RecordingSender()
-    second = coordinator(store, sender)
-    await second.start()
-    try:
-        await second.wait_recovered()
+    async with led(store, sender) as second:
         assert await eventually(lambda: len(sender.told) == 2)
         assert {(t.most, t.least, t.committed) for t in sender.told} == {(1, least, False)}
         assert sorted(t.participant.subscription or "" for t in sender.told) == ["", "sub"]
@@ -246,15 +236,10 @@ async def test_outbox_is_redriven_when_a_coordinator_is_led_again(store: Metadat
         assert all(t.low_watermark < still_open for t in sender.told)
         assert await eventually(lambda: not second.partition(1).undelivered())
         assert await records(store, 1, least) == {}
-    finally:
-        await second.stop()
 
 
 async def test_gc_keeps_a_header_while_participant_records_remain(store: MetadataStore) -> None:
-    tc = coordinator(store)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store) as tc:
         p = tc.partition(0)
         least = await p.new_txn(60_000, None)
         await p.add_participants(least, None, [Participant(TOPIC)])
@@ -267,8 +252,6 @@ async def test_gc_keeps_a_header_while_participant_records_remain(store: Metadat
             await store.delete(key, partition_key=layout.txn_key(0, least))
         result = await collect_garbage(store, tc.metrics, far_future, retention_s=0)
         assert result.deleted == 1
-    finally:
-        await tc.stop()
 
 
 async def test_scalable_add_records_nothing_and_classic_add_does(tmp_path: Path) -> None:
@@ -338,27 +321,19 @@ async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp
 
 
 async def test_empty_names_are_refused_before_anything_is_written(store: MetadataStore) -> None:
-    tc = coordinator(store)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store) as tc:
         p = tc.partition(0)
         least = await p.new_txn(60_000, None)
         for bad in (Participant(""), Participant(" "), Participant(TOPIC, "")):
             with pytest.raises(NotAllowed, match="empty topic or subscription name"):
                 await p.add_participants(least, None, [Participant(OTHER), bad])
         assert await records(store, 0, least) == {}
-    finally:
-        await tc.stop()
 
 
 async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataStore) -> None:
     sender = RecordingSender()
     clock = FakeClock()
-    tc = coordinator(store, sender, clock=clock)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store, sender, clock=clock) as tc:
         p = tc.partition(0)
         timed_out = await p.new_txn(5_000, None)
         await p.add_participants(timed_out, None, [Participant(TOPIC)])
@@ -371,8 +346,6 @@ async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataS
         assert sorted((t.least, t.participant.topic, t.committed) for t in sender.told) == [
             (timed_out, TOPIC, False), (forced, OTHER, False)]
         assert await eventually(lambda: not p.undelivered())
-    finally:
-        await tc.stop()
 
 
 class FailingOnceSender(RecordingSender):
@@ -393,10 +366,7 @@ class FailingOnceSender(RecordingSender):
 async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partition_module, "OUTBOX_RETRY_MAX_S", 0.05)
     sender = FailingOnceSender()
-    tc = coordinator(store, sender)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store, sender) as tc:
         p = tc.partition(0)
         least = await p.new_txn(60_000, None)
         await p.add_participants(least, None, [Participant(TOPIC)])
@@ -404,16 +374,11 @@ async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, mo
         assert await eventually(lambda: len(sender.told) == 1)
         assert await eventually(lambda: not p.undelivered())
         assert await records(store, 0, least) == {}
-    finally:
-        await tc.stop()
 
 
 async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> None:
     store = await open_store("memory", data_dir="")
-    tc = coordinator(store)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with led(store) as tc:
         p = tc.partition(1)
         oldest = await p.new_txn(60_000, None)
         for _ in range(3000):  # enough for the stale heap entries to be rebuilt away
@@ -422,6 +387,4 @@ async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> No
         await p.end_txn(oldest, commit=False, principal=None)
         newest = await p.new_txn(60_000, None)
         assert p.low_watermark() == newest - 1
-    finally:
-        await tc.stop()
         await store.close()
