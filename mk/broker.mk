@@ -21,18 +21,23 @@ $(BROKER_STAMP): $(BROKER_POM)
 	@command -v mvn >/dev/null || { echo "error: mvn not found; resolving the Pulsar broker needs Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
 	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
 	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "error: java is version '$$v'; the Pulsar broker needs Java 17+" >&2; exit 1; }
-	@# Into a fresh directory, then renamed: an interrupted download never looks like a complete one,
-	@# and jars of an older POM never linger on the class path.
-	@# Maven 3.8's -q still writes bare colour resets (ESC[0m) to the terminal, so its output goes to a
-	@# log that is shown only when it fails.
-	rm -rf $(BROKER_LIB) $(BROKER_LIB).partial
-	@mkdir -p $(BROKER_CACHE)
-	@mvn -q -B -Dstyle.color=never -f $(BROKER_POM) package -Dbroker.lib.dir=$(abspath $(BROKER_LIB).partial) \
-	    > $(BROKER_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER_CACHE)/mvn.log >&2; \
-	    echo "error: resolving the Pulsar broker with Maven failed (log above, $(BROKER_CACHE)/mvn.log)" >&2; exit 1; }
-	mv $(BROKER_LIB).partial $(BROKER_LIB)
-	@echo "pulsar-broker: $$(ls $(BROKER_LIB) | wc -l) jars in $(BROKER_LIB)"
-	@touch $@
+	$(call resolve_broker_lib,$(BROKER_POM),$(BROKER_CACHE),$(BROKER_LIB),Pulsar broker,pulsar-broker)
+
+# $(call resolve_broker_lib,POM,CACHE,LIB,what,name): a broker's runtime jars, resolved by Maven from POM
+# into LIB, then the target's stamp touched (mk/broker5.mk uses it too). Into a fresh directory, then
+# renamed: an interrupted download never looks like a complete one, and jars of an older POM never
+# linger on the class path. Maven 3.8's -q still writes bare colour resets (ESC[0m) to the terminal, so
+# its output goes to CACHE/mvn.log, shown only when it fails.
+define resolve_broker_lib
+rm -rf $(3) $(3).partial
+@mkdir -p $(2)
+@mvn -q -B -Dstyle.color=never -f $(1) package -Dbroker.lib.dir=$(abspath $(3).partial) \
+    > $(2)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(2)/mvn.log >&2; \
+    echo "error: resolving the $(4) with Maven failed (log above, $(2)/mvn.log)" >&2; exit 1; }
+mv $(3).partial $(3)
+@echo "$(5): $$(ls $(3) | wc -l) jars in $(3)"
+@touch $@
+endef
 
 # tests/e2e drives the broker with the stock clients, so the interop harnesses are built too (mk/interop.mk).
 test-broker: setup pulsar-broker interop-java interop-go

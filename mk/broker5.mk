@@ -26,14 +26,7 @@ TEST_DEPS += pulsar-broker5
 $(BROKER5_STAMP): $(BROKER5_POM)
 	@command -v mvn >/dev/null || { echo "error: mvn not found; resolving the Pulsar 5 broker needs Maven 3.8+ (Debian: apt-get install maven)" >&2; exit 1; }
 	@$(PY) -c 'from tests.v5.broker5 import find_java21; find_java21()' || exit 1
-	rm -rf $(BROKER5_LIB) $(BROKER5_LIB).partial
-	@mkdir -p $(BROKER5_CACHE)
-	@mvn -q -B -Dstyle.color=never -f $(BROKER5_POM) package -Dbroker.lib.dir=$(abspath $(BROKER5_LIB).partial) \
-	    > $(BROKER5_CACHE)/mvn.log 2>&1 || { sed 's/\x1b\[[0-9;]*m//g' $(BROKER5_CACHE)/mvn.log >&2; \
-	    echo "error: resolving the Pulsar 5 broker with Maven failed (log above, $(BROKER5_CACHE)/mvn.log)" >&2; exit 1; }
-	mv $(BROKER5_LIB).partial $(BROKER5_LIB)
-	@echo "pulsar-broker5: $$(ls $(BROKER5_LIB) | wc -l) jars in $(BROKER5_LIB)"
-	@touch $@
+	$(call resolve_broker_lib,$(BROKER5_POM),$(BROKER5_CACHE),$(BROKER5_LIB),Pulsar 5 broker,pulsar-broker5)
 
 # Compiled by the Java 21+ JDK the broker runs on (JAVA_HOME for Maven's compiler), quiet unless it fails.
 $(V5_HARNESS_STAMP): $(V5_HARNESS_DIR)/pom.xml $(shell find $(V5_HARNESS_DIR)/src -name '*.java' 2>/dev/null)
