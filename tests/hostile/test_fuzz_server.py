@@ -200,13 +200,18 @@ class WireClient:
             out.append(decode_command(frame))
         return out
 
-    def handshake(self) -> None:
-        self.send(encode_command(connect_command()), 1)
+    def wait_for(self, kind: type[Command]) -> bool:
+        """Read until a ``kind`` arrives (True), or the bound passes or the server closes (False)."""
         deadline = time.monotonic() + ANSWER_BOUND_S
         while time.monotonic() < deadline and not self.closed:
-            if any(isinstance(cmd, Connected) for cmd in self.read()):
-                return
-        pytest.fail("no CONNECTED")
+            if any(isinstance(cmd, kind) for cmd in self.read()):
+                return True
+        return False
+
+    def handshake(self) -> None:
+        self.send(encode_command(connect_command()), 1)
+        if not self.wait_for(Connected):
+            pytest.fail("no CONNECTED")
 
     def close(self) -> None:
         self.sock.close()
@@ -275,10 +280,7 @@ def test_garbage_is_contained(server: Target, bodies: list[bytes],
         client.handshake()
         client.send(b"".join(encode_frame(body) for body in bodies) + raw_tail, len(bodies) + bool(raw_tail))
         client.send(encode_command(Ping()), 1)
-        deadline = time.monotonic() + ANSWER_BOUND_S
-        while time.monotonic() < deadline and not client.closed:
-            if any(isinstance(cmd, Pong) for cmd in client.read()):
-                break
+        client.wait_for(Pong)
     finally:
         client.close()
     fresh = WireClient(port)
@@ -311,10 +313,7 @@ def test_mutated_frames_are_contained(server: Target, command: Any,
         client.send(bytes(frame), 1)
         if total + 4 == len(frame):  # still one whole frame: a PING after it must be answered
             client.send(encode_command(Ping()), 1)
-            deadline = time.monotonic() + ANSWER_BOUND_S
-            while time.monotonic() < deadline and not client.closed:
-                if any(isinstance(cmd, Pong) for cmd in client.read()):
-                    break
+            client.wait_for(Pong)
     finally:
         client.close()
     assert_server_clean(server)
