@@ -1,8 +1,10 @@
 package org.tcserver.interop;
 
+import static org.tcserver.interop.TcInterop.emit;
+import static org.tcserver.interop.TcInterop.obj;
+
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ExecutionException;
@@ -155,18 +157,5 @@ final class BenchScenarios {
         while ((left = nanoTime - System.nanoTime()) > 0) {
             TimeUnit.NANOSECONDS.sleep(left);
         }
-    }
-
-    private static synchronized void emit(Map<String, Object> line) {
-        System.out.println(Json.write(line));
-        System.out.flush();
-    }
-
-    private static Map<String, Object> obj(Object... keyValues) {
-        Map<String, Object> m = new LinkedHashMap<>();
-        for (int i = 0; i < keyValues.length; i += 2) {
-            m.put((String) keyValues[i], keyValues[i + 1]);
-        }
-        return m;
     }
 }

@@ -25,6 +25,7 @@ import org.apache.pulsar.client.impl.MultiTopicsConsumerImpl;
 import org.apache.pulsar.client.impl.PartitionedProducerImpl;
 import org.apache.pulsar.client.impl.ProducerImpl;
 
+import static org.tcserver.interop.TcInterop.build;
 import static org.tcserver.interop.TcInterop.emit;
 import static org.tcserver.interop.TcInterop.obj;
 
@@ -45,8 +46,10 @@ final class FrontDoorScenarios {
     private FrontDoorScenarios() {
     }
 
-    static void run(String scenario, Map<String, String> options) throws Exception {
-        Options o = new Options(options);
+    // Coordinator discovery (PARTITIONED_METADATA + LOOKUP of the assign topic) goes through the same
+    // service URL as every other lookup of the client (TcInterop.build): that is what the front door must
+    // sort out.
+    static void run(String scenario, Options o) throws Exception {
         switch (scenario) {
             case "produce-consume" -> produceConsume(o);
             case "pattern" -> pattern(o);
@@ -185,19 +188,6 @@ final class FrontDoorScenarios {
 
     // ---- helpers ---------------------------------------------------------------------------------------
 
-    private static PulsarClient build(Options o) throws PulsarClientException {
-        int opTimeoutMs = o.intOpt("op-timeout-ms", 10_000);
-        return PulsarClient.builder()
-                .serviceUrl(o.required("service-url"))
-                // Coordinator discovery (PARTITIONED_METADATA + LOOKUP of the assign topic) goes through the
-                // same service URL as every other lookup: that is what the front door must sort out.
-                .enableTransaction(true)
-                .operationTimeout(opTimeoutMs, TimeUnit.MILLISECONDS)
-                .connectionTimeout(Math.min(opTimeoutMs, 10_000), TimeUnit.MILLISECONDS)
-                .statsInterval(0, TimeUnit.SECONDS)
-                .build();
-    }
-
     private static List<String> sendAll(Producer<String> producer, String prefix, int count) throws Exception {
         List<String> sent = new ArrayList<>(count);
         List<CompletableFuture<MessageId>> sends = new ArrayList<>(count);
@@ -298,30 +288,6 @@ final class FrontDoorScenarios {
             return value == null ? null : value.toString();
         } catch (ReflectiveOperationException | RuntimeException e) {
             return "unreadable: " + e;
-        }
-    }
-
-    /** The scenario's {@code --key value} options. */
-    private record Options(Map<String, String> values) {
-        String required(String name) {
-            String v = values.get(name);
-            if (v == null) {
-                throw new IllegalArgumentException("--" + name + " is required");
-            }
-            return v;
-        }
-
-        String get(String name, String dflt) {
-            return values.getOrDefault(name, dflt);
-        }
-
-        int intOpt(String name, int dflt) {
-            String v = values.get(name);
-            return v == null ? dflt : Integer.parseInt(v);
-        }
-
-        int receiveTimeoutMs() {
-            return intOpt("receive-timeout-ms", 30_000);
         }
     }
 }

@@ -58,14 +58,14 @@ public final class TcInterop {
         int code = 0;
         try {
             switch (args.scenario) {
-                case "concurrent" -> concurrent(args);
-                case "timeout" -> timeout(args);
-                case "tc-errors" -> tcErrors(args);
-                case "commit-loop" -> commitLoop(args);
-                case "build-only" -> buildOnly(args);
+                case "concurrent" -> concurrent(args.options);
+                case "timeout" -> timeout(args.options);
+                case "tc-errors" -> tcErrors(args.options);
+                case "commit-loop" -> commitLoop(args.options);
+                case "build-only" -> buildOnly(args.options);
                 case "txn-produce", "txn-ack", "ctp", "drain", "txn-bench" -> TxnScenarios.run(args.scenario, args.options);
                 case "produce-consume", "pattern", "schema" -> FrontDoorScenarios.run(args.scenario, args.options);
-                case "pair-bench" -> BenchScenarios.pairBench(args.required("service-url"), args.intOpt("concurrency", 16), args.longOpt("duration-ms", 20_000), args.longOpt("warmup-ms", 5_000), args.longOpt("txn-timeout-ms", 60_000));
+                case "pair-bench" -> BenchScenarios.pairBench(args.options.required("service-url"), args.options.intOpt("concurrency", 16), args.options.longOpt("duration-ms", 20_000), args.options.longOpt("warmup-ms", 5_000), args.options.longOpt("txn-timeout-ms", 60_000));
                 default -> {
                     System.err.println("unknown scenario: " + args.scenario);
                     code = 2;
@@ -83,11 +83,11 @@ public final class TcInterop {
 
     // ---- scenarios -------------------------------------------------------------------------------------
 
-    private static void concurrent(Args args) throws Exception {
-        int count = args.intOpt("count", 1000);
-        long txnTimeoutMs = args.longOpt("txn-timeout-ms", 60_000);
+    private static void concurrent(Options o) throws Exception {
+        int count = o.intOpt("count", 1000);
+        long txnTimeoutMs = o.longOpt("txn-timeout-ms", 60_000);
         long t0 = System.nanoTime();
-        PulsarClient client = build(args);
+        PulsarClient client = build(o);
         long buildMs = msSince(t0);
         List<Object> connections = handlerConnections(client);
 
@@ -129,10 +129,10 @@ public final class TcInterop {
         close(client);
     }
 
-    private static void timeout(Args args) throws Exception {
-        long txnTimeoutMs = args.longOpt("txn-timeout-ms", 2_000);
-        long sleepMs = args.longOpt("sleep-ms", 3_000);
-        PulsarClient client = build(args);
+    private static void timeout(Options o) throws Exception {
+        long txnTimeoutMs = o.longOpt("txn-timeout-ms", 2_000);
+        long sleepMs = o.longOpt("sleep-ms", 3_000);
+        PulsarClient client = build(o);
         TransactionCoordinatorClientImpl tc = ((PulsarClientImpl) client).getTcClient();
         Transaction txn = client.newTransaction()
                 .withTransactionTimeout(txnTimeoutMs, TimeUnit.MILLISECONDS).build().get();
@@ -151,8 +151,8 @@ public final class TcInterop {
         close(client);
     }
 
-    private static void tcErrors(Args args) throws Exception {
-        PulsarClient client = build(args);
+    private static void tcErrors(Options o) throws Exception {
+        PulsarClient client = build(o);
         TransactionCoordinatorClientImpl tc = ((PulsarClientImpl) client).getTcClient();
         List<Object> before = handlerConnections(client);
         Transaction txn = client.newTransaction().withTransactionTimeout(60, TimeUnit.SECONDS).build().get();
@@ -178,11 +178,11 @@ public final class TcInterop {
         close(client);
     }
 
-    private static void commitLoop(Args args) throws Exception {
-        Path until = Path.of(args.required("until-file"));
-        long txnTimeoutMs = args.longOpt("txn-timeout-ms", 60_000);
+    private static void commitLoop(Options o) throws Exception {
+        Path until = Path.of(o.required("until-file"));
+        long txnTimeoutMs = o.longOpt("txn-timeout-ms", 60_000);
         long t0 = System.nanoTime();
-        PulsarClient client = build(args);
+        PulsarClient client = build(o);
         emit(obj("event", "ready", "build_ms", msSince(t0), "handler_connections", handlerConnections(client)));
         int committed = 0;
         int errors = 0;
@@ -211,10 +211,10 @@ public final class TcInterop {
         close(client);
     }
 
-    private static void buildOnly(Args args) {
+    private static void buildOnly(Options o) {
         long t0 = System.nanoTime();
         try {
-            PulsarClient client = build(args);
+            PulsarClient client = build(o);
             long elapsed = msSince(t0);
             List<Object> connections = handlerConnections(client);
             emit(obj("event", "result", "scenario", "build-only", "ok", true, "elapsed_ms", elapsed,
@@ -228,15 +228,17 @@ public final class TcInterop {
 
     // ---- client plumbing -------------------------------------------------------------------------------
 
-    private static PulsarClient build(Args args) throws PulsarClientException {
-        int opTimeoutMs = (int) args.longOpt("op-timeout-ms", DEFAULT_OP_TIMEOUT_MS);
+    /** The client every scenario file builds (TxnScenarios, FrontDoorScenarios): transactions on,
+     * {@code --op-timeout-ms} (connecting within it too, at most 10 s), the security options (withSecurity). */
+    static PulsarClient build(Options o) throws PulsarClientException {
+        int opTimeoutMs = (int) o.longOpt("op-timeout-ms", DEFAULT_OP_TIMEOUT_MS);
         ClientBuilder builder = PulsarClient.builder()
-                .serviceUrl(args.required("service-url"))
+                .serviceUrl(o.required("service-url"))
                 .enableTransaction(true)
                 .operationTimeout(opTimeoutMs, TimeUnit.MILLISECONDS)
                 .connectionTimeout(Math.min(opTimeoutMs, 10_000), TimeUnit.MILLISECONDS)
                 .statsInterval(0, TimeUnit.SECONDS);
-        return withSecurity(builder, args.options).build();
+        return withSecurity(builder, o.values()).build();
     }
 
     /**
@@ -257,7 +259,7 @@ public final class TcInterop {
         return builder;
     }
 
-    private static void close(PulsarClient client) {
+    static void close(PulsarClient client) {
         try {
             client.closeAsync().get(5, TimeUnit.SECONDS);
         } catch (Exception e) {
@@ -345,12 +347,12 @@ public final class TcInterop {
         return obj("class", errorClass(t), "message", errorMessage(t));
     }
 
-    private static long msSince(long startNanos) {
+    static long msSince(long startNanos) {
         return TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - startNanos);
     }
 
     /** {@code SCENARIO --key value ...}; every option takes exactly one value. */
-    private record Args(String scenario, Map<String, String> options) {
+    private record Args(String scenario, Options options) {
         static Args parse(String[] argv) {
             if (argv.length == 0) {
                 throw new IllegalArgumentException("missing scenario");
@@ -362,24 +364,7 @@ public final class TcInterop {
                 }
                 options.put(argv[i].substring(2), argv[i + 1]);
             }
-            return new Args(argv[0], options);
-        }
-
-        String required(String name) {
-            String v = options.get(name);
-            if (v == null) {
-                throw new IllegalArgumentException("--" + name + " is required");
-            }
-            return v;
-        }
-
-        long longOpt(String name, long dflt) {
-            String v = options.get(name);
-            return v == null ? dflt : Long.parseLong(v);
-        }
-
-        int intOpt(String name, int dflt) {
-            return (int) longOpt(name, dflt);
+            return new Args(argv[0], new Options(options));
         }
     }
 }

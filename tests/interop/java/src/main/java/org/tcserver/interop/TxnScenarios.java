@@ -1,8 +1,12 @@
 package org.tcserver.interop;
 
+import static org.tcserver.interop.TcInterop.build;
+import static org.tcserver.interop.TcInterop.close;
 import static org.tcserver.interop.TcInterop.describe;
+import static org.tcserver.interop.TcInterop.emit;
 import static org.tcserver.interop.TcInterop.errorClass;
 import static org.tcserver.interop.TcInterop.errorMessage;
+import static org.tcserver.interop.TcInterop.msSince;
 import static org.tcserver.interop.TcInterop.obj;
 import static org.tcserver.interop.TcInterop.unwrap;
 
@@ -69,8 +73,7 @@ final class TxnScenarios {
     private TxnScenarios() {
     }
 
-    static void run(String scenario, Map<String, String> options) throws Exception {
-        Opts o = new Opts(options);
+    static void run(String scenario, Options o) throws Exception {
         switch (scenario) {
             case "txn-produce" -> txnProduce(o);
             case "txn-ack" -> txnAck(o);
@@ -83,16 +86,16 @@ final class TxnScenarios {
 
     // ---- txn-produce -----------------------------------------------------------------------------------
 
-    private static void txnProduce(Opts o) throws Exception {
+    private static void txnProduce(Options o) throws Exception {
         String topic = o.required("topic");
         int count = o.intOpt("count", 100);
-        String action = o.options.getOrDefault("action", "commit");
+        String action = o.get("action", "commit");
         boolean commit = action.equals("commit");
         if (!commit && !action.equals("abort") && !action.equals("none")) {
             throw new IllegalArgumentException("--action must be commit, abort or none, not " + action);
         }
         long visibleWaitMs = o.longOpt("visible-wait-ms", 2_000);
-        long receiveTimeoutMs = o.longOpt("receive-timeout-ms", 30_000);
+        long receiveTimeoutMs = o.receiveTimeoutMs();
         long txnTimeoutMs = o.longOpt("txn-timeout-ms", 60_000);
         PulsarClient client = build(o);
         List<String> partitions = client.getPartitionsForTopic(topic).get(30, TimeUnit.SECONDS);
@@ -138,11 +141,11 @@ final class TxnScenarios {
 
     // ---- txn-ack ---------------------------------------------------------------------------------------
 
-    private static void txnAck(Opts o) throws Exception {
+    private static void txnAck(Options o) throws Exception {
         String topic = o.required("topic");
         int count = o.intOpt("count", 20);
         boolean commit = commitAction(o);
-        long receiveTimeoutMs = o.longOpt("receive-timeout-ms", 30_000);
+        long receiveTimeoutMs = o.receiveTimeoutMs();
         PulsarClient client = build(o);
         Consumer<String> consumer = subscribe(client, topic, SUBSCRIPTION);
         try (Producer<String> plain = client.newProducer(Schema.STRING).topic(topic).enableBatching(false).create()) {
@@ -204,7 +207,7 @@ final class TxnScenarios {
      * after any failure subscribe again so inputs it held are delivered again (those whose ack is still
      * pending in an undecided txn come back too, and their ack conflicts until that txn is ended).
      */
-    private static void ctp(Opts o) throws Exception {
+    private static void ctp(Options o) throws Exception {
         String input = o.required("input");
         String output = o.required("output");
         Path until = Path.of(o.required("until-file"));
@@ -288,12 +291,12 @@ final class TxnScenarios {
      * Everything on T (a new subscription from the earliest position) up to a plain marker sent now to
      * every partition: a partition whose read horizon a transaction pins never delivers its marker.
      */
-    private static void drain(Opts o) throws Exception {
+    private static void drain(Options o) throws Exception {
         String topic = o.required("topic");
-        long receiveTimeoutMs = o.longOpt("receive-timeout-ms", 30_000);
+        long receiveTimeoutMs = o.receiveTimeoutMs();
         PulsarClient client = build(o);
         List<String> partitions = client.getPartitionsForTopic(topic).get(30, TimeUnit.SECONDS);
-        Consumer<String> consumer = subscribe(client, topic, o.options.getOrDefault("subscription", "tc-e2e-drain"));
+        Consumer<String> consumer = subscribe(client, topic, o.get("subscription", "tc-e2e-drain"));
         List<String> markers = sendMarkers(client, partitions);
         List<String> values = new ArrayList<>(receiveUntilAll(consumer, markers, receiveTimeoutMs));
         List<String> markersSeen = new ArrayList<>();
@@ -374,7 +377,7 @@ final class TxnScenarios {
 
     // ---- txn-bench -------------------------------------------------------------------------------------
 
-    private static void txnBench(Opts o) throws Exception {
+    private static void txnBench(Options o) throws Exception {
         String topic = o.required("topic");
         int concurrency = o.intOpt("concurrency", 16);
         long durationMs = o.longOpt("duration-s", 20) * 1000;
@@ -463,18 +466,6 @@ final class TxnScenarios {
     }
 
     // ---- client plumbing -------------------------------------------------------------------------------
-
-    private static PulsarClient build(Opts o) throws PulsarClientException {
-        int opTimeoutMs = o.intOpt("op-timeout-ms", 10_000);
-        // --token / --tls-* as in TcInterop (tests/security/test_broker_auth.py runs txn-produce and txn-ack with a token).
-        return TcInterop.withSecurity(PulsarClient.builder()
-                .serviceUrl(o.required("service-url"))
-                .enableTransaction(true)
-                .operationTimeout(opTimeoutMs, TimeUnit.MILLISECONDS)
-                .connectionTimeout(Math.min(opTimeoutMs, 10_000), TimeUnit.MILLISECONDS)
-                .statsInterval(0, TimeUnit.SECONDS), o.options)
-                .build();
-    }
 
     /** A producer that may send in a txn: the client refuses transactional sends while a send timeout is set. */
     private static Producer<String> txnProducer(PulsarClient client, String topic) throws PulsarClientException {
@@ -581,9 +572,9 @@ final class TxnScenarios {
     }
 
     /** Emit {@code line}; then, when option {@code name} names a file, wait until the driver creates it. */
-    private static void pause(Opts o, String name, Map<String, Object> line) throws InterruptedException {
+    private static void pause(Options o, String name, Map<String, Object> line) throws InterruptedException {
         emit(line);
-        String file = o.options.get(name);
+        String file = o.values().get(name);
         if (file == null) {
             return;
         }
@@ -593,20 +584,12 @@ final class TxnScenarios {
         }
     }
 
-    private static boolean commitAction(Opts o) {
-        String action = o.options.getOrDefault("action", "commit");
+    private static boolean commitAction(Options o) {
+        String action = o.get("action", "commit");
         if (!action.equals("commit") && !action.equals("abort")) {
             throw new IllegalArgumentException("--action must be commit or abort, not " + action);
         }
         return action.equals("commit");
-    }
-
-    private static void close(PulsarClient client) {
-        try {
-            client.closeAsync().get(5, TimeUnit.SECONDS);
-        } catch (Exception e) {
-            System.err.println("client close: " + e);
-        }
     }
 
     private static void sleepQuietly(long ms) {
@@ -619,11 +602,6 @@ final class TxnScenarios {
 
     // ---- output ----------------------------------------------------------------------------------------
 
-    private static synchronized void emit(Map<String, Object> line) {
-        System.out.println(Json.write(line));
-        System.out.flush();
-    }
-
 
     private static Map<String, Object> outcome(CompletableFuture<?> future) {
         long start = System.nanoTime();
@@ -635,28 +613,4 @@ final class TxnScenarios {
         }
     }
 
-
-    private static long msSince(long startNanos) {
-        return TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - startNanos);
-    }
-
-    /** {@code --key value} options as TcInterop parsed them. */
-    private record Opts(Map<String, String> options) {
-        String required(String name) {
-            String v = options.get(name);
-            if (v == null) {
-                throw new IllegalArgumentException("--" + name + " is required");
-            }
-            return v;
-        }
-
-        long longOpt(String name, long dflt) {
-            String v = options.get(name);
-            return v == null ? dflt : Long.parseLong(v);
-        }
-
-        int intOpt(String name, int dflt) {
-            return (int) longOpt(name, dflt);
-        }
-    }
 }
