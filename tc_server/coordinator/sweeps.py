@@ -138,6 +138,9 @@ async def _collect_page(store: MetadataStore, metrics: Metrics, page: list[_Cand
                 result.outstanding_ops += ops
                 continue
         # Conditional on the version scanned: a header changed since the scan stays for the next pass.
+        # An op record written after the check above does not change the header's version: only the
+        # short time from that check to this page's batch separates them (as it separated the
+        # per-header check from its delete before pages), for a txn that ended a retention ago.
         deletes.append(Delete(candidate.record.key, expected_version=candidate.record.version,
                               partition_key=layout.txn_key(candidate.most, candidate.least)))
     if deletes:
