@@ -10,6 +10,7 @@ import asyncio
 import heapq
 import json
 from collections.abc import AsyncIterator
+from typing import TypeVar
 from urllib.parse import urlencode
 
 import structlog
@@ -24,6 +25,8 @@ from tc_server.metrics import Metrics
 from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
+
+_T = TypeVar("_T")
 
 PREFIX = "/admin/v3/transactions"
 READY_PROBE_TIMEOUT_S = 2.0
@@ -204,7 +207,7 @@ class AdminRoutes:
         # above `after`, kept in a max-heap of limit + 1 entries (one more tells that more follow).
         page: list[tuple[int, int, TxnHeader]] = []  # (-most, -least, header)
         async with self._listing_scans:
-            async for most, least, header in self._counted(self._tc.open_headers()):
+            async for most, least, header, _ in self._yielding(self._tc.open_headers()):
                 if coordinator_id is not None and most != coordinator_id:
                     continue
                 if header.timeout_ms <= timeout_ms or (after is not None and (most, least) <= after):
@@ -238,24 +241,14 @@ class AdminRoutes:
                 yield record
 
     @staticmethod
-    async def _counted_records(records: AsyncIterator[Record]) -> AsyncIterator[Record]:
+    async def _yielding(items: AsyncIterator[_T]) -> AsyncIterator[_T]:
+        """``items``, with a turn of the event loop every LISTING_YIELD_EVERY of them."""
         seen = 0
-        async for record in records:
+        async for item in items:
             seen += 1
             if seen % LISTING_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            yield record
-
-    @staticmethod
-    async def _counted(
-        headers: AsyncIterator[tuple[int, int, TxnHeader, int]]
-    ) -> AsyncIterator[tuple[int, int, TxnHeader]]:
-        seen = 0
-        async for most, least, header, _ in headers:
-            seen += 1
-            if seen % LISTING_YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            yield most, least, header
+            yield item
 
     async def force_abort(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
@@ -291,7 +284,7 @@ class AdminRoutes:
         left_out: tuple[int, int] | None = None  # the last txn found still OPEN (its other records follow)
         unreadable: list[dict[str, object]] = []
         async with self._listing_scans:
-            async for record in self._counted_records(self._participant_records(coordinator_id, after)):
+            async for record in self._yielding(self._participant_records(coordinator_id, after)):
                 try:
                     txn = layout.parse_participant_path(record.key)
                     participant = layout.Participant.from_json(record.value)
