@@ -32,6 +32,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from tc_server.admin.http import AdminServer
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.workers import worker_admin_url, worker_url
@@ -200,6 +201,11 @@ class Supervisor:
 
     # -- admin --------------------------------------------------------------------------------------
 
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "workers": len(self.workers)})
 
@@ -218,17 +224,13 @@ class Supervisor:
         """Serve the admin port, keep the workers running until stopped; the exit code."""
         from tc_server.app import cannot_bind
 
-        app = web.Application()
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
         host, port = parse_hostport(self.settings.admin_listen)
+        # The admin port's server (request limits, JSON errors), unauthenticated: probes and worker
+        # readiness only, no transaction data (README, "Several cores").
+        admin = AdminServer(self, host, port)
         try:
-            await web.TCPSite(runner, host, port).start()
+            await admin.start()
         except OSError as exc:
-            await runner.cleanup()
             raise cannot_bind("admin_listen", self.settings.admin_listen, exc) from exc
         self._http = aiohttp.ClientSession()
         log.info("supervising workers", workers=len(self.workers), service=self.settings.listen,
@@ -244,7 +246,7 @@ class Supervisor:
             poll.cancel()
             await asyncio.gather(poll, return_exceptions=True)
             await self._http.close()
-            await runner.cleanup()
+            await admin.stop()
         if self.failure is not None:
             code, message = self.failure
             print(message, file=sys.stderr)

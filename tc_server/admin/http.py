@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from tc_server.admin.routes import AdminRoutes, json_response
+from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.service import AuthenticationService
 from tc_server.server.log_limit import LogLimiter
@@ -64,8 +65,14 @@ _aiohttp_log = logging.getLogger("tc_server.admin.aiohttp")
 _aiohttp_log.addFilter(_MalformedRequestLog())
 
 
+class Routes(Protocol):
+    """What an admin port serves: AdminRoutes in an instance, the supervisor's probes with --workers."""
+
+    def add_to(self, app: web.Application) -> None: ...
+
+
 class AdminServer:
-    def __init__(self, routes: AdminRoutes, host: str, port: int, *,
+    def __init__(self, routes: Routes, host: str, port: int, *,
                  authentication: AuthenticationService | None = None,
                  authenticate_metrics: bool = False,
                  ssl_context: ssl.SSLContext | None = None) -> None:
