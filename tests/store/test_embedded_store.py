@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tc_server.store import open_store
-from tc_server.store.api import StoreUnavailableError
+from tc_server.store.api import Put, StoreUnavailableError
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +102,62 @@ async def test_scans_page_through_results(tmp_path: Path) -> None:
         assert [r.key async for r in store.scan_index("n", "1", "3", partition_key="p")] == [
             k for k in by_index if int(k[3:]) % 4 in (1, 2)]
     finally:
+        await store.close()
+
+
+async def test_index_scan_finds_an_index_written_after_open(tmp_path: Path) -> None:
+    # The store answers a scan of an index without entries without SQLite; the first entry written
+    # (in a batch too) must make the index visible to scans, scoped or not, made before or after it.
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        early = store.scan_index("idx:new", "a", "z", partition_key="p")
+        assert [r.key async for r in store.scan_index("idx:new", "a", "z", partition_key="p")] == []
+        await store.put("/r/a", b"A", partition_key="p", secondary_indexes={"idx:new": "m"})
+        assert [r.key async for r in early] == ["/r/a"]  # made before the write, iterated after it
+        assert [r.key async for r in store.scan_index("idx:new", "a", "z", partition_key="p")] == ["/r/a"]
+        assert [r.key async for r in store.scan_index("idx:new", "a", "z")] == ["/r/a"]
+        await store.write_batch([Put("/r/b", b"", secondary_indexes={"idx:one": "1", "idx:two": "2"})])
+        assert [r.key async for r in store.scan_index("idx:one", "0", "9")] == ["/r/b"]
+        assert [r.key async for r in store.scan_index("idx:two", "0", "9")] == ["/r/b"]
+        # A name stays known after its last entry went: the scan then asks SQLite, which finds none.
+        await store.delete("/r/a")
+        assert [r.key async for r in store.scan_index("idx:new", "a", "z", partition_key="p")] == []
+    finally:
+        await store.close()
+
+
+async def test_index_scan_finds_entries_of_the_file_after_reopen(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/a", b"", secondary_indexes={"idx:a": "1"})
+    await store.put("/r/b", b"", secondary_indexes={"idx:b": "2", "idx:c": "3"})
+    await store.put("/r/e", b"", secondary_indexes={"idx:eph": "4"}, ephemeral=True)
+    await store.close()
+
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        for name, key in (("idx:a", "/r/a"), ("idx:b", "/r/b"), ("idx:c", "/r/b")):
+            assert [r.key async for r in store.scan_index(name, "0", "9", partition_key="p")] == [key]
+            assert [r.key async for r in store.scan_index(name, "0", "9")] == [key]
+        # The ephemeral record and its entry went with the session that wrote them.
+        assert [r.key async for r in store.scan_index("idx:eph", "0", "9")] == []
+    finally:
+        await store.close()
+
+
+async def test_index_scan_without_entries_does_not_touch_sqlite(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/a", b"", partition_key="p", secondary_indexes={"idx:a": "1"})
+    # Pull the read connections away: a scan that reached SQLite would fail.
+    get_conn, scan_conn = store._get_conn, store._scan_conn
+    store._get_conn = store._scan_conn = sqlite3.connect(":memory:")
+    store._get_conn.close()
+    try:
+        assert [r async for r in store.scan_index("idx:ops-by-txn", "a", "z", partition_key="p")] == []
+        assert [r async for r in store.scan_index("idx:ops-by-txn", "a", "z")] == []
+        with pytest.raises(StoreUnavailableError):
+            [r async for r in store.scan_index("idx:a", "0", "9", partition_key="p")]
+    finally:
+        store._get_conn, store._scan_conn = get_conn, scan_conn
         await store.close()
 
 
