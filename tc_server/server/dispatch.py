@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -161,30 +160,27 @@ class Dispatcher:
         errors included: the Java client routes responses by it and closes the connection on an
         unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
-        delivered: list[asyncio.Future[None]] = []  # END_TXN: the delivery of a new decision
+        name, response_type = _KINDS[type(cmd)]
         if isinstance(cmd, NewTxn):
-            name, most = "NEW_TXN", cmd.tc_id
-            work: Callable[[], Awaitable[int]] = lambda: self._new_txn(cmd, principal)  # noqa: E731
-        elif isinstance(cmd, EndTxn):
-            name, most = "END_TXN", cmd.most
-            work = lambda: self._end_txn(cmd, principal, delivered)  # noqa: E731
-        elif isinstance(cmd, AddPartitionToTxn):
-            name, most = "ADD_PARTITION_TO_TXN", cmd.most
-            # v5 participants (scalable) read the decision from the store: nothing to record for them.
-            partitions = () if cmd.scalable else tuple(Participant(topic) for topic in cmd.partitions)
-            work = lambda: self._add(cmd.most, cmd.least, principal, partitions)  # noqa: E731
+            most, least = cmd.tc_id, 0
         else:
-            name, most = "ADD_SUBSCRIPTION_TO_TXN", cmd.most
-            subscriptions = () if cmd.scalable else tuple(
-                Participant(s.topic, s.subscription) for s in cmd.subscriptions)
-            work = lambda: self._add(cmd.most, cmd.least, principal, subscriptions)  # noqa: E731
-        least = 0 if isinstance(cmd, NewTxn) else cmd.least
+            most, least = cmd.most, cmd.least
         error: ServerError | None = None
         message: str | None = None
+        delivery: asyncio.Future[None] | None = None  # END_TXN: the delivery of a new decision
         entered = self._deadlines.enter()
         try:
             try:
-                least = await work()
+                # The partition's coroutine is awaited right here, not through a helper per command:
+                # each coroutine layer is resumed on every step of the request (profiled, issue 13).
+                partition = self.coordinator.partition(most)
+                if isinstance(cmd, NewTxn):
+                    least = await partition.new_txn(cmd.ttl_ms, principal)
+                elif isinstance(cmd, EndTxn):
+                    delivery = await partition.end_txn(least, commit=cmd.action is TxnAction.COMMIT,
+                                                       principal=principal)
+                else:
+                    await partition.add_participants(least, principal, _participants(cmd))
             except asyncio.CancelledError:
                 if not self._deadlines.timed_out(entered[0]):
                     raise
@@ -203,10 +199,9 @@ class Dispatcher:
                 self.coordinator.health.failed("metadata store", message)
         else:
             self.coordinator.health.recovered("metadata store")
-        if delivered and error is None:
-            await self._wait_delivered(delivered[0], most, least)
+            if delivery is not None:
+                await self._wait_delivered(delivery, most, least)
         self._observe[name](time.perf_counter() - started)
-        response_type = _RESPONSES[type(cmd)]
         return response_type(cmd.request_id, most, least, error, message)
 
     @staticmethod
@@ -214,17 +209,7 @@ class Dispatcher:
         """``cmd``'s typed response carrying ``error`` (txnid_most_bits set: the Java client routes on it)."""
         most = cmd.tc_id if isinstance(cmd, NewTxn) else cmd.most
         least = 0 if isinstance(cmd, NewTxn) else cmd.least
-        return _RESPONSES[type(cmd)](cmd.request_id, most, least, error, message)
-
-    async def _new_txn(self, cmd: NewTxn, principal: str | None) -> int:
-        return await self.coordinator.partition(cmd.tc_id).new_txn(cmd.ttl_ms, principal)
-
-    async def _end_txn(self, cmd: EndTxn, principal: str | None, delivered: list[asyncio.Future[None]]) -> int:
-        partition = self.coordinator.partition(cmd.most)
-        delivery = await partition.end_txn(cmd.least, commit=cmd.action is TxnAction.COMMIT, principal=principal)
-        if delivery is not None:
-            delivered.append(delivery)
-        return cmd.least
+        return _KINDS[type(cmd)][1](cmd.request_id, most, least, error, message)
 
     async def _wait_delivered(self, delivery: asyncio.Future[None], most: int, least: int) -> None:
         """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
@@ -238,14 +223,20 @@ class Dispatcher:
             log.info("answering END_TXN before every participant acknowledged; delivery continues",
                      txn=f"({most},{least})", waited_s=self.participant_wait_s)
 
-    async def _add(self, most: int, least: int, principal: str | None, participants: tuple[Participant, ...]) -> int:
-        await self.coordinator.partition(most).add_participants(least, principal, participants)
-        return least
+
+def _participants(cmd: AddPartitionToTxn | AddSubscriptionToTxn) -> tuple[Participant, ...]:
+    """What an ADD_* records: v5 participants (scalable) read the decision from the store, so none."""
+    if cmd.scalable:
+        return ()
+    if isinstance(cmd, AddPartitionToTxn):
+        return tuple(Participant(topic) for topic in cmd.partitions)
+    return tuple(Participant(s.topic, s.subscription) for s in cmd.subscriptions)
 
 
-_RESPONSES: dict[type, type[TxnResponse]] = {
-    NewTxn: NewTxnResponse,
-    AddPartitionToTxn: AddPartitionToTxnResponse,
-    AddSubscriptionToTxn: AddSubscriptionToTxnResponse,
-    EndTxn: EndTxnResponse,
+# Each txn request type's metric label and response type, looked up once per request.
+_KINDS: dict[type, tuple[str, type[TxnResponse]]] = {
+    NewTxn: ("NEW_TXN", NewTxnResponse),
+    AddPartitionToTxn: ("ADD_PARTITION_TO_TXN", AddPartitionToTxnResponse),
+    AddSubscriptionToTxn: ("ADD_SUBSCRIPTION_TO_TXN", AddSubscriptionToTxnResponse),
+    EndTxn: ("END_TXN", EndTxnResponse),
 }
