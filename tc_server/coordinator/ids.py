@@ -43,17 +43,23 @@ class IdAllocator:
             await asyncio.gather(self._refill, return_exceptions=True)
             self._refill = None
 
-    async def next_id(self) -> int:
+    def take(self) -> int | None:
+        """The next id if one is at hand without waiting, else None (then await :meth:`next_id`). NEW_TXN
+        calls this first: a coroutine per id, almost never suspended, was per-request cost (issue 13)."""
         while self._next >= self._end:
             if not self._blocks:
-                await self._ensure_refill()
-                continue
+                return None
             self._next, self._end = self._blocks.pop(0)
         least = self._next
         self._next += 1
         if not self._blocks and self._end - self._next <= self._block_size // 2 and self._refill is None:
             # Prefetch so that the block runs out without anyone waiting on the store.
             self._refill = asyncio.create_task(self._reserve_quietly())
+        return least
+
+    async def next_id(self) -> int:
+        while (least := self.take()) is None:
+            await self._ensure_refill()
         return least
 
     async def _ensure_refill(self) -> None:
