@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import itertools
 import os
 import queue
 import sqlite3
@@ -315,9 +316,9 @@ class EmbeddedStore(StoreWrites):
 
     def _complete_group(self, group: list[_WriteRequest], size: int) -> None:
         # Publish before resolving: a caller that reacts to its write already finds it in the
-        # notification streams, and streams see commits in commit order.
-        for request in group:
-            self._hub.publish(request.notes)
+        # notification streams, and streams see commits in commit order. One batch per group (it is
+        # one commit): each subscriber is handed and woken once per commit, not once per caller.
+        self._hub.publish(itertools.chain.from_iterable(request.notes for request in group))
         for request in group:
             if not request.future.done():
                 request.future.set_result(request)
