@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tc_server.store import open_store
-from tc_server.store.api import Put, StoreUnavailableError
+from tc_server.store.api import BadVersionError, Put, StoreUnavailableError
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,6 +158,37 @@ async def test_index_scan_without_entries_does_not_touch_sqlite(tmp_path: Path) 
             [r async for r in store.scan_index("idx:a", "0", "9", partition_key="p")]
     finally:
         store._get_conn, store._scan_conn = get_conn, scan_conn
+        await store.close()
+
+
+async def test_cas_keeps_created_ms_and_replaces_index_entries(tmp_path: Path) -> None:
+    # The writer's CAS is a read of the row then an in-place UPDATE, and a create an INSERT that
+    # does nothing on a present key: check what each keeps and replaces, across a reopen too.
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        first = await store.put("/r/a", b"1", expected_version=-1, secondary_indexes={"i": "1"})
+        second = await store.put("/r/a", b"2", expected_version=first.version, secondary_indexes={"i": "2"})
+        assert (second.created_ms, second.value) == (first.created_ms, b"2")
+        assert await store.get("/r/a") == second
+        assert [r.key async for r in store.scan_index("i", "1", "2")] == []  # the old entry went
+        with pytest.raises(BadVersionError):
+            await store.put("/r/a", b"x", expected_version=first.version)
+        third = await store.put("/r/a", b"3", expected_version=second.version)
+        assert (third.created_ms, await store.get("/r/a")) == (first.created_ms, third)
+        assert [r.key async for r in store.scan_index("i", "0", "9")] == []
+        await store.delete("/r/a")
+        with pytest.raises(BadVersionError):
+            await store.put("/r/a", b"x", expected_version=third.version)
+        assert await store.get("/r/a") is None
+        kept = await store.put("/r/b", b"", expected_version=-1)
+    finally:
+        await store.close()
+
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        again = await store.put("/r/b", b"B", expected_version=kept.version)
+        assert again.created_ms == kept.created_ms and again.version > kept.version
+    finally:
         await store.close()
 
 
