@@ -101,3 +101,23 @@ async def test_unknown_command_keeps_the_connection(app, bystander):
     assert all("not served by a transaction coordinator" in e.message for e in victim.errors)
     victim.close()
     await bystander_still_works(app, bystander)
+
+
+async def test_a_bug_while_serving_a_txn_request_is_answered_on_a_connection_that_stays(app, bystander, monkeypatch):
+    """The request's task raising (never the dispatcher's contract) still answers that request once,
+    typed and with its request id, and the connection keeps serving."""
+    victim = await connect("127.0.0.1", app.listener.port)
+    dispatcher = app.listener.context.dispatcher
+    serve = dispatcher.transaction
+
+    async def broken_once(cmd, principal):
+        monkeypatch.setattr(dispatcher, "transaction", serve)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(dispatcher, "transaction", broken_once)
+    answer = await victim.new_txn(tc_id=3)
+    assert (answer.most, answer.error) == (3, ServerError.UnknownError)
+    assert "RuntimeError" in (answer.message or "")
+    assert (await victim.new_txn(tc_id=3)).error is None
+    victim.close()
+    await bystander_still_works(app, bystander)
