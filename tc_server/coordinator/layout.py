@@ -96,7 +96,7 @@ def parse_txn_key(key: str) -> tuple[int, int]:
 
 
 def header_path(most: int, least: int) -> str:
-    return HEADER_PREFIX + txn_key(most, least)
+    return f"{HEADER_PREFIX}{most}_{least}"  # HEADER_PREFIX + txn_key(), one call less per request
 
 
 def parse_header_path(path: str) -> tuple[int, int]:
@@ -158,12 +158,14 @@ def secondary_key(parent: str, key: str) -> str:
 
 def deadline_index_key(deadline_ms: int) -> str:
     """``idx:txn-by-deadline`` of an OPEN header: ``/txn/id/`` + 20-digit deadline ms."""
-    return secondary_key(HEADER_PARENT, pad(deadline_ms))
+    # secondary_key(HEADER_PARENT, pad(deadline_ms)) as one f-string: one is built per NEW_TXN.
+    return f"{HEADER_PARENT}/{deadline_ms:020d}"
 
 
 def final_state_index_key(state: TxnState, finalized_ms: int) -> str:
     """``idx:txn-by-final-state`` of a terminal header: ``/txn/id/<STATE>:`` + 20-digit ms."""
-    return secondary_key(HEADER_PARENT, f"{state.value}:{pad(finalized_ms)}")
+    # One f-string (one is built per END_TXN); state._value_: Enum.value is a Python-level property.
+    return f"{HEADER_PARENT}/{state._value_}:{finalized_ms:020d}"
 
 
 def ops_by_txn_index_key(most: int, least: int) -> str:
