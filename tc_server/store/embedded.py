@@ -243,14 +243,17 @@ class EmbeddedStore(StoreWrites):
             return []
         return (await self._submit(list(ops))).results
 
-    async def _submit(self, ops: list[Put | Delete] | None, *, wants_record: bool = False) -> _WriteRequest:
+    def _submit(self, ops: list[Put | Delete] | None, *,
+                wants_record: bool = False) -> asyncio.Future[_WriteRequest]:
+        """Queue the operations for the writer; the caller awaits the returned future (a plain function,
+        not a coroutine: one coroutine layer less per write, profiled, issue 13)."""
         self._check_open()
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         self._queue.put(_WriteRequest(ops, future, wants_record))
         # Cancelling the caller cancels this future but cannot un-send the write: the outcome is then
         # unknown, as the Protocol says; the writer skips a future that is already done. (No shield():
         # its extra future and callbacks were ~2% of the CPU per transaction, profiled.)
-        return await future
+        return future
 
     # -- the writer thread ----------------------------------------------------------------------
 

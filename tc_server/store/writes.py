@@ -65,7 +65,13 @@ class StoreWrites(ABC):
         :class:`InvalidOperationError` for an operation Oxia would refuse."""
         op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
                  secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
-        return await self._put_checked(op)
+        # Checked and applied right here, not in a shared helper coroutine: every header write of the
+        # coordinator passes through this, and each coroutine layer costs its resumptions (issue 13).
+        validate_put(op)
+        record = await self._put_record(op)
+        if record is None:
+            raise _condition_failed(key, expected_version)
+        return record
 
     async def put_sequential(
         self,
@@ -79,13 +85,10 @@ class StoreWrites(ABC):
         partition key (Oxia would end the write stream)."""
         op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
                  sequential=True)
-        return await self._put_checked(op)
-
-    async def _put_checked(self, op: Put) -> Record:
         validate_put(op)
         record = await self._put_record(op)
-        if record is None:
-            raise _condition_failed(op.key, op.expected_version)
+        if record is None:  # unconditional: only a backend bug gets here
+            raise _condition_failed(prefix, None)
         return record
 
     async def delete(
