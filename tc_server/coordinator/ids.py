@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from tc_server.coordinator import layout
-from tc_server.coordinator.errors import StoreCorrupted
+from tc_server.coordinator.errors import CoordinatorNotFound, StoreCorrupted
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore
 
 # A txn id half is a Java long in Pulsar (TxnID) and a uint64 on the wire: ids stay below 2^63.
@@ -30,6 +30,7 @@ class IdAllocator:
         self._end = 0
         self._refill: asyncio.Task[None] | None = None
         self._error: Exception | None = None
+        self._closed = False  # the partition stepped down: reserve nothing more
 
     @property
     def reserved_next(self) -> int:
@@ -38,6 +39,7 @@ class IdAllocator:
 
     async def close(self) -> None:
         """Stop a prefetch in flight (the partition is no longer led)."""
+        self._closed = True
         if self._refill is not None:
             self._refill.cancel()
             await asyncio.gather(self._refill, return_exceptions=True)
@@ -63,12 +65,28 @@ class IdAllocator:
         return least
 
     async def _ensure_refill(self) -> None:
+        if self._closed:
+            raise self._stepped_down()
         if self._refill is None:
             self._refill = asyncio.create_task(self._reserve_quietly())
-        await asyncio.shield(self._refill)
+        refill = self._refill
+        try:
+            await asyncio.shield(refill)
+        except asyncio.CancelledError:
+            # close() cancelled the reservation, not the caller's own deadline (which cancels the
+            # caller's task): a CancelledError would end the NEW_TXN's task as cancelled, and such a
+            # request is never answered. Tell the client to look the coordinator up again instead.
+            task = asyncio.current_task()
+            if self._closed and refill.cancelled() and task is not None and task.cancelling() == 0:
+                raise self._stepped_down() from None
+            raise
         if not self._blocks and self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def _stepped_down(self) -> CoordinatorNotFound:
+        return CoordinatorNotFound(f"transaction coordinator {self._tc_id} stepped down on this instance while "
+                                   f"the request waited for transaction ids; look it up again")
 
     async def _reserve_quietly(self) -> None:
         # A background prefetch must not leave an unretrieved task exception: keep the error for

@@ -10,6 +10,7 @@ import pytest
 
 from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.errors import CoordinatorNotFound
 from tc_server.coordinator.layout import TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -29,6 +30,20 @@ class LoseReply(MemoryStore):
             self.prefix = None
             raise StoreUnavailableError("reply lost")
         return record
+
+
+class StallIdBlocks(MemoryStore):
+    """The reservations of id blocks (``/txn/tc-seq/``) wait for the gate: a slow store, on cue."""
+
+    def __init__(self, backend: MemoryBackend | None = None) -> None:
+        super().__init__(backend)
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def put(self, key, value, **kw):
+        if key.startswith(layout.TC_SEQ_PREFIX):
+            await self.gate.wait()
+        return await super().put(key, value, **kw)
 
 
 class FailScan(MemoryStore):
@@ -68,6 +83,28 @@ async def test_created_header_with_lost_reply_still_times_out():
     assert await eventually(lambda: not tc.partition(0).open_txns())
     assert await open_headers(store) == []
     await tc.stop()
+
+
+async def test_new_txn_waiting_for_ids_when_the_partition_steps_down_is_told_to_look_up_again():
+    # Stepping down cancels the id block reservation in flight (IdAllocator.close). The NEW_TXN
+    # waiting on it must fail with the error the Java client retries after a lookup, not end as
+    # cancelled: a cancelled request task is never answered, and the client would wait out its
+    # operation timeout.
+    store = StallIdBlocks()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    partition = tc.partition(0)
+    store.gate.clear()
+    waiting = asyncio.create_task(partition.new_txn(60_000, None))
+    assert await eventually(lambda: partition._ids._refill is not None)
+    await tc.stop()
+    outcome = (await asyncio.gather(waiting, return_exceptions=True))[0]
+    assert isinstance(outcome, CoordinatorNotFound), repr(outcome)
+    assert "stepped down" in str(outcome)
+    # A request that still holds the stopped partition reserves nothing more either.
+    with pytest.raises(CoordinatorNotFound):
+        await partition.new_txn(60_000, None)
+    assert await store.get(layout.tc_seq_path(0)) is None
 
 
 async def test_failed_recovery_scan_is_retried():
