@@ -311,7 +311,7 @@ class ClientConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a handler's bug answers this command, not the loop
             self._answer_failure(cmd, exc)
 
-    def _answer_failure(self, cmd: Command, exc: Exception) -> None:
+    def _answer_failure(self, cmd: Command, exc: BaseException) -> None:
         """The last resort for an exception a handler did not turn into an answer: a typed answer
         (UnknownError: it is our bug, not the client's input), one log line, the connection stays up.
         Left to escape, asyncio would log it and drop the connection (issue 15)."""
@@ -457,7 +457,12 @@ class ClientConnection(asyncio.Protocol):
                 connection._resume_reading("server-busy")
             ctx.paused.clear()
         if task.cancelled():
-            return  # stopping: nothing is answered any more
+            # Only its deadline cancels a request's task, and the dispatcher answers that. Any other
+            # cancellation (an awaited task or future cancelled under the request) would leave the
+            # client waiting for its operation timeout: answer once, unless the connection is gone.
+            if request is not None and not self._closing:
+                self._answer_failure(request, asyncio.CancelledError())
+            return
         error = task.exception()
         if request is None:
             if error is not None:  # forward() never raises; if it did, say so rather than lose it

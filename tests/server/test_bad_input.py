@@ -121,3 +121,25 @@ async def test_a_bug_while_serving_a_txn_request_is_answered_on_a_connection_tha
     assert (await victim.new_txn(tc_id=3)).error is None
     victim.close()
     await bystander_still_works(app, bystander)
+
+
+async def test_a_txn_request_whose_serving_is_cancelled_from_elsewhere_is_answered_once(app, bystander, monkeypatch):
+    """Only its deadline cancels a request's task, and the dispatcher answers that; a cancellation
+    from anywhere else (e.g. an awaited task cancelled under it) must still answer the request once,
+    typed and with its request id, instead of leaving the client waiting for its operation timeout."""
+    victim = await connect("127.0.0.1", app.listener.port)
+    dispatcher = app.listener.context.dispatcher
+    serve = dispatcher.transaction
+
+    async def cancelled_once(cmd, principal):
+        monkeypatch.setattr(dispatcher, "transaction", serve)
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(dispatcher, "transaction", cancelled_once)
+    # Bounded so that a missing answer fails the test instead of hanging it (not a timing assertion).
+    answer = await victim.request(NewTxnCmd(victim.next_request_id(), 0, 3), timeout_s=30)
+    assert (answer.most, answer.error) == (3, ServerError.UnknownError)
+    assert "CancelledError" in (answer.message or "")
+    assert (await victim.new_txn(tc_id=3)).error is None
+    victim.close()
+    await bystander_still_works(app, bystander)
