@@ -297,3 +297,26 @@ async def test_a_header_changed_elsewhere_is_never_overwritten(setup):
         await p.end_txn(least, commit=True, principal=None)
     assert (await header(store, 0, least)).state is TxnState.ABORTED
     await p.end_txn(least, commit=False, principal=None)  # and aborting again is idempotent
+
+
+async def test_active_count_gauge_follows_the_open_txns_and_drops_to_zero_on_step_down():
+    # pulsar_txn_active_count is read when scraped (no set() per request, issue 13): it must still
+    # follow NEW_TXN and END_TXN, and a partition that stepped down reports none.
+    store = MemoryStore()
+    tc = make(store, partitions=1)
+    await tc.start()
+    labels = tc.metrics.tc(0)
+
+    def active() -> float | None:
+        return tc.metrics.registry.get_sample_value("pulsar_txn_active_count", labels)
+
+    try:
+        partition = tc.partition(0)
+        first = await partition.new_txn(60_000, None)
+        await partition.new_txn(60_000, None)
+        assert active() == 2
+        await partition.end_txn(first, commit=True, principal=None)
+        assert active() == 1
+    finally:
+        await tc.stop()
+    assert active() == 0
