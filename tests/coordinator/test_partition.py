@@ -308,7 +308,8 @@ async def test_active_count_gauge_follows_the_open_txns_and_drops_to_zero_on_ste
     labels = tc.metrics.tc(0)
 
     def active() -> float | None:
-        return tc.metrics.registry.get_sample_value("pulsar_txn_active_count", labels)
+        value: float | None = tc.metrics.registry.get_sample_value("pulsar_txn_active_count", labels)
+        return value
 
     try:
         partition = tc.partition(0)
