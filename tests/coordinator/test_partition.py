@@ -20,6 +20,7 @@ from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.memory import MemoryBackend, MemoryStore
+from tests.support.gated_store import GatedStore
 
 
 class FakeClock:
@@ -321,3 +322,34 @@ async def test_active_count_gauge_follows_the_open_txns_and_drops_to_zero_on_ste
     finally:
         await tc.stop()
     assert active() == 0
+
+
+async def test_new_txn_cancelled_while_its_header_write_is_in_flight_is_counted_tracked_and_aborted():
+    # A request timeout cancels the NEW_TXN while the header write waits for the store: the write
+    # must go on (it is not the request's to cancel), be counted when it lands, and the txn must be
+    # aborted at its deadline although no client ever learnt its id (docs/semantics.md §3, §5).
+    store = GatedStore()
+    clock = FakeClock()
+    tc = make(store, clock, partitions=1)
+    await tc.start()
+    labels = tc.metrics.tc(0)
+    try:
+        partition = tc.partition(0)
+        store.gate.clear()
+        request = asyncio.create_task(partition.new_txn(1000, None))
+        assert await eventually(lambda: bool(partition.open_txns()))
+        (least,) = partition.open_txns()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert await store.get(layout.header_path(0, least)) is None  # still waiting for the store
+        store.gate.set()
+        assert await eventually(lambda: tc.metrics.registry.get_sample_value(
+            "pulsar_txn_created_total", labels) == 1)
+        assert (await header(store, 0, least)).state is TxnState.OPEN
+        clock.now += 1000
+        assert await tc.abort_expired_now() == 1
+        assert (await header(store, 0, least)).state is TxnState.ABORTED
+        assert not partition.open_txns()
+    finally:
+        await tc.stop()
