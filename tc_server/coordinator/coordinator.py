@@ -330,7 +330,9 @@ class TransactionCoordinator:
     async def _lost(self, tc_id: int) -> None:
         partition = self._partitions.pop(tc_id, None)
         self.metrics.leader.labels(str(tc_id)).set(0)
-        self.metrics.active.labels(**self.metrics.tc(tc_id)).set(0)
+        # The gauge reads the partition when scraped (set_function); point it away from the lost
+        # partition, which it would otherwise keep alive (with its open-txn maps) until led again.
+        self.metrics.active.labels(**self.metrics.tc(tc_id)).set_function(lambda: 0)
         if partition is not None:
             await partition.stop()
 
