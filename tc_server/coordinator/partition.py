@@ -181,6 +181,9 @@ class CoordinatorPartition:
         # watermark computed from what is held here.
         self._recovered = False
         self._stopped = False
+        # The loop of the first request, kept: asyncio.get_running_loop() makes a getpid() system call
+        # per call in CPython 3.11 (its fork check), which showed in the profile (issue 13).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._participant_writes = metrics.op_writes.labels("participant")
         self._undelivered_gauge = metrics.undelivered.labels(**labels)
         self._undelivered_gauge.set_function(lambda: len(self._undelivered))
@@ -289,7 +292,9 @@ class CoordinatorPartition:
         # but never counted as created). This request waits on a plain future that _written resolves:
         # cancelling the request cancels only that future, never the write (what asyncio.shield()
         # did, with one future and callback less: profiled, issue 13).
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         write = loop.create_task(self._store.put(
             layout.header_path(self.tc_id, least),
             header.to_json(),
@@ -572,6 +577,8 @@ class CoordinatorPartition:
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""
         complete = least in self._complete
+        if complete and least not in self._recorded and least not in self._recording:
+            return  # the common END_TXN without participants: no dict built (issue 13)
         recorded = {**self._recorded.get(least, {}), **self._recording.get(least, {})}
         if complete and not recorded:
             return

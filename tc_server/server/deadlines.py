@@ -23,13 +23,18 @@ class RequestDeadlines:
         self._buckets: dict[int, set[asyncio.Task[Any]]] = {}
         # Tasks this class cancelled whose CancelledError has not been turned into a TimeoutError yet.
         self._expired: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first enter()
 
     def enter(self) -> tuple[asyncio.Task[Any], set[asyncio.Task[Any]]]:
         """Start the deadline of the current task; pass the result to :meth:`leave` in a ``finally``."""
-        task = asyncio.current_task()
+        # The loop is looked up once: asyncio.get_running_loop() (also inside current_task() without
+        # a loop) makes a getpid() system call per call in CPython 3.11 (issue 13, profiled).
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("RequestDeadlines.enter() outside a task")
-        loop = asyncio.get_running_loop()
         tick = int(loop.time() / self._tick_s)
         bucket = self._buckets.get(tick)
         if bucket is None:
