@@ -577,12 +577,10 @@ class CoordinatorPartition:
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""
         complete = least in self._complete
-        if complete and least not in self._recorded and least not in self._recording:
-            return  # the common END_TXN without participants: no dict built (issue 13)
-        recorded = {**self._recorded.get(least, {}), **self._recording.get(least, {})}
-        if complete and not recorded:
-            return
-        participants = list(recorded.items()) if complete else None
+        recorded, recording = self._recorded.get(least), self._recording.get(least)
+        if complete and not recorded and not recording:
+            return  # the common END_TXN without participants: no merged dict built (issue 13)
+        participants = list({**(recorded or {}), **(recording or {})}.items()) if complete else None
         self._start_delivery(least, ended.state, participants, ended.finalized_ms or self._clock())
 
     def _start_delivery(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,

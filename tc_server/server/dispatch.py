@@ -161,10 +161,7 @@ class Dispatcher:
         unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
         name, response_type = _KINDS[type(cmd)]
-        if isinstance(cmd, NewTxn):
-            most, least = cmd.tc_id, 0
-        else:
-            most, least = cmd.most, cmd.least
+        most, least = _txn_id(cmd)
         error: ServerError | None = None
         message: str | None = None
         delivery: asyncio.Future[None] | None = None  # END_TXN: the delivery of a new decision
@@ -207,9 +204,7 @@ class Dispatcher:
     @staticmethod
     def error_response(cmd: TxnRequest, error: ServerError, message: str) -> TxnResponse:
         """``cmd``'s typed response carrying ``error`` (txnid_most_bits set: the Java client routes on it)."""
-        most = cmd.tc_id if isinstance(cmd, NewTxn) else cmd.most
-        least = 0 if isinstance(cmd, NewTxn) else cmd.least
-        return _KINDS[type(cmd)][1](cmd.request_id, most, least, error, message)
+        return _KINDS[type(cmd)][1](cmd.request_id, *_txn_id(cmd), error, message)
 
     async def _wait_delivered(self, delivery: asyncio.Future[None], most: int, least: int) -> None:
         """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
@@ -222,6 +217,11 @@ class Dispatcher:
         except TimeoutError:
             log.info("answering END_TXN before every participant acknowledged; delivery continues",
                      txn=f"({most},{least})", waited_s=self.participant_wait_s)
+
+
+def _txn_id(cmd: TxnRequest) -> tuple[int, int]:
+    """The (most, least) a request's answer carries: NEW_TXN has no txn yet, only its coordinator."""
+    return (cmd.tc_id, 0) if isinstance(cmd, NewTxn) else (cmd.most, cmd.least)
 
 
 def _participants(cmd: AddPartitionToTxn | AddSubscriptionToTxn) -> tuple[Participant, ...]:
