@@ -29,6 +29,7 @@ from tc_server.server.listener import PulsarListener
 from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore
+from tc_server.store.embedded import EmbeddedStore
 from tc_server.workers import WorkerRole
 
 log = structlog.get_logger("tc_server")
@@ -155,6 +156,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
     store = store if store is not None else await open_configured_store(settings)
+    if isinstance(store, EmbeddedStore):  # its group commits are what tc_server_store_batch_size counts
+        store.on_commit = metrics.store_batch_size.observe
     coordinator: TransactionCoordinator | None = None
     broker_pool: ConnectionPool | None = None
     try:

@@ -99,6 +99,12 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` and every process below it (a supervisor's workers, the embedded store's
+    writer process): what a server costs, whichever of its processes does the work."""
+    return sum(cpu_seconds_of(each) for each in (pid, *descendants_of(pid)))
+
+
 def rss_bytes_of(pid: int, field: str = "VmRSS") -> int:
     """Resident set size of process ``pid`` (Linux /proc/<pid>/status VmRSS; ``field="VmHWM"``: its peak so
     far); 0 where /proc cannot tell."""
@@ -279,8 +285,9 @@ class TcServerProcess(LoggedProcess):
         read even when other processes share the cores; NaN where /proc cannot tell."""
         if self.proc is None:
             return float("nan")
-        # With --workers N: the supervisor and every worker (a worker restarted meanwhile starts at 0).
-        return sum(cpu_seconds_of(pid) for pid in (self.proc.pid, *descendants_of(self.proc.pid)))
+        # With --workers N: the supervisor and every worker (a worker restarted meanwhile starts at 0); the
+        # embedded store's writer processes too.
+        return tree_cpu_seconds(self.proc.pid)
 
     def rss_bytes(self) -> int:
         """Resident set size of the process (and its workers) now; 0 when it is not running."""

@@ -11,11 +11,14 @@ Durability. The file is in WAL mode with ``synchronous=FULL``: a write's future 
 its ``COMMIT`` returned, which fsyncs the WAL, so a ``kill -9`` (or a power cut) loses nothing that
 was acknowledged.
 
-Group commit. One dedicated writer thread owns the write connection. Concurrent writes are queued;
-the writer takes everything queued (up to :data:`MAX_GROUP_OPS` operations), applies it in ONE
-transaction with one fsync, and resolves every caller's future. An fsync costs milliseconds, so this
-is what lets many concurrent conditional puts share one disk flush. As in Oxia, each operation has
-its own outcome: a failed condition in one does not fail the others, in the group or in the batch.
+Group commit. One writer process owns the write connection (tc_server/store/sqlite_writer.py says why
+a process and not a thread). Writes made during one turn of the event loop go to it in one frame; it
+takes everything that has arrived (up to :data:`MAX_GROUP_OPS` operations), applies it in ONE
+transaction with one fsync, and answers; then the callers' futures resolve. An fsync costs up to
+milliseconds, so this is what lets many concurrent conditional puts share one disk flush. As in Oxia,
+each operation has its own outcome: a failed condition in one does not fail the others, in the group
+or in the batch. If the writer process dies, the writes in flight fail with
+:class:`StoreUnavailableError` (their outcome is unknown) and the next write starts a new one.
 
 Reads never wait for the writer (WAL readers do not block) and a read issued after a write was
 acknowledged sees it (every read statement starts a fresh WAL snapshot). A ``get`` is one B-tree
@@ -29,8 +32,10 @@ Sessions. The process is the session: ephemeral records are deleted by :meth:`Em
 and, after a crash, when the file is next opened (the session that owned them is gone). An
 exclusive ``flock`` on the database file itself keeps a second process (or store) out: the writer
 holds the version counter in memory and must be the only writer. It is no separate file a person
-could delete (issue 15), and the kernel drops it with the process, ``kill -9`` included. (SQLite's
-own locks are POSIX ``fcntl`` locks, which on Linux never conflict with ``flock``.)
+could delete (issue 15), and the kernel drops it with the process, ``kill -9`` included; the writer
+process holds it too, so a tc-server killed while its writer finishes a group is not replaced until
+that writer is gone (open waits up to :data:`LOCK_WAIT_S` for it). (SQLite's own locks are POSIX
+``fcntl`` locks, which on Linux never conflict with ``flock``.)
 
 Like the memory store, the data is one "shard": ``partition_key`` is stored but never narrows reads.
 
@@ -41,14 +46,15 @@ for a key deleted and recreated across restarts (a stale CAS must keep failing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import functools
 import itertools
 import os
-import queue
+import socket
 import sqlite3
+import subprocess
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,7 +64,6 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from tc_server.store.api import (
-    EXPECT_ABSENT,
     Delete,
     Notification,
     NotificationType,
@@ -69,12 +74,12 @@ from tc_server.store.api import (
     StoreError,
     StoreUnavailableError,
     WriteResult,
-    sequence_key,
     validate_put,
 )
-from tc_server.store.keys import is_child, now_ms, sequence_suffix, sequence_upper_bound
+from tc_server.store.keys import is_child
 from tc_server.store.notify import NotificationHub, Subscription
-from tc_server.store.writes import StoreWrites, version_matches
+from tc_server.store.sqlite_writer import COMMITTED, DELETE, PUT, FrameBuffer, command, encode_frame, index_names
+from tc_server.store.writes import StoreWrites
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +91,14 @@ DB_FILENAME: Final = "tc-server.sqlite3"
 # one transaction holds the writer and how many callers one failed fsync affects.
 MAX_GROUP_OPS: Final = 1000
 SCAN_PAGE_ROWS: Final = 1000
+# How long open() waits for the file's lock: the writer process of a tc-server that was just killed
+# finishes its group and exits on its own (it reads EOF), holding the lock until then.
+LOCK_WAIT_S: Final = 2.0
+# How long close() waits for the writer process to end after its channel closed (it finishes its group).
+WRITER_EXIT_S: Final = 30.0
+READ_CHUNK: Final = 1 << 20
+# The directory that holds the tc_server package: the writer process imports the very same code.
+_PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS records (
@@ -122,14 +135,6 @@ _INDEX_FROM: Final = _INDEX_SELECT + "e.secondary_key >= ? ORDER BY e.secondary_
 _INDEX_AFTER: Final = (_INDEX_SELECT
                        + "(e.secondary_key, e.key) > (?, ?) ORDER BY e.secondary_key, e.key LIMIT ?")
 
-# The writer's statements (see _put): a create that does nothing on a present key (rowcount 0), and
-# the update of a present key (created_ms kept).
-_CREATE: Final = ("INSERT INTO records (key, value, version, created_ms, modified_ms, partition_key, ephemeral)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
-_UPDATE: Final = ("UPDATE records SET value = ?, version = ?, modified_ms = ?, partition_key = ?, ephemeral = ?"
-                  " WHERE key = ?")
-_INDEX_INSERT: Final = "INSERT INTO index_entries (index_name, secondary_key, key) VALUES (?, ?, ?)"
-
 _T = TypeVar("_T")
 _Row = tuple[str, bytes, int, int, int]
 
@@ -147,10 +152,9 @@ def _unavailable(what: str, exc: BaseException) -> StoreUnavailableError:
 class _WriteRequest:
     """One caller's operations; ``ops is None`` asks the writer to drop the session's ephemerals.
 
-    The writer fills ``notes`` and, for a ``write_batch``, ``results`` (one per op) or, for a single
-    put (``wants_record``), ``record`` (the stored record, None if its condition failed): only what
-    the caller reads is built (issue 13: per-op objects were a measurable share of the writer's CPU).
-    The future resolves with the request itself."""
+    The writer's answer fills ``notes`` and, for a ``write_batch``, ``results`` (one per op) or, for a
+    single put (``wants_record``), ``record`` (the stored record, None if its condition failed): only
+    what the caller reads is built (issue 13). The future resolves with the request itself."""
 
     ops: Sequence[Put | Delete] | None
     future: asyncio.Future[_WriteRequest]
@@ -158,9 +162,6 @@ class _WriteRequest:
     results: list[WriteResult] = field(default_factory=list)
     record: Record | None = None
     notes: list[Notification] = field(default_factory=list)
-
-
-_STOP: Final = object()
 
 
 class EmbeddedStore(StoreWrites):
@@ -175,36 +176,36 @@ class EmbeddedStore(StoreWrites):
 
     on_commit: Callable[[int], None] | None
 
-    def __init__(self, path: Path, lock_fd: int, write_conn: sqlite3.Connection,
-                 get_conn: sqlite3.Connection, scan_conn: sqlite3.Connection, version: int,
-                 indexed: set[str], max_group_ops: int,
-                 scan_page_rows: int) -> None:
+    def __init__(self, path: Path, lock_fd: int, get_conn: sqlite3.Connection, scan_conn: sqlite3.Connection,
+                 indexed: set[str], max_group_ops: int, scan_page_rows: int) -> None:
         # Use open(); this only wires already opened resources together.
         self.path = path
         self.on_commit = None
         self._lock_fd = lock_fd
-        self._write_conn = write_conn
         self._get_conn = get_conn
         self._scan_conn = scan_conn
-        self._version = version  # owned by the writer thread from now on
-        # The names of the indexes that may hold entries: read from the file at open, and the writer
-        # adds a name before it commits an entry of it. Never emptied while open, so a name missing
-        # here has no entry at all (this store is the only writer of its file), and scan_index
-        # answers without SQLite: END_TXN's idx:ops-by-txn scan, which today's brokers leave empty,
-        # was a query on the event loop per transaction (issue 13). The writer only adds; a set's
-        # add and `in` are atomic under the GIL.
+        # The names of the indexes that may hold entries: read from the file at open, and each answer
+        # of the writer adds the names its group wrote first, before any of its callers hears of it.
+        # Never emptied while open, so a name missing here has no acknowledged entry at all (the writer
+        # is the only one of its file), and scan_index answers without SQLite: END_TXN's
+        # idx:ops-by-txn scan, which today's brokers leave empty, was a query on the event loop per
+        # transaction (issue 13).
         self._indexed = indexed
         self._max_group_ops = max_group_ops
         self._scan_page_rows = scan_page_rows
         self._loop = asyncio.get_running_loop()
-        self._queue: queue.SimpleQueue[_WriteRequest | object] = queue.SimpleQueue()
         self._hub = NotificationHub()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tc-store-read")
-        # Daemon: a store the program forgot to close must not keep the interpreter alive; an
-        # interrupted transaction is rolled back by SQLite like any crash.
-        self._writer = threading.Thread(target=self._writer_main, name="tc-store-write", daemon=True)
         self._closed = False
-        self._writer.start()
+        # The writer process and its channel (None until the first write, and after it died).
+        self._writer: subprocess.Popen[bytes] | None = None
+        self._channel: socket.socket | None = None
+        self._frames = FrameBuffer()
+        self._unsent = b""  # what the channel did not take yet (it is sent when writable again)
+        self._outbox: list[tuple[int, list[tuple[Any, ...]] | None]] = []  # this turn's requests
+        self._pending: dict[int, _WriteRequest] = {}  # sent or to be sent, by request id, in order
+        self._request_ids = itertools.count()
+        self._drained: asyncio.Future[None] | None = None  # close() waits on it for the last answers
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
@@ -217,10 +218,14 @@ class EmbeddedStore(StoreWrites):
         if max_group_ops < 1 or scan_page_rows < 1:
             raise ValueError("max_group_ops and scan_page_rows must be positive")
         directory = Path(data_dir)
-        lock_fd, write_conn, get_conn, scan_conn, version, indexed = await asyncio.to_thread(
-            _open_files, directory)
-        return cls(directory / DB_FILENAME, lock_fd, write_conn, get_conn, scan_conn, version, indexed,
-                   max_group_ops, scan_page_rows)
+        lock_fd, get_conn, scan_conn, indexed = await asyncio.to_thread(_open_files, directory)
+        store = cls(directory / DB_FILENAME, lock_fd, get_conn, scan_conn, indexed, max_group_ops, scan_page_rows)
+        try:
+            store._start_writer()
+        except OSError as exc:
+            await store._release()
+            raise _unavailable("starting the writer process", exc) from exc
+        return store
 
     def _check_open(self) -> None:
         if self._closed:
@@ -248,91 +253,158 @@ class EmbeddedStore(StoreWrites):
         """Queue the operations for the writer; the caller awaits the returned future (a plain function,
         not a coroutine: one coroutine layer less per write, profiled, issue 13)."""
         self._check_open()
+        if self._channel is None:
+            try:
+                self._start_writer()
+            except OSError as exc:
+                raise _unavailable("starting the writer process", exc) from exc
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
-        self._queue.put(_WriteRequest(ops, future, wants_record))
+        request_id = next(self._request_ids)
+        self._pending[request_id] = _WriteRequest(ops, future, wants_record)
+        if not self._outbox:
+            self._loop.call_soon(self._send_outbox)
+        self._outbox.append((request_id, None if ops is None else [_encode(op) for op in ops]))
         # Cancelling the caller cancels this future but cannot un-send the write: the outcome is then
-        # unknown, as the Protocol says; the writer skips a future that is already done. (No shield():
+        # unknown, as the Protocol says; the answer skips a future that is already done. (No shield():
         # its extra future and callbacks were ~2% of the CPU per transaction, profiled.)
         return future
 
-    # -- the writer thread ----------------------------------------------------------------------
+    # -- the channel to the writer process --------------------------------------------------------
 
-    def _writer_main(self) -> None:
-        conn = self._write_conn
+    def _start_writer(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            stopping = False
-            while not stopping:
-                first = self._queue.get()
-                if first is _STOP:
-                    break
-                assert isinstance(first, _WriteRequest)
-                group = [first]
-                size = _size(first)
-                while size < self._max_group_ops:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    assert isinstance(item, _WriteRequest)
-                    group.append(item)
-                    size += _size(item)
-                self._commit_group(conn, group, size)
+            self._writer = subprocess.Popen(
+                command(_PACKAGE_ROOT, self.path, theirs.fileno(), self._lock_fd, self._max_group_ops),
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(), self._lock_fd))
+        except BaseException:
+            ours.close()
+            raise
         finally:
-            conn.close()
+            theirs.close()
+        ours.setblocking(False)
+        self._channel = ours
+        self._frames = FrameBuffer()
+        self._unsent = b""
+        self._loop.add_reader(ours.fileno(), self._on_readable)
 
-    def _commit_group(self, conn: sqlite3.Connection, group: list[_WriteRequest], size: int) -> None:
-        version = self._version
-        # One cursor for the group: conn.execute() builds a cursor per statement (~0.7 us each, a
-        # few statements per put). Each execute resets the cursor's previous statement, so none is
-        # left active at COMMIT. One timestamp for the group: its puts commit together.
-        now = now_ms()
-        try:
-            cursor = conn.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
-            for request in group:
-                version = _apply_request(cursor, request, version, now, self._indexed)
-            cursor.execute("UPDATE meta SET value = ? WHERE name = 'version'", (version,))
-            cursor.execute("COMMIT")
-        except Exception as exc:  # noqa: BLE001 -- every caller of the group must hear about it
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                error: Exception = _unavailable("write", exc)
-                log.exception("store_commit_failed", path=str(self.path), ops=size)
-            else:
-                error = exc
-                log.exception("store_commit_bug", path=str(self.path), ops=size)
-            self._to_loop(self._fail_group, group, error)
+    def _send_outbox(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if outbox and self._channel is not None:
+            self._send(encode_frame(outbox))
+
+    def _send(self, data: bytes) -> None:
+        channel = self._channel
+        assert channel is not None
+        if self._unsent:  # the channel is full: keep the order, the writable callback sends it
+            self._unsent += data
             return
-        self._version = version
-        self._to_loop(self._complete_group, group, size)
+        try:
+            sent = channel.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._writer_lost(f"sending to it failed: {exc}")
+            return
+        if sent < len(data):
+            self._unsent = data[sent:]
+            self._loop.add_writer(channel.fileno(), self._on_writable)
 
-    def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
-        # The loop may already be closed if the program exits without closing the store.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(fn, *args)
+    def _on_writable(self) -> None:
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            sent = channel.send(self._unsent)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._writer_lost(f"sending to it failed: {exc}")
+            return
+        self._unsent = self._unsent[sent:]
+        if not self._unsent:
+            self._loop.remove_writer(channel.fileno())
 
-    # -- back on the event loop -----------------------------------------------------------------
+    def _on_readable(self) -> None:
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            data = channel.recv(READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._writer_lost(f"reading from it failed: {exc}")
+            return
+        if not data:
+            self._writer_lost("it closed the channel")
+            return
+        for answer in self._frames.feed(data):
+            if answer[0] == COMMITTED:
+                self._committed(*answer[1:])
+            else:
+                self._failed(*answer[1:])
 
-    def _complete_group(self, group: list[_WriteRequest], size: int) -> None:
+    def _committed(self, now: int, index_names_added: list[str],
+                   answers: list[tuple[int, list[Any]]]) -> None:
+        # Index names first: a caller that scans after its write finds the entries.
+        self._indexed.update(index_names_added)
+        pending = self._pending
+        done = []
+        size = 0
+        for request_id, outcomes in answers:
+            request = pending.pop(request_id)
+            size += _fill(request, outcomes, now)
+            done.append(request)
         # Publish before resolving: a caller that reacts to its write already finds it in the
         # notification streams, and streams see commits in commit order. One batch per group (it is
         # one commit): each subscriber is handed and woken once per commit, not once per caller.
-        self._hub.publish(itertools.chain.from_iterable(request.notes for request in group))
-        for request in group:
+        self._hub.publish(itertools.chain.from_iterable(request.notes for request in done))
+        for request in done:
             if not request.future.done():
                 request.future.set_result(request)
         if self.on_commit is not None:
             self.on_commit(size)
+        self._check_drained()
 
-    @staticmethod
-    def _fail_group(group: list[_WriteRequest], error: Exception) -> None:
-        for request in group:
+    def _failed(self, message: str, request_ids: list[int]) -> None:
+        log.error("store_commit_failed", path=str(self.path), requests=len(request_ids), error=message)
+        error = StoreUnavailableError(message)
+        for request_id in request_ids:
+            future = self._pending.pop(request_id).future
+            if not future.done():
+                future.set_exception(error)
+        self._check_drained()
+
+    def _writer_lost(self, why: str) -> None:
+        """The writer process is gone (or its channel broke): every write in flight fails with an unknown
+        outcome; the next write starts a new writer, which reads the version counter from the file."""
+        channel, writer = self._channel, self._writer
+        if channel is None:
+            return
+        self._loop.remove_reader(channel.fileno())
+        self._loop.remove_writer(channel.fileno())
+        channel.close()
+        self._channel = self._writer = None
+        self._outbox = []
+        pending, self._pending = self._pending, {}
+        code = writer.poll() if writer is not None else None
+        if not self._closed:
+            log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code, writes_in_flight=len(pending))
+        error = StoreUnavailableError(
+            f"embedded store: the writer process of {self.path} is gone ({why}; exit code {code}); "
+            "the outcome of this write is unknown")
+        for request in pending.values():
             if not request.future.done():
                 request.future.set_exception(error)
+        if writer is not None and code is None:
+            # Reap it off the loop: it exits once it sees the channel closed.
+            threading.Thread(target=writer.wait, name="tc-store-reap", daemon=True).start()
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if not self._pending and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -414,7 +486,7 @@ class EmbeddedStore(StoreWrites):
 
     async def close(self) -> None:
         """End the session: delete its ephemeral records (subscribers see the deletes), finish the
-        queued writes, end the notification streams and release the files."""
+        queued writes, stop the writer process, end the notification streams and release the files."""
         if self._closed:
             return
         try:
@@ -423,8 +495,27 @@ class EmbeddedStore(StoreWrites):
             # Not fatal: the next open deletes them anyway.
             log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc))
         self._closed = True
-        self._queue.put(_STOP)
-        await asyncio.to_thread(self._writer.join)
+        if self._pending:  # writes submitted while the cleanup ran: their answers are on the way
+            self._drained = self._loop.create_future()
+            await self._drained
+        await self._release()
+
+    async def _release(self) -> None:
+        """Stop the writer (EOF on its channel ends it) and close everything this store holds."""
+        self._closed = True
+        writer, channel = self._writer, self._channel
+        if channel is not None:
+            self._loop.remove_reader(channel.fileno())
+            self._loop.remove_writer(channel.fileno())
+            channel.close()
+            self._channel = self._writer = None
+        if writer is not None:
+            try:
+                await asyncio.to_thread(writer.wait, WRITER_EXIT_S)
+            except subprocess.TimeoutExpired:
+                log.error("store_writer_stuck", path=str(self.path), waited_s=WRITER_EXIT_S)  # noqa: TRY400
+                writer.kill()
+                await asyncio.to_thread(writer.wait)
         await self._loop.run_in_executor(self._reader, self._scan_conn.close)
         self._reader.shutdown(wait=True)
         self._get_conn.close()
@@ -432,33 +523,30 @@ class EmbeddedStore(StoreWrites):
         self._hub.close()
 
 
-def _size(request: _WriteRequest) -> int:
-    return 1 if request.ops is None else len(request.ops)
+def _encode(op: Put | Delete) -> tuple[Any, ...]:
+    """An operation as the writer process reads it (sqlite_writer.py: plain tuples pickle fast)."""
+    if isinstance(op, Put):
+        value = op.value if type(op.value) is bytes else bytes(op.value)
+        return (PUT, op.key, value, op.expected_version, op.partition_key, op.ephemeral, op.sequential,
+                dict(op.secondary_indexes) if op.secondary_indexes else None)
+    return (DELETE, op.key, op.expected_version)
 
 
-# -- SQL, run in the writer or reader thread -------------------------------------------------------
-
-
-def _apply_request(cursor: sqlite3.Cursor, request: _WriteRequest, version: int, now: int,
-                   indexed: set[str]) -> int:
-    """Apply one caller's operations inside the open transaction; returns the next version counter."""
+def _fill(request: _WriteRequest, outcomes: list[Any], now: int) -> int:
+    """Turn the writer's outcomes for ``request`` into its notes and results (or record); returns the
+    number of operations, for ``on_commit``."""
     notes = request.notes
     if request.ops is None:
-        keys = [row[0] for row in cursor.execute(
-            "SELECT key FROM records WHERE ephemeral = 1 ORDER BY key").fetchall()]
-        for key in keys:
-            _remove(cursor, key)
-            notes.append(Notification(NotificationType.DELETED, key))
-        return version
+        notes.extend(Notification(NotificationType.DELETED, key) for key in outcomes)
+        return 1
     results = None if request.wants_record else request.results
-    for op in request.ops:
+    for op, outcome in zip(request.ops, outcomes, strict=True):
         if isinstance(op, Put):
-            key, created, existed = _put(cursor, op, version + 1, now, indexed)
-            if created is None:
+            key, version, created, existed = outcome
+            if version is None:
                 if results is not None:
                     results.append(WriteResult(Outcome.BAD_VERSION, key))
                 continue
-            version += 1
             notes.append(Notification(NotificationType.MODIFIED if existed else NotificationType.CREATED,
                                       key, version))
             if results is None:
@@ -466,81 +554,16 @@ def _apply_request(cursor: sqlite3.Cursor, request: _WriteRequest, version: int,
             else:
                 results.append(WriteResult(Outcome.OK, key, version))
         else:
-            outcome = _delete(cursor, op)
+            key, value = outcome
+            result = Outcome(value)
             if results is not None:
-                results.append(WriteResult(outcome, op.key))
-            if outcome is Outcome.OK:
-                notes.append(Notification(NotificationType.DELETED, op.key))
-    return version
+                results.append(WriteResult(result, key))
+            if result is Outcome.OK:
+                notes.append(Notification(NotificationType.DELETED, key))
+    return len(request.ops)
 
 
-def _put(cursor: sqlite3.Cursor, op: Put, version: int, now: int,
-         indexed: set[str]) -> tuple[str, int | None, bool]:
-    """Store ``op`` at ``version`` inside the open transaction: (the key, its created_ms or None
-    when the condition failed and nothing was written, whether the key existed before). Adds the
-    names of the index entries it writes to ``indexed``.
-
-    Fewer statements per put in the writer thread (issue 13): a create is one INSERT that does
-    nothing on a present key (rowcount 0), with no index entries of an earlier record to delete.
-    A write over a present key reads the row first: its version decides, and its created_ms is kept
-    (an UPDATE ... RETURNING created_ms instead cost twice a plain UPDATE on SQLite 3.40, measured)."""
-    key = sequence_key(op.key, _highest_sequence(cursor.connection, op.key) + 1) if op.sequential else op.key
-    value = bytes(op.value)
-    row = None
-    # A sequential key is absent by construction; a create-if-absent needs no read: the INSERT tells.
-    if not (op.expected_version == EXPECT_ABSENT or op.sequential):
-        row = cursor.execute("SELECT version, created_ms FROM records WHERE key = ?", (key,)).fetchone()
-        if not version_matches(row[0] if row else None, op.expected_version):
-            return key, None, row is not None
-    created: int
-    if row is None:
-        cursor.execute(_CREATE, (key, value, version, now, now, op.partition_key, int(op.ephemeral)))
-        if cursor.rowcount == 0:  # only a create-if-absent can meet a present key here
-            return key, None, True
-        created, existed = now, False
-    else:
-        cursor.execute(_UPDATE, (value, version, now, op.partition_key, int(op.ephemeral), key))
-        created, existed = row[1], True
-        cursor.execute("DELETE FROM index_entries WHERE key = ?", (key,))
-    entries = op.secondary_indexes
-    if len(entries) == 1:
-        ((name, secondary),) = entries.items()
-        indexed.add(name)
-        cursor.execute(_INDEX_INSERT, (name, secondary, key))
-    elif entries:
-        indexed.update(entries)
-        cursor.executemany(_INDEX_INSERT, [(name, secondary, key) for name, secondary in entries.items()])
-    return key, created, existed
-
-
-def _delete(cursor: sqlite3.Cursor, op: Delete) -> Outcome:
-    row = cursor.execute("SELECT version FROM records WHERE key = ?", (op.key,)).fetchone()
-    if not version_matches(row[0] if row else None, op.expected_version):
-        return Outcome.BAD_VERSION
-    if row is None:
-        return Outcome.NOT_FOUND
-    _remove(cursor, op.key)
-    return Outcome.OK
-
-
-def _remove(cursor: sqlite3.Cursor, key: str) -> None:
-    cursor.execute("DELETE FROM records WHERE key = ?", (key,))
-    cursor.execute("DELETE FROM index_entries WHERE key = ?", (key,))
-
-
-def _highest_sequence(conn: sqlite3.Connection, prefix: str) -> int:
-    # Walk down from just above prefix-99..9 to the first key of the exact sequence shape
-    # (Oxia: the last key below prefix-<max>).
-    cursor = conn.execute("SELECT key FROM records WHERE key >= ? AND key < ? ORDER BY key DESC",
-                          (prefix + "-", sequence_upper_bound(prefix)))
-    try:
-        for (key,) in cursor:
-            number = sequence_suffix(key, prefix)
-            if number is not None:
-                return number
-        return 0
-    finally:
-        cursor.close()
+# -- SQL, run on the event loop or in the reader thread --------------------------------------------
 
 
 def _children_page(conn: sqlite3.Connection, *, prefix: str, after: str | None, limit: int) -> list[Record]:
@@ -585,10 +608,10 @@ def _index_page(conn: sqlite3.Connection, *, name: str, start: str, end: str,
     return [((row[0], row[1]), _record(row[1:])) for row in rows]
 
 
-def _open_files(
-        directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Connection, sqlite3.Connection, int, set[str]]:
-    """Lock the database file, open the connections, prepare the schema and drop stale ephemerals;
-    returns the lock, the connections, the version counter and the names of the indexes with entries."""
+def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Connection, set[str]]:
+    """Lock the database file, prepare the schema, drop stale ephemerals and open the read connections;
+    returns the lock, the two read connections and the names of the indexes with entries. (The writer
+    process opens the write connection.)"""
     path = directory / DB_FILENAME
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -597,33 +620,29 @@ def _open_files(
         lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise _unavailable(f"opening {path}", exc) from exc
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+    if not _lock(lock_fd):
         os.close(lock_fd)
-        raise StoreUnavailableError(
-            f"embedded store: {path} is in use by another tc-server process (or store)") from exc
+        raise StoreUnavailableError(f"embedded store: {path} is in use by another tc-server process (or store)")
     opened: list[sqlite3.Connection] = []
     try:
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves (one transaction per group).
-        write_conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        opened.append(write_conn)
-        _require_wal(write_conn, path)
-        write_conn.execute("PRAGMA synchronous=FULL")
-        write_conn.execute("PRAGMA busy_timeout=5000")
-        write_conn.executescript(_SCHEMA)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves. Closed before the writer starts.
+        setup = sqlite3.connect(path, isolation_level=None)
+        opened.append(setup)
+        _require_wal(setup, path)
+        setup.execute("PRAGMA synchronous=FULL")
+        setup.execute("PRAGMA busy_timeout=5000")
+        setup.executescript(_SCHEMA)
         # The session that owned these records is gone (Oxia expires them with the session).
-        write_conn.execute("BEGIN IMMEDIATE")
-        write_conn.execute(
-            "DELETE FROM index_entries WHERE key IN (SELECT key FROM records WHERE ephemeral = 1)")
-        write_conn.execute("DELETE FROM records WHERE ephemeral = 1")
-        write_conn.execute("COMMIT")
-        version = int(write_conn.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
-        indexed = _index_names(write_conn)
+        setup.execute("BEGIN IMMEDIATE")
+        setup.execute("DELETE FROM index_entries WHERE key IN (SELECT key FROM records WHERE ephemeral = 1)")
+        setup.execute("DELETE FROM records WHERE ephemeral = 1")
+        setup.execute("COMMIT")
+        indexed = index_names(setup)
         # Two read connections: a statement open on one would pin its snapshot for the other's reads.
         get_conn = _read_connection(path)
         opened.append(get_conn)
         scan_conn = _read_connection(path)
+        setup.close()
     except (sqlite3.Error, StoreUnavailableError) as exc:
         for conn in opened:
             conn.close()
@@ -631,18 +650,20 @@ def _open_files(
         if isinstance(exc, StoreUnavailableError):
             raise
         raise _unavailable(f"opening {path}", exc) from exc
-    return lock_fd, write_conn, get_conn, scan_conn, version, indexed
+    return lock_fd, get_conn, scan_conn, indexed
 
 
-def _index_names(conn: sqlite3.Connection) -> set[str]:
-    """The distinct index names of ``index_entries``: one primary-key seek per name (the name leads
-    the key), not a read of every entry."""
-    names: set[str] = set()
-    row = conn.execute("SELECT min(index_name) FROM index_entries").fetchone()
-    while row is not None and row[0] is not None:
-        names.add(row[0])
-        row = conn.execute("SELECT min(index_name) FROM index_entries WHERE index_name > ?", (row[0],)).fetchone()
-    return names
+def _lock(fd: int) -> bool:
+    """Take the file's exclusive flock, waiting up to LOCK_WAIT_S for it (see the module text)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+        time.sleep(0.02)
 
 
 def _read_connection(path: Path) -> sqlite3.Connection:

@@ -202,15 +202,42 @@ async def test_corrupt_file_is_unavailable_not_a_crash(tmp_path: Path) -> None:
 
 async def test_failed_commit_is_unavailable_and_the_store_keeps_running(tmp_path: Path) -> None:
     store = await EmbeddedStore.open(tmp_path)
-    await store.put("/r/a", b"")
-    # The writer is idle (blocked on its queue); pull its connection away as a dying disk would.
-    store._write_conn.close()
-    with pytest.raises(StoreUnavailableError):
-        await store.put("/r/b", b"")
-    with pytest.raises(StoreUnavailableError):
-        await store.put("/r/c", b"")
-    assert await store.get("/r/a") is not None
-    await store.close()
+    try:
+        await store.put("/r/a", b"", secondary_indexes={"n": "a"})
+        # A dying file as SQLite would report it: another connection drops the index table under the
+        # writer process, so every group that writes an index entry fails.
+        with sqlite3.connect(tmp_path / DB_FILENAME) as other:
+            other.execute("DROP TABLE index_entries")
+        with pytest.raises(StoreUnavailableError, match="index_entries"):
+            await store.put("/r/b", b"", secondary_indexes={"n": "b"})
+        assert await store.get("/r/b") is None  # the failed group was rolled back
+        # The writer process lives on: a group without index entries commits.
+        assert (await store.put("/r/c", b"")).version > (await store.get("/r/a")).version  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+async def test_killed_writer_process_fails_its_writes_and_the_next_write_starts_another(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        a = await store.put("/r/a", b"")
+        writer = store._writer
+        assert writer is not None
+        # A write in flight when the writer dies: stopped, it cannot answer before the kill.
+        os.kill(writer.pid, signal.SIGSTOP)
+        in_flight = asyncio.ensure_future(store.put("/r/b", b""))
+        await asyncio.sleep(0)  # sent (or at least queued) to the stopped writer
+        os.kill(writer.pid, signal.SIGKILL)
+        # Its outcome is unknown, and the store says so.
+        with pytest.raises(StoreUnavailableError, match="writer process .* is gone"):
+            await in_flight
+        # The next write starts a new writer process, which reads the version counter from the file.
+        c = await store.put("/r/c", b"")
+        assert store._writer is not None and store._writer.pid != writer.pid
+        assert c.version > a.version
+        assert await store.get("/r/a") == a
+    finally:
+        await store.close()
 
 
 async def test_open_store_factory(tmp_path: Path) -> None:
