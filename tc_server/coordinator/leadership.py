@@ -106,7 +106,7 @@ class LeaderElection:
     async def start(self) -> None:
         """Join, campaign once for every partition (up to the fair share), then keep watching."""
         # Subscribe first so that no deletion between the campaign and the watch is missed.
-        notifications = self._store.notifications()
+        notifications = self._store.notifications(layout.LEADER_PREFIX)
         await self._update_share()
         await self.campaign_all()
         self._tasks = [
@@ -275,7 +275,7 @@ class LeaderElection:
             except Exception:  # noqa: BLE001 - the periodic recheck covers; the watch must go on
                 log.exception("leader watch failed")
             await asyncio.sleep(RECHECK_INTERVAL_S)
-            iterator = self._store.notifications().__aiter__()
+            iterator = self._store.notifications(layout.LEADER_PREFIX).__aiter__()
 
     async def _recheck(self) -> None:
         while True:

@@ -196,8 +196,9 @@ class MetadataStore(Protocol):
         With ``partition_key``: that one shard, ordered; without: every shard."""
         ...
 
-    def notifications(self) -> AsyncIterator[Notification]:
-        """Changes committed after the call, for every key (there is no per-range watch in Oxia)."""
+    def notifications(self, key_prefix: str = "") -> AsyncIterator[Notification]:
+        """Changes committed after the call to the keys that start with ``key_prefix`` (every key by
+        default). Oxia has no per-range watch: the stream carries every key and tc-server filters."""
         ...
 
     async def close(self) -> None:

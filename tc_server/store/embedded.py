@@ -78,7 +78,16 @@ from tc_server.store.api import (
 )
 from tc_server.store.keys import is_child
 from tc_server.store.notify import NotificationHub, Subscription
-from tc_server.store.sqlite_writer import COMMITTED, DELETE, PUT, FrameBuffer, command, encode_frame, index_names
+from tc_server.store.sqlite_writer import (
+    COMMITTED,
+    DELETE,
+    PUT,
+    READ_CHUNK,
+    FrameBuffer,
+    command,
+    encode_frame,
+    index_names,
+)
 from tc_server.store.writes import StoreWrites
 
 log = structlog.get_logger(__name__)
@@ -96,7 +105,6 @@ SCAN_PAGE_ROWS: Final = 1000
 LOCK_WAIT_S: Final = 2.0
 # How long close() waits for the writer process to end after its channel closed (it finishes its group).
 WRITER_EXIT_S: Final = 30.0
-READ_CHUNK: Final = 1 << 20
 # The directory that holds the tc_server package: the writer process imports the very same code.
 _PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 
@@ -352,9 +360,10 @@ class EmbeddedStore(StoreWrites):
         pending = self._pending
         done = []
         size = 0
+        wanted = self._hub.wanted_prefixes
         for request_id, outcomes in answers:
             request = pending.pop(request_id)
-            size += _fill(request, outcomes, now)
+            size += _fill(request, outcomes, now, wanted)
             done.append(request)
         # Publish before resolving: a caller that reacts to its write already finds it in the
         # notification streams, and streams see commits in commit order. One batch per group (it is
@@ -478,9 +487,9 @@ class EmbeddedStore(StoreWrites):
                 return
             after = page[-1][0]
 
-    def notifications(self) -> Subscription:
+    def notifications(self, key_prefix: str = "") -> Subscription:
         self._check_open()
-        return self._hub.subscribe()
+        return self._hub.subscribe(key_prefix)
 
     # -- closing --------------------------------------------------------------------------------
 
@@ -532,12 +541,13 @@ def _encode(op: Put | Delete) -> tuple[Any, ...]:
     return (DELETE, op.key, op.expected_version)
 
 
-def _fill(request: _WriteRequest, outcomes: list[Any], now: int) -> int:
-    """Turn the writer's outcomes for ``request`` into its notes and results (or record); returns the
-    number of operations, for ``on_commit``."""
+def _fill(request: _WriteRequest, outcomes: list[Any], now: int, wanted: tuple[str, ...]) -> int:
+    """Turn the writer's outcomes for ``request`` into its results (or record) and the notes of the keys
+    that start with one of ``wanted`` (what subscribers asked for); returns the number of operations, for
+    ``on_commit``."""
     notes = request.notes
     if request.ops is None:
-        notes.extend(Notification(NotificationType.DELETED, key) for key in outcomes)
+        notes.extend(Notification(NotificationType.DELETED, key) for key in outcomes if key.startswith(wanted))
         return 1
     results = None if request.wants_record else request.results
     for op, outcome in zip(request.ops, outcomes, strict=True):
@@ -547,8 +557,9 @@ def _fill(request: _WriteRequest, outcomes: list[Any], now: int) -> int:
                 if results is not None:
                     results.append(WriteResult(Outcome.BAD_VERSION, key))
                 continue
-            notes.append(Notification(NotificationType.MODIFIED if existed else NotificationType.CREATED,
-                                      key, version))
+            if key.startswith(wanted):
+                notes.append(Notification(NotificationType.MODIFIED if existed else NotificationType.CREATED,
+                                          key, version))
             if results is None:
                 request.record = Record(key, bytes(op.value), version, created_ms=created, modified_ms=now)
             else:
@@ -558,7 +569,7 @@ def _fill(request: _WriteRequest, outcomes: list[Any], now: int) -> int:
             result = Outcome(value)
             if results is not None:
                 results.append(WriteResult(result, key))
-            if result is Outcome.OK:
+            if result is Outcome.OK and key.startswith(wanted):
                 notes.append(Notification(NotificationType.DELETED, key))
     return len(request.ops)
 

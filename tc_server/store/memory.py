@@ -280,9 +280,9 @@ class MemoryStore(StoreWrites):
             after, record = found
             yield record
 
-    def notifications(self) -> Subscription:
+    def notifications(self, key_prefix: str = "") -> Subscription:
         self._check_open()
-        return self._hub.subscribe()
+        return self._hub.subscribe(key_prefix)
 
     async def close(self) -> None:
         """End the session: its ephemeral records are deleted (subscribers of every session see the

@@ -37,7 +37,8 @@ class NotificationQueue:
     ``limit`` behind.
     """
 
-    def __init__(self, limit: int, on_end: Callable[[NotificationQueue], None]) -> None:
+    def __init__(self, limit: int, on_end: Callable[[NotificationQueue], None], key_prefix: str = "") -> None:
+        self.key_prefix = key_prefix  # only keys that start with it are delivered
         self._limit = limit
         self._on_end = on_end
         self._items: deque[Notification] = deque()
@@ -70,6 +71,11 @@ class NotificationQueue:
     def deliver(self, batch: list[Notification]) -> None:
         if self._ended:
             return
+        if self.key_prefix:
+            prefix = self.key_prefix
+            batch = [note for note in batch if note.key.startswith(prefix)]
+            if not batch:
+                return
         if len(self._items) + len(batch) > self._limit:
             log.warning("store_notification_subscriber_lagging", queued=len(self._items), limit=self._limit)
             self.end(StoreUnavailableError(
@@ -102,13 +108,24 @@ class NotificationHub:
     def __init__(self, limit: int = SUBSCRIBER_QUEUE_LIMIT) -> None:
         self._limit = limit
         self._subscribers: set[Subscription] = set()
+        # The subscribers' key prefixes, for str.startswith: a store builds no notification of a key
+        # nobody subscribed to (issue 13: the leader watch wants /txn/tc/leader/, not every header).
+        self.wanted_prefixes: tuple[str, ...] = ()
 
-    def subscribe(self) -> Subscription:
+    def subscribe(self, key_prefix: str = "") -> Subscription:
         # Registered now, not at the first __anext__, so that "changes committed after the call"
         # holds even if the caller starts iterating later.
-        sub = Subscription(self._limit, self._subscribers.discard)
+        sub = Subscription(self._limit, self._ended, key_prefix)
         self._subscribers.add(sub)
+        self._update_prefixes()
         return sub
+
+    def _ended(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        self._update_prefixes()
+
+    def _update_prefixes(self) -> None:
+        self.wanted_prefixes = tuple({sub.key_prefix for sub in self._subscribers})
 
     def publish(self, batch: Iterable[Notification]) -> None:
         """Hand one commit's notifications, in commit order, to every subscriber."""

@@ -56,7 +56,9 @@ COMMITTED: Final = 0
 FAILED: Final = 1
 
 _LENGTH: Final = struct.Struct(">I")
-READ_CHUNK: Final = 1 << 20
+# Bytes asked of one recv() on the channel, by both ends. Under glibc's mmap threshold (128 KiB): a 1 MiB
+# buffer was an mmap, mremap and munmap per read (a group's answer is a few KiB), profiled with strace.
+READ_CHUNK: Final = 64 * 1024
 
 # The writer's statements (see _put): a create that does nothing on a present key (rowcount 0), and
 # the update of a present key (created_ms kept).

@@ -420,6 +420,22 @@ async def test_notifications_types_and_order(store: MetadataStore) -> None:
     ]
 
 
+async def test_notifications_of_a_key_prefix_only(store: MetadataStore) -> None:
+    leaders = store.notifications("/c/leader/")
+    everything = store.notifications()
+    await store.put("/c/header/1", b"")
+    created = await store.put("/c/leader/1", b"")
+    await store.write_batch([Put("/c/header/2", b""), Delete("/c/header/1"), Delete("/c/leader/1")])
+    last = await store.put("/c/leader/2", b"")
+    assert await take(leaders, 3) == [
+        Notification(NotificationType.CREATED, "/c/leader/1", created.version),
+        Notification(NotificationType.DELETED, "/c/leader/1"),
+        Notification(NotificationType.CREATED, "/c/leader/2", last.version),
+    ]
+    # The same writes in full for a subscriber of every key (the filter is per subscriber).
+    assert len(await take(everything, 6)) == 6
+
+
 async def test_notifications_of_a_batch_in_order(store: MetadataStore) -> None:
     stream = store.notifications()
     results = await store.write_batch([

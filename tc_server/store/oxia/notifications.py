@@ -60,8 +60,8 @@ class OxiaSubscription(NotificationQueue):
     """One subscriber's stream; batches at or below its offset snapshot (committed before it
     subscribed) are not delivered."""
 
-    def __init__(self, pump: NotificationPump, snapshot: dict[int, int], limit: int) -> None:
-        super().__init__(limit, pump._subscribers.discard)
+    def __init__(self, pump: NotificationPump, snapshot: dict[int, int], limit: int, key_prefix: str = "") -> None:
+        super().__init__(limit, pump._subscribers.discard, key_prefix)
         self._snapshot = snapshot
 
     def _push(self, shard: int, offset: int, items: list[Notification]) -> None:
@@ -118,11 +118,11 @@ class NotificationPump:
             return False
         return True
 
-    def subscribe(self) -> OxiaSubscription:
+    def subscribe(self, key_prefix: str = "") -> OxiaSubscription:
         snapshot = dict(self._offsets)
         for shard, offset in self._own_offsets.items():
             snapshot[shard] = max(offset, snapshot.get(shard, offset))
-        sub = OxiaSubscription(self, snapshot, self._limit)
+        sub = OxiaSubscription(self, snapshot, self._limit, key_prefix)
         self._subscribers.add(sub)
         return sub
 

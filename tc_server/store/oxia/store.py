@@ -307,10 +307,11 @@ class OxiaStore(StoreWrites):
                 if children_of is None or is_child(record.key, children_of):
                     yield record
 
-    def notifications(self) -> OxiaSubscription:
-        """Changes committed after the call on every shard (notifications.py says how exactly)."""
+    def notifications(self, key_prefix: str = "") -> OxiaSubscription:
+        """Changes committed after the call on every shard to keys starting with ``key_prefix``
+        (notifications.py says how exactly)."""
         self._check_open()
-        return self._pump.subscribe()
+        return self._pump.subscribe(key_prefix)
 
     async def close(self) -> None:
         """Close the sessions (Oxia deletes their ephemeral records), deliver the notifications of
