@@ -104,7 +104,7 @@ SCAN_PAGE_ROWS: Final = 1000
 # finishes its group and exits on its own (it reads EOF), holding the lock until then.
 LOCK_WAIT_S: Final = 2.0
 # How long close() waits for the writer process to end after its channel closed (it finishes its group).
-WRITER_EXIT_S: Final = 30.0
+WRITER_EXIT_S: Final = 10.0
 # The directory that holds the tc_server package: the writer process imports the very same code.
 _PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 
@@ -213,7 +213,7 @@ class EmbeddedStore(StoreWrites):
         self._outbox: list[tuple[int, list[tuple[Any, ...]] | None]] = []  # this turn's requests
         self._pending: dict[int, _WriteRequest] = {}  # sent or to be sent, by request id, in order
         self._request_ids = itertools.count()
-        self._drained: asyncio.Future[None] | None = None  # close() waits on it for the last answers
+        self._closing: asyncio.Future[None] | None = None  # close(), once, whoever calls it
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
@@ -347,6 +347,9 @@ class EmbeddedStore(StoreWrites):
         if not data:
             self._writer_lost("it closed the channel")
             return
+        self._answered(data)
+
+    def _answered(self, data: bytes) -> None:
         for answer in self._frames.feed(data):
             if answer[0] == COMMITTED:
                 self._committed(*answer[1:])
@@ -374,7 +377,6 @@ class EmbeddedStore(StoreWrites):
                 request.future.set_result(request)
         if self.on_commit is not None:
             self.on_commit(size)
-        self._check_drained()
 
     def _failed(self, message: str, request_ids: list[int]) -> None:
         log.error("store_commit_failed", path=str(self.path), requests=len(request_ids), error=message)
@@ -383,7 +385,6 @@ class EmbeddedStore(StoreWrites):
             future = self._pending.pop(request_id).future
             if not future.done():
                 future.set_exception(error)
-        self._check_drained()
 
     def _writer_lost(self, why: str) -> None:
         """The writer process is gone (or its channel broke): every write in flight fails with an unknown
@@ -391,29 +392,50 @@ class EmbeddedStore(StoreWrites):
         channel, writer = self._channel, self._writer
         if channel is None:
             return
-        self._loop.remove_reader(channel.fileno())
-        self._loop.remove_writer(channel.fileno())
-        channel.close()
-        self._channel = self._writer = None
-        self._outbox = []
-        pending, self._pending = self._pending, {}
+        # What the writer answered before it went is still in the socket buffer (a failed send may be
+        # how its death was noticed): those writes were committed, hand them out first.
+        while True:
+            try:
+                data = channel.recv(READ_CHUNK)
+            except OSError:
+                break
+            if not data:
+                break
+            self._answered(data)
+        self._close_channel()
         code = writer.poll() if writer is not None else None
+        unanswered = self._fail_pending(
+            f"the writer process of {self.path} is gone ({why}; exit code {code}); the outcome of this write "
+            "is unknown")
         if not self._closed:
-            log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code, writes_in_flight=len(pending))
-        error = StoreUnavailableError(
-            f"embedded store: the writer process of {self.path} is gone ({why}; exit code {code}); "
-            "the outcome of this write is unknown")
-        for request in pending.values():
-            if not request.future.done():
-                request.future.set_exception(error)
+            log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code, writes_in_flight=unanswered)
+        if unanswered:
+            # Some of them may have been committed, and their notifications will never come.
+            self._hub.fail(StoreUnavailableError(
+                f"embedded store: the writer process of {self.path} died with writes in flight; re-read the "
+                "state and subscribe again"))
         if writer is not None and code is None:
             # Reap it off the loop: it exits once it sees the channel closed.
             threading.Thread(target=writer.wait, name="tc-store-reap", daemon=True).start()
-        self._check_drained()
 
-    def _check_drained(self) -> None:
-        if not self._pending and self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+    def _close_channel(self) -> None:
+        """Stop using the channel; closing it is EOF for the writer, which then exits."""
+        channel = self._channel
+        if channel is not None:
+            self._loop.remove_reader(channel.fileno())
+            self._loop.remove_writer(channel.fileno())
+            channel.close()
+        self._channel = self._writer = None
+        self._outbox = []
+
+    def _fail_pending(self, why: str) -> int:
+        """Fail every write not answered yet with StoreUnavailableError; returns how many there were."""
+        pending, self._pending = self._pending, {}
+        error = StoreUnavailableError(f"embedded store: {why}")
+        for request in pending.values():
+            if not request.future.done():
+                request.future.set_exception(error)
+        return len(pending)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -495,29 +517,37 @@ class EmbeddedStore(StoreWrites):
 
     async def close(self) -> None:
         """End the session: delete its ephemeral records (subscribers see the deletes), finish the
-        queued writes, stop the writer process, end the notification streams and release the files."""
-        if self._closed:
+        queued writes, stop the writer process, end the notification streams and release the files.
+        Concurrent and repeated calls share one close."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        if self._closed:  # released already (an open that failed)
             return
         try:
-            await self._submit(None)
+            cleanup: asyncio.Future[_WriteRequest] | None = self._submit(None)
         except StoreError as exc:
-            # Not fatal: the next open deletes them anyway.
+            cleanup = None
             log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc))
+        # From here every write is refused. Those queued before the cleanup are answered before it (the
+        # writer keeps their order), so none is left once it is done, and none can outlive the session.
         self._closed = True
-        if self._pending:  # writes submitted while the cleanup ran: their answers are on the way
-            self._drained = self._loop.create_future()
-            await self._drained
+        if cleanup is not None:
+            try:
+                await asyncio.wait_for(cleanup, WRITER_EXIT_S)
+            except (StoreError, TimeoutError) as exc:
+                # Not fatal: the next open deletes them anyway.
+                log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc) or repr(exc))
         await self._release()
 
     async def _release(self) -> None:
         """Stop the writer (EOF on its channel ends it) and close everything this store holds."""
         self._closed = True
-        writer, channel = self._writer, self._channel
-        if channel is not None:
-            self._loop.remove_reader(channel.fileno())
-            self._loop.remove_writer(channel.fileno())
-            channel.close()
-            self._channel = self._writer = None
+        writer = self._writer
+        self._close_channel()
+        self._fail_pending("the store was closed before the writer answered; the outcome of this write is unknown")
         if writer is not None:
             try:
                 await asyncio.to_thread(writer.wait, WRITER_EXIT_S)

@@ -135,6 +135,12 @@ class NotificationHub:
         for sub in list(self._subscribers):
             sub.deliver(items)
 
+    def fail(self, error: StoreError) -> None:
+        """Break every subscription with ``error`` (after what is already queued): changes may have been
+        committed that no notification will ever report, so subscribers must re-read the state."""
+        for sub in list(self._subscribers):
+            sub.end(error)
+
     def close(self) -> None:
         """End every subscription (after what is already queued)."""
         for sub in list(self._subscribers):

@@ -26,8 +26,9 @@ this code, in processes of one tc-server, never a peer on the network):
 * writer -> tc-server, one frame per group: ``(COMMITTED, modified_ms, index_names, answers)`` where each
   answer is ``(request_id, outcomes)``: per put ``(key, version or None when its condition failed,
   created_ms, existed)``, per delete ``(key, Outcome value)``, or the deleted keys for ``ops`` None; and
-  ``index_names`` the index names this group wrote an entry of for the first time. Or ``(FAILED,
-  message, request_ids)``.
+  ``index_names`` the index names this group wrote an entry of for the first time (in a writer's first
+  answer: every name in the file, as a writer before it may have died before announcing one). Or
+  ``(FAILED, message, request_ids)``.
 
 Run by :class:`~tc_server.store.embedded.EmbeddedStore`:
 ``python -c … DB_PATH SOCKET_FD LOCK_FD MAX_GROUP_OPS`` (see :func:`command`).
@@ -138,9 +139,18 @@ class Writer:
         self._max_group_ops = max_group_ops
         self._version = int(conn.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
         self._indexed = index_names(conn)
+        # A writer before this one may have committed the first entry of a name and died before its answer
+        # reached tc-server: this writer's first answer announces every name of the file.
+        self._unannounced = set(self._indexed)
 
     def serve(self, channel: socket.socket) -> None:
-        """Answer groups until tc-server closes the channel."""
+        """Answer groups until tc-server closes the channel (or is gone: then quietly, too)."""
+        try:
+            self._serve(channel)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _serve(self, channel: socket.socket) -> None:
         frames = FrameBuffer()
         waiting: deque[Request] = deque()
         while True:
@@ -198,11 +208,15 @@ class Writer:
             except sqlite3.Error:
                 pass
             self._indexed -= added
+            # The versions this group used are skipped, not reused: a COMMIT that failed in its fsync
+            # may still have reached the disk.
+            self._version = version
             what = "write" if isinstance(exc, sqlite3.Error) else "write (a bug in the writer)"
             return (FAILED, f"embedded store: {what} failed: {type(exc).__name__}: {exc}",
                     [request_id for request_id, _ in group])
         self._version = version
-        return (COMMITTED, now, sorted(added), answers)
+        names, self._unannounced = sorted(added | self._unannounced), set()
+        return (COMMITTED, now, names, answers)
 
 
 # -- SQL, inside the open transaction --------------------------------------------------------------

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tc_server.store import open_store
-from tc_server.store.api import BadVersionError, Put, StoreUnavailableError
+from tc_server.store import embedded, open_store
+from tc_server.store.api import BadVersionError, Put, StoreClosedError, StoreUnavailableError
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,6 +241,105 @@ async def test_killed_writer_process_fails_its_writes_and_the_next_write_starts_
         assert await store.get("/r/a") == a
     finally:
         await store.close()
+
+
+def _block_until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for ``condition`` WITHOUT yielding to the event loop (tc-server is "busy": it reads nothing
+    from its writer meanwhile); bounded so that a broken test fails instead of hanging."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+async def test_answers_in_the_channel_are_served_when_the_writer_dies_after_sending_them(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/warm", b"")
+        stream = store.notifications("/txn/")
+        channel, writer = store._channel, store._writer
+        assert channel is not None and writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)  # it answers nothing until the loop stops reading (below)
+        first = asyncio.ensure_future(store.put("/txn/1", b"v", secondary_indexes={"idx": "a"}))
+        while not store._pending or store._outbox or store._unsent:
+            await asyncio.sleep(0)  # sent to the writer
+        os.kill(writer.pid, signal.SIGCONT)
+
+        def answered() -> bool:
+            try:
+                return bool(channel.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return False
+
+        _block_until(answered, "the writer's answer in the channel")
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        # In the same turn another write is sent: it meets the dead writer (EPIPE) before the loop reads.
+        second = store._submit([Put("/other", b"v")])
+        assert (await first).key == "/txn/1"  # committed and answered: acknowledged, not "unknown"
+        with pytest.raises(StoreUnavailableError, match="writer process .* is gone"):
+            await second
+        await store.put("/txn/2", b"v", secondary_indexes={"idx": "b"})
+        assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1", "/txn/2"]
+        # /txn/1's notification came; then the stream broke, since /other may have been committed unseen.
+        assert (await asyncio.wait_for(anext(stream), 10)).key == "/txn/1"
+        with pytest.raises(StoreUnavailableError, match="re-read the state"):
+            await asyncio.wait_for(anext(stream), 10)
+    finally:
+        await store.close()
+
+
+async def test_index_names_committed_by_a_writer_killed_before_answering_are_scanned(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/warm", b"")
+        # An answer larger than the socket buffer: the writer blocks sending it, after its COMMIT.
+        ops = [Put("/big/" + str(i).zfill(2000), b"v") for i in range(300)]
+        ops.append(Put("/txn/1", b"v", secondary_indexes={"idx": "a"}))
+        batch = asyncio.ensure_future(store.write_batch(ops))
+        while not store._pending or store._outbox or store._unsent:
+            await asyncio.sleep(0)  # sent to the writer; its answer cannot all fit in the channel
+        writer = store._writer
+        assert writer is not None
+        with sqlite3.connect(tmp_path / DB_FILENAME) as other:
+            _block_until(lambda: bool(other.execute("SELECT 1 FROM index_entries WHERE key = '/txn/1'").fetchall()),
+                         "the batch committed")
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        with pytest.raises(StoreUnavailableError):
+            await batch  # committed, but its answer never came: the outcome is unknown to the caller
+        # A new writer serves the next write and announces the index names of the file.
+        await store.put("/txn/2", b"v", secondary_indexes={"idx": "b"})
+        assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1", "/txn/2"]
+    finally:
+        await store.close()
+
+
+async def test_close_is_shared_and_refuses_writes_that_would_outlive_the_session(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/eph/1", b"", ephemeral=True)
+    closes = [asyncio.ensure_future(store.close()) for _ in range(2)]
+    while not store._closed:
+        await asyncio.sleep(0)  # the close has queued its cleanup of the session's ephemeral records
+    with pytest.raises(StoreClosedError):
+        await store.put("/eph/2", b"", ephemeral=True)
+    await asyncio.gather(*closes)
+    reopened = await EmbeddedStore.open(tmp_path)
+    try:
+        assert await reopened.get("/eph/1") is None and await reopened.get("/eph/2") is None
+    finally:
+        await reopened.close()
+
+
+async def test_close_ends_a_stopped_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "WRITER_EXIT_S", 0.5)
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/r/a", b"")
+    writer = store._writer
+    assert writer is not None
+    os.kill(writer.pid, signal.SIGSTOP)  # a writer stuck on a hung disk answers nothing
+    await store.close()  # bounded: it gives up on the cleanup, then kills the writer
+    assert writer.poll() is not None
 
 
 async def test_open_store_factory(tmp_path: Path) -> None:
