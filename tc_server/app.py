@@ -156,8 +156,9 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
     store = store if store is not None else await open_configured_store(settings)
-    if isinstance(store, EmbeddedStore):  # its group commits are what tc_server_store_batch_size counts
+    if isinstance(store, EmbeddedStore):  # its group commits and its writer process, as metrics
         store.on_commit = metrics.store_batch_size.observe
+        store.on_writer_lost = metrics.store_writer_lost.inc
     coordinator: TransactionCoordinator | None = None
     broker_pool: ConnectionPool | None = None
     try:

@@ -42,6 +42,7 @@ METRIC_NAMES = (
     "tc_server_connections_refused_total",
     "tc_server_requests_in_flight",
     "tc_server_store_batch_size",
+    "tc_server_store_writer_lost_total",
     "tc_server_upstream_up",
     "tc_server_forwarded_request_seconds",
     "tc_server_forwarded_requests_total",
@@ -98,6 +99,9 @@ class Metrics:
         self.store_batch_size = Histogram(
             "tc_server_store_batch_size", "Operations per store commit/batch",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.store_writer_lost = Counter(
+            "tc_server_store_writer_lost", "Times the embedded store's writer process was found gone (its writes in "
+            "flight failed with an unknown outcome; the next write started a new one)", registry=r)
         # The front door (tc_server/server/upstream.py): the label values are the configured upstream
         # URLs and the command names of the Pulsar protocol, both bounded sets.
         self.upstream_up = Gauge(

@@ -176,19 +176,22 @@ class EmbeddedStore(StoreWrites):
     """A :class:`~tc_server.store.api.MetadataStore` on one SQLite file; open it with :meth:`open`.
 
     ``on_commit``, if set, is called on the event loop with the number of operations of each group
-    commit (for the ``tc_server_store_batch_size`` metric). Every method raises
+    commit (for the ``tc_server_store_batch_size`` metric), and ``on_writer_lost`` each time the writer
+    process is found gone while the store is open (``tc_server_store_writer_lost_total``). Every method raises
     :class:`StoreClosedError` after :meth:`close` (``close`` itself may be called again) and
     :class:`StoreUnavailableError` when SQLite fails (disk full, I/O error, corrupt file); the
     process keeps running.
     """
 
     on_commit: Callable[[int], None] | None
+    on_writer_lost: Callable[[], None] | None
 
     def __init__(self, path: Path, lock_fd: int, get_conn: sqlite3.Connection, scan_conn: sqlite3.Connection,
                  indexed: set[str], max_group_ops: int, scan_page_rows: int) -> None:
         # Use open(); this only wires already opened resources together.
         self.path = path
         self.on_commit = None
+        self.on_writer_lost = None
         self._lock_fd = lock_fd
         self._get_conn = get_conn
         self._scan_conn = scan_conn
@@ -409,6 +412,8 @@ class EmbeddedStore(StoreWrites):
             "is unknown")
         if not self._closed:
             log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code, writes_in_flight=unanswered)
+            if self.on_writer_lost is not None:
+                self.on_writer_lost()
         if unanswered:
             # Some of them may have been committed, and their notifications will never come.
             self._hub.fail(StoreUnavailableError(

@@ -127,6 +127,9 @@ async def test_history_survives_repeated_sigkill(tmp_path, kill):
         await asyncio.gather(*workers)
         if kill is kill_the_store_writer:
             assert server.running(), "tc-server died with its store's writer"
+            status, body = server.get("/metrics")
+            assert status == 200
+            assert f"tc_server_store_writer_lost_total {float(KILLS)}" in body.decode(), "each kill is counted"
 
         ids = [(t.most, t.least) for t in history.txns]
         assert len(ids) == len(set(ids)), "a txn id was handed out twice"

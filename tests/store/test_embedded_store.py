@@ -222,6 +222,8 @@ async def test_failed_commit_is_unavailable_and_the_store_keeps_running(tmp_path
 
 async def test_killed_writer_process_fails_its_writes_and_the_next_write_starts_another(tmp_path: Path) -> None:
     store = await EmbeddedStore.open(tmp_path)
+    lost: list[None] = []
+    store.on_writer_lost = lambda: lost.append(None)
     try:
         a = await store.put("/r/a", b"")
         writer = store._writer
@@ -239,6 +241,7 @@ async def test_killed_writer_process_fails_its_writes_and_the_next_write_starts_
         assert store._writer is not None and store._writer.pid != writer.pid
         assert c.version > a.version
         assert await store.get("/r/a") == a
+        assert len(lost) == 1  # tc_server_store_writer_lost_total
     finally:
         await store.close()
 
