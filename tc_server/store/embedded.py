@@ -63,6 +63,7 @@ from typing import Any, Final, TypeVar
 
 import structlog
 
+from tc_server.backoff import Backoff
 from tc_server.store.api import (
     Delete,
     Notification,
@@ -217,6 +218,12 @@ class EmbeddedStore(StoreWrites):
         self._pending: dict[int, _WriteRequest] = {}  # sent or to be sent, by request id, in order
         self._request_ids = itertools.count()
         self._closing: asyncio.Future[None] | None = None  # close(), once, whoever calls it
+        # A writer that dies before answering anything (it cannot start: no interpreter, a broken file)
+        # is started again only after a growing delay; writes meanwhile fail at once. One that has
+        # answered is replaced at the next write.
+        self._writer_answered = False
+        self._restarts = Backoff()
+        self._no_writer_until = 0.0
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
@@ -265,6 +272,11 @@ class EmbeddedStore(StoreWrites):
         not a coroutine: one coroutine layer less per write, profiled, issue 13)."""
         self._check_open()
         if self._channel is None:
+            wait_s = self._no_writer_until - self._loop.time()
+            if wait_s > 0:
+                raise StoreUnavailableError(
+                    f"embedded store: the writer process of {self.path} exited without answering; the next one "
+                    f"starts in {wait_s:.2f} s (the log line store_writer_lost says why)")
             try:
                 self._start_writer()
             except OSError as exc:
@@ -297,6 +309,7 @@ class EmbeddedStore(StoreWrites):
         self._channel = ours
         self._frames = FrameBuffer()
         self._unsent = b""
+        self._writer_answered = False
         self._loop.add_reader(ours.fileno(), self._on_readable)
 
     def _send_outbox(self) -> None:
@@ -353,6 +366,7 @@ class EmbeddedStore(StoreWrites):
         self._answered(data)
 
     def _answered(self, data: bytes) -> None:
+        self._writer_answered = True
         for answer in self._frames.feed(data):
             if answer[0] == COMMITTED:
                 self._committed(*answer[1:])
@@ -406,6 +420,10 @@ class EmbeddedStore(StoreWrites):
                 break
             self._answered(data)
         self._close_channel()
+        if self._writer_answered:
+            self._restarts.reset()
+        else:
+            self._no_writer_until = self._loop.time() + self._restarts.next_delay()
         code = writer.poll() if writer is not None else None
         unanswered = self._fail_pending(
             f"the writer process of {self.path} is gone ({why}; exit code {code}); the outcome of this write "

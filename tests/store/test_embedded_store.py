@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tc_server.store import embedded, open_store
+from tc_server.store import embedded, open_store, sqlite_writer
 from tc_server.store.api import BadVersionError, Put, StoreClosedError, StoreUnavailableError
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
 
@@ -343,6 +343,29 @@ async def test_close_ends_a_stopped_writer(tmp_path: Path, monkeypatch: pytest.M
     os.kill(writer.pid, signal.SIGSTOP)  # a writer stuck on a hung disk answers nothing
     await store.close()  # bounded: it gives up on the cleanup, then kills the writer
     assert writer.poll() is not None
+
+
+async def test_a_writer_that_cannot_start_is_retried_after_a_delay_not_per_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "command", lambda *args: [sys.executable, "-c", "import sys; sys.exit(3)"])
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        with pytest.raises(StoreUnavailableError, match="writer process .* is gone"):
+            await store.put("/r/a", b"")
+        # Right after: refused at once, and no process started for it.
+        with pytest.raises(StoreUnavailableError, match="exited without answering; the next one starts in"):
+            await store.put("/r/b", b"")
+        assert store._writer is None
+        monkeypatch.setattr(embedded, "command", sqlite_writer.command)
+        while True:  # within the first delay (at most 50 ms) a new writer starts and serves
+            try:
+                record = await store.put("/r/c", b"")
+                break
+            except StoreUnavailableError:
+                await asyncio.sleep(0.01)
+        assert await store.get("/r/c") == record
+    finally:
+        await store.close()
 
 
 async def test_open_store_factory(tmp_path: Path) -> None:
