@@ -281,12 +281,13 @@ class EmbeddedStore(StoreWrites):
                 self._start_writer()
             except OSError as exc:
                 raise _unavailable("starting the writer process", exc) from exc
+        encoded = None if ops is None else [_encode(op) for op in ops]  # before anything is registered
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         request_id = next(self._request_ids)
         self._pending[request_id] = _WriteRequest(ops, future, wants_record)
         if not self._outbox:
             self._loop.call_soon(self._send_outbox)
-        self._outbox.append((request_id, None if ops is None else [_encode(op) for op in ops]))
+        self._outbox.append((request_id, encoded))
         # Cancelling the caller cancels this future but cannot un-send the write: the outcome is then
         # unknown, as the Protocol says; the answer skips a future that is already done. (No shield():
         # its extra future and callbacks were ~2% of the CPU per transaction, profiled.)
