@@ -319,35 +319,28 @@ class EmbeddedStore(StoreWrites):
             self._send(encode_frame(outbox))
 
     def _send(self, data: bytes) -> None:
-        channel = self._channel
-        assert channel is not None
         if self._unsent:  # the channel is full: keep the order, the writable callback sends it
             self._unsent += data
             return
-        try:
-            sent = channel.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            self._writer_lost(f"sending to it failed: {exc}")
-            return
-        if sent < len(data):
-            self._unsent = data[sent:]
-            self._loop.add_writer(channel.fileno(), self._on_writable)
+        self._unsent = data
+        self._send_unsent()
 
-    def _on_writable(self) -> None:
+    def _send_unsent(self) -> None:
+        """Send what the channel takes of ``_unsent``; the rest waits for the channel to be writable."""
         channel = self._channel
         if channel is None:
             return
         try:
             sent = channel.send(self._unsent)
         except BlockingIOError:
-            return
+            sent = 0
         except OSError as exc:
             self._writer_lost(f"sending to it failed: {exc}")
             return
         self._unsent = self._unsent[sent:]
-        if not self._unsent:
+        if self._unsent:
+            self._loop.add_writer(channel.fileno(), self._send_unsent)
+        else:
             self._loop.remove_writer(channel.fileno())
 
     def _on_readable(self) -> None:
