@@ -26,6 +26,7 @@ from tc_server.client.errors import (
     HandshakeRefused,
     RequestTimedOut,
 )
+from tc_server.outgoing import OutgoingFrames
 from tc_server.wire import (
     AuthChallenge,
     AuthResponse,
@@ -106,6 +107,9 @@ class PulsarConnection(asyncio.Protocol):
         self.url = url
         self._decoder = FrameDecoder(max_frame_size)
         self._transport: asyncio.Transport | None = None
+        # Frames sent in one loop turn leave in one write (outgoing.py): a group commit resolves many
+        # decisions at once, and their END_TXN_ON_PARTITION requests to one broker then share a send().
+        self._out = OutgoingFrames(loop)
         self._pending: dict[int, asyncio.Future[tuple[Command, bytes]]] = {}
         self._ids = itertools.count(1)
         self._connect: Connect | None = None
@@ -126,6 +130,7 @@ class PulsarConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        self._out.transport = self._transport
 
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
@@ -208,7 +213,7 @@ class PulsarConnection(asyncio.Protocol):
     def send_raw(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionClosed(self.url, "connection is closed")
-        self._transport.write(data)
+        self._out.add(data)
 
     def next_request_id(self) -> int:
         return next(self._ids)
@@ -249,6 +254,8 @@ class PulsarConnection(asyncio.Protocol):
         self._pending[request_id] = waiter
         try:
             self.send_raw(frame)
+            if timeout_s is None:  # the caller bounds it, if anything does: no Timeout per request (issue 13)
+                return await waiter
             async with asyncio.timeout(timeout_s):
                 return await waiter
         except TimeoutError:
@@ -267,6 +274,7 @@ class PulsarConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
+            self._out.flush()  # what was sent before close() still goes
             self._transport.close()
 
     def _fail_all(self, error: ClientError) -> None:

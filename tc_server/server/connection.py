@@ -17,6 +17,7 @@ from typing import Any, ClassVar, cast
 import structlog
 
 from tc_server.metrics import Metrics
+from tc_server.outgoing import OutgoingFrames
 from tc_server.server import discovery
 from tc_server.server.dispatch import Dispatcher, TxnRequest
 from tc_server.server.flow_control import ReadFlowControl
@@ -160,7 +161,7 @@ class ClientConnection(asyncio.Protocol):
         self._flow = ReadFlowControl()  # why this connection is not being read (flow_control.py)
         # Responses written in one loop iteration go out in one write: a syscall per response was
         # a quarter of the server's time under load (profiled), and batching adds no latency.
-        self._out: list[bytes] = []
+        self._out = OutgoingFrames(self._loop)
         # WATCH_TC_ASSIGNMENTS watch ids of this connection, and how to stop listening for changes.
         self._watches: set[int] = set()
         self._unwatch: Callable[[], None] | None = None
@@ -175,6 +176,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass, but has its interface.
         self._transport = cast(asyncio.Transport, transport)
+        self._out.transport = self._transport
         self._flow.attach(self._transport)
         peer = transport.get_extra_info("peername")
         self._log = log.bind(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
@@ -616,27 +618,18 @@ class ClientConnection(asyncio.Protocol):
     def send(self, cmd: Command) -> None:
         if self._transport is None or self._closing:
             return
-        if not self._out:
-            self._loop.call_soon(self._flush)
-        self._out.append(encode_command(cmd))
+        self._out.add(encode_command(cmd))
 
     def _send_bytes(self, data: bytes) -> None:
         """Queue an already encoded frame (a forwarded answer), in order with everything else we send."""
         if self._transport is None or self._closing:
             return
-        if not self._out:
-            self._loop.call_soon(self._flush)
-        self._out.append(data)
-
-    def _flush(self) -> None:
-        out, self._out = self._out, []
-        if out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+        self._out.add(data)
 
     def close(self) -> None:
         """Close after what was written is flushed."""
         if not self._closing and self._transport is not None:
-            self._flush()
+            self._out.flush()
             self._closing = True
             self._transport.close()
 
