@@ -142,6 +142,11 @@ class PulsarConnection(asyncio.Protocol):
             log.warning("bad frame from peer; closing", url=self.url, error=str(exc))
             self.close()
 
+    def eof_received(self) -> bool | None:
+        # The peer closed its sending side; what we queued this turn still goes before asyncio closes.
+        self._out.flush()
+        return None
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._keepalive is not None:
             self._keepalive.cancel()

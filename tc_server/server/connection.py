@@ -542,6 +542,9 @@ class ClientConnection(asyncio.Protocol):
 
     def relay_to_client(self, data: bytes) -> None:
         if self._transport is not None and not self._closing:
+            # Nothing of ours is queued once the relay runs; should that ever change, it goes first
+            # rather than after broker bytes it would cut in the middle of a frame.
+            self._out.flush()
             self._transport.write(data)
 
     def relay_closed(self, exc: Exception | None) -> None:

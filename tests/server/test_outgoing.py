@@ -85,3 +85,29 @@ async def test_a_frame_sent_right_before_close_reaches_the_peer() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_frame_queued_when_the_peer_half_closes_still_goes() -> None:
+    """The peer shuts its sending side in the same turn as our send: asyncio calls eof_received, then
+    closes the transport itself (not through PulsarConnection.close())."""
+    received = bytearray()
+    peer_done = asyncio.Event()
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.extend(await reader.read())
+        writer.close()
+        peer_done.set()
+
+    server = await asyncio.start_server(peer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        transport, conn = await asyncio.get_running_loop().create_connection(
+            lambda: PulsarConnection("pulsar://test"), "127.0.0.1", port)
+        conn.send_raw(b"queued")
+        assert not conn.eof_received()  # what the loop does on EOF: then it closes the transport
+        transport.close()
+        await asyncio.wait_for(peer_done.wait(), 10)
+        assert bytes(received) == b"queued"
+    finally:
+        server.close()
+        await server.wait_closed()
