@@ -9,7 +9,9 @@ no kills): the reference the worker and the checks are validated against.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,9 +51,6 @@ SUBSCRIPTION = "tc-e2e"
 # Bounds: the worker's progress between two kills, and the input being drained completely.
 PROGRESS_TIMEOUT_S = 180.0
 DRAIN_TIMEOUT_S = 400.0
-# How long the test watches for a decided txn whose deliveries are still pending before killing anyway.
-TARGETED_KILL_WINDOW_S = 20.0
-TARGETED_KILLS = 5
 REDRIVE_LOG_WAIT_S = 5.0
 REDRIVE_EVENT = "re-driving undelivered decisions"
 
@@ -135,17 +134,37 @@ def undelivered(server: TcServerProcess) -> list[Any]:
     return list(body) if isinstance(body, list) else list((body or {}).get("transactions", []))
 
 
-def kill_between_decision_and_delivery(server: TcServerProcess) -> list[Any]:
-    """SIGKILL as soon as the outbox lists a decided txn (the decision's CAS is done, a broker has not
-    acknowledged it yet); returns what the outbox held at that moment ([] if none was seen in the
-    window, then it kills anyway). Whether the txn was still undelivered at the kill itself shows after
-    the restart: the new process logs that it re-drives it."""
-    deadline = time.monotonic() + TARGETED_KILL_WINDOW_S
-    seen: list[Any] = []
-    while time.monotonic() < deadline and not seen:
-        seen = undelivered(server)
-    server.kill()
-    return seen
+def kill_with_a_decision_held(harness: Harness, spawned: list[RunningHarness], broker: PulsarBroker,
+                               server: TcServerProcess, workdir: Path) -> tuple[dict[str, Any], RunningHarness, Path]:
+    """SIGKILL tc-server while a decision waits for the broker, made sure of: a txn of the test's own (one
+    message on a topic of its own, ``txn-produce``) is committed while the broker's JVM is stopped
+    (SIGSTOP), END_TXN answers after --participant-wait-s with the decision made and its delivery pending,
+    tc-server is killed then, and the broker continued. Returns what to record of the kill, the producer
+    (waiting for ``after_end`` before it checks that its message arrives) and ``after_end``.
+
+    Killing when the outbox was seen to hold one of the worker's own txns had to land in the few
+    milliseconds a delivery takes, and once all five such kills missed (after the broker requests were
+    coalesced per loop turn, which made deliveries quicker)."""
+    topic = new_topic(broker, "ctp-held", 1)
+    before_end, after_end = workdir / "held-commit-now", workdir / "held-receive-now"
+    producer = harness.spawn("txn-produce", service_url=server.url, topic=topic, count=1, action="commit",
+                             pause_before_end=before_end, pause_after_end=after_end, op_timeout_ms=OP_TIMEOUT_MS,
+                             receive_timeout_ms=180_000)
+    spawned.append(producer)
+    producer.wait_for("produced", 1, HARNESS_TIMEOUT_S)
+    assert broker.proc is not None, "the broker is not running"
+    broker_pid = broker.proc.pid
+    os.kill(broker_pid, signal.SIGSTOP)
+    try:
+        before_end.touch()
+        ended = producer.wait_for("ended", 1, HARNESS_TIMEOUT_S)[0]
+        assert ended["end"]["outcome"] == "ok", (ended, server.log_tail())
+        held = undelivered(server)
+        assert held != [], server.log_tail()  # decided, and the broker cannot have acknowledged it
+        server.kill()
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    return {"targeted": True, "outbox_at_kill": held[:3]}, producer, after_end
 
 
 def wait_redriven(server: TcServerProcess, timeout_s: float) -> bool:
@@ -185,7 +204,8 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
     server: TcServerProcess | None = None
     url = pulsar_broker.url
     if target == "tc-server":
-        server = front_door()
+        # END_TXN answers 2 s after its decision when a broker does not acknowledge (the held decision below).
+        server = front_door("--participant-wait-s", "2")
         url = server.url
     stop_file = tmp_path / "stop-worker"
     inputs = [f"in-{n}" for n in range(INPUTS)]  # what the worker's input topic holds, top-ups included
@@ -209,15 +229,17 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
                 server.start()
             # At least one kill between an END_TXN's decision (its CAS) and the brokers' acknowledgements:
             # a restarted process that finds participant records of a decided txn re-drives it and logs
-            # so. Until a kill has done that (a random one may have), kill as soon as the outbox holds one.
-            for _ in range(TARGETED_KILLS):
-                if wait_redriven(server, REDRIVE_LOG_WAIT_S):
-                    break
-                keep_fed(pulsar_broker, source, inputs)
-                worker.wait_for("committed", 1, PROGRESS_TIMEOUT_S, after=len(worker.lines))
-                held = kill_between_decision_and_delivery(server)
-                kills.append({"targeted": True, "outbox_at_kill": held[:3]})
+            # so. A random kill may have done that; if none did, one is made sure of.
+            if not wait_redriven(server, REDRIVE_LOG_WAIT_S):
+                kill, held_producer, held_after_end = kill_with_a_decision_held(
+                    java_harness, spawned, pulsar_broker, server, tmp_path)
+                kills.append(kill)
                 server.start()
+                assert wait_redriven(server, REDRIVE_LOG_WAIT_S), (kills, server.log_tail())
+                held_after_end.touch()  # its message arrives once the re-driven commit reached the broker
+                assert held_producer.finish(HARNESS_TIMEOUT_S) == 0, held_producer.stderr_tail()
+                held_result = held_producer.wait_for("result", 1, 5)[0]
+                assert held_result["received_after_end"] == ["txn-0"], held_result
         wait_drained(pulsar_broker, source, worker)
     finally:
         stop_file.touch()
