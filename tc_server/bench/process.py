@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,20 +28,49 @@ from typing import Any
 READY_TIMEOUT_S = 30.0
 # The graceful stop finishes requests in flight (bounded by --request-timeout-s, default 10 s).
 STOP_TIMEOUT_S = 15.0
+# free_port()'s ports are at least this, and below the kernel's ephemeral range (see there); the ports it
+# handed out, so that two picks made before either process binds never collide.
+PORT_FLOOR = 10000
+_handed_out: set[int] = set()
+_random = random.Random()
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now at 127.0.0.1 (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(count: int = 1) -> int:
+    """A TCP port nothing listens on right now at 127.0.0.1 (with ``count``, the first of that many in a
+    row that may be free: free_ports_in_a_row checks the others), not handed out before by this process.
+
+    Below the kernel's ephemeral range (``ip_local_port_range``), unlike the kernel's pick for port 0:
+    a port in that range, released while its process restarts, can meanwhile become the local port of any
+    outgoing connection (a client reconnecting), and the restart then fails with "address already in
+    use". Seen in CI: a ``--workers 2`` worker killed under a Java client could not bind its admin port
+    again."""
+    high = _ephemeral_range_start()
+    for _ in range(1000):
+        port = _random.randrange(PORT_FLOOR, high - count)
+        if any(p in _handed_out for p in range(port, port + count)):
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.update(range(port, port + count))
+        return port
+    raise RuntimeError(f"no free port found in {PORT_FLOOR}..{high}")
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_ports_in_a_row(count: int, attempts: int = 100) -> int:
     """The first of ``count`` consecutive TCP ports nothing listens on at 127.0.0.1 right now: ``--workers
     N`` takes ``--listen``'s and ``--admin-listen``'s ports + 1 .. N too (tc_server/workers.py)."""
     for _ in range(attempts):
-        first = free_port()
+        first = free_port(count)
         held: list[socket.socket] = []
         try:
             for port in range(first + 1, first + count):

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from tc_server.bench.process import free_port
 from tc_server.store.api import MetadataStore
 from tc_server.store.oxia import connect
 from tests.oxia_standin.server import StandinOxia
@@ -58,18 +59,12 @@ REAL_OXIA_BIN = os.environ.get("TC_SERVER_TEST_OXIA_BIN")
 _real: dict[Path, subprocess.Popen[bytes]] = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_opener(shards: int) -> Callable[[Path], Awaitable[MetadataStore]]:
     async def open_session(path: Path) -> MetadataStore:
         assert REAL_OXIA_BIN, "TC_SERVER_TEST_OXIA_BIN is not set"
         address = getattr(_real.get(path), "tc_address", None)
         if address is None:
-            port, metrics = _free_port(), _free_port()
+            port, metrics = free_port(), free_port()
             data = path / "oxia"
             proc = subprocess.Popen(
                 [REAL_OXIA_BIN, "standalone", "-p", f"127.0.0.1:{port}", "-m", f"127.0.0.1:{metrics}",
