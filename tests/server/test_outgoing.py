@@ -7,6 +7,8 @@ property); what reaches the peer is checked on real sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tc_server.client.connection import PulsarConnection
@@ -63,51 +65,47 @@ async def test_frames_for_a_closing_or_missing_transport_are_dropped() -> None:
     assert transport.writes == []
 
 
-async def test_a_frame_sent_right_before_close_reaches_the_peer() -> None:
+@contextlib.asynccontextmanager
+async def peer_reading_to_eof() -> AsyncIterator[tuple[int, Callable[[], Awaitable[bytes]]]]:
+    """A real listening socket that reads one connection until EOF: its port, and what waits for the
+    bytes it read."""
     received = bytearray()
-    peer_done = asyncio.Event()
+    done = asyncio.Event()
 
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         received.extend(await reader.read())  # until EOF
         writer.close()
-        peer_done.set()
+        done.set()
+
+    async def read_all() -> bytes:
+        await asyncio.wait_for(done.wait(), 10)
+        return bytes(received)
 
     server = await asyncio.start_server(peer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
+        yield server.sockets[0].getsockname()[1], read_all
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_frame_sent_right_before_close_reaches_the_peer() -> None:
+    async with peer_reading_to_eof() as (port, read_all):
         _, conn = await asyncio.get_running_loop().create_connection(
             lambda: PulsarConnection("pulsar://test"), "127.0.0.1", port)
         conn.send_raw(b"first")
         conn.send_raw(b"-last")
         conn.close()  # in the same turn as the sends
-        await asyncio.wait_for(peer_done.wait(), 10)
-        assert bytes(received) == b"first-last"
-    finally:
-        server.close()
-        await server.wait_closed()
+        assert await read_all() == b"first-last"
 
 
 async def test_a_frame_queued_when_the_peer_half_closes_still_goes() -> None:
     """The peer shuts its sending side in the same turn as our send: asyncio calls eof_received, then
     closes the transport itself (not through PulsarConnection.close())."""
-    received = bytearray()
-    peer_done = asyncio.Event()
-
-    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.extend(await reader.read())
-        writer.close()
-        peer_done.set()
-
-    server = await asyncio.start_server(peer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with peer_reading_to_eof() as (port, read_all):
         transport, conn = await asyncio.get_running_loop().create_connection(
             lambda: PulsarConnection("pulsar://test"), "127.0.0.1", port)
         conn.send_raw(b"queued")
         assert not conn.eof_received()  # what the loop does on EOF: then it closes the transport
         transport.close()
-        await asyncio.wait_for(peer_done.wait(), 10)
-        assert bytes(received) == b"queued"
-    finally:
-        server.close()
-        await server.wait_closed()
+        assert await read_all() == b"queued"
