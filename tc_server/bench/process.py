@@ -28,7 +28,7 @@ from typing import Any
 READY_TIMEOUT_S = 30.0
 # The graceful stop finishes requests in flight (bounded by --request-timeout-s, default 10 s).
 STOP_TIMEOUT_S = 15.0
-# free_port()'s ports are at least this, and below the kernel's ephemeral range (see there); the ports it
+# free_port()'s ports: outside the kernel's ephemeral range (see there), at least PORT_FLOOR; the ports it
 # handed out, so that two picks made before either process binds never collide.
 PORT_FLOOR = 10000
 _handed_out: set[int] = set()
@@ -39,14 +39,20 @@ def free_port(count: int = 1) -> int:
     """A TCP port nothing listens on right now at 127.0.0.1 (with ``count``, the first of that many in a
     row that may be free: free_ports_in_a_row checks the others), not handed out before by this process.
 
-    Below the kernel's ephemeral range (``ip_local_port_range``), unlike the kernel's pick for port 0:
+    Outside the kernel's ephemeral range (``ip_local_port_range``), unlike the kernel's pick for port 0:
     a port in that range, released while its process restarts, can meanwhile become the local port of any
     outgoing connection (a client reconnecting), and the restart then fails with "address already in
     use". Seen in CI: a ``--workers 2`` worker killed under a Java client could not bind its admin port
-    again."""
-    high = _ephemeral_range_start()
+    again. Below the range, else above it; a host whose range leaves neither gets the kernel's pick."""
+    low, high = _ephemeral_range()
+    spans = [(first, last) for first, last in ((PORT_FLOOR, low - count), (high + 1, 65536 - count)) if first < last]
     for _ in range(1000):
-        port = _random.randrange(PORT_FLOOR, high - count)
+        if spans:
+            port = _random.randrange(*max(spans, key=lambda span: span[1] - span[0]))
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
         if any(p in _handed_out for p in range(port, port + count)):
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -56,14 +62,15 @@ def free_port(count: int = 1) -> int:
                 continue
         _handed_out.update(range(port, port + count))
         return port
-    raise RuntimeError(f"no free port found in {PORT_FLOOR}..{high}")
+    raise RuntimeError(f"no free port found outside the ephemeral range {low}-{high}")
 
 
-def _ephemeral_range_start() -> int:
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def free_ports_in_a_row(count: int, attempts: int = 100) -> int:
