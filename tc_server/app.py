@@ -40,6 +40,7 @@ class App:
     settings: Settings
     store: MetadataStore
     coordinator: TransactionCoordinator
+    context: ServerContext  # what the listeners' connections share (the dispatcher, limits, counts)
     listener: PulsarListener | None  # pulsar:// (None: --listen is empty)
     admin: AdminServer
     metrics: Metrics
@@ -161,35 +162,26 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         store.on_writer_lost = metrics.store_writer_lost.inc
     coordinator: TransactionCoordinator | None = None
     broker_pool: ConnectionPool | None = None
+    listener: PulsarListener | None = None
+    tls_listener: PulsarListener | None = None
+    shared_listener: PulsarListener | None = None
     try:
-        # The context's dispatcher is set once the coordinator exists; nothing is accepted before.
-        context = ServerContext(
-            dispatcher=None,  # type: ignore[arg-type]
-            metrics=metrics,
-            authenticator=authentication,
-            authentication_refresh_check_s=settings.authentication_refresh_check_s,
-            keepalive_s=settings.keepalive_s,
-            max_message_size=settings.max_message_size,
-            max_frame_size=settings.max_frame_size,
-            max_buffered_input=settings.max_buffered_input_bytes,
-            max_in_flight=settings.max_requests_in_flight,
-            max_connections=max_connections,
-            max_connections_per_address=settings.max_connections_per_address,
-        )
-        listener, advertised = None, ""
+        # Bound now (the advertised URL needs the port before the coordinator campaigns), started with the
+        # server context once the coordinator exists: nothing is accepted before.
+        advertised = ""
         if settings.listen:
             host, port = parse_hostport(settings.listen)
-            listener = PulsarListener(context, host, port)
+            listener = PulsarListener(host, port)
             try:
                 bound = listener.bind()
             except OSError as exc:
                 raise cannot_bind("listen", settings.listen, exc, worker_port_of(worker)) from exc
             advertised = settings.advertised_url or advertised_url_for(host, bound)
-        tls_listener, advertised_tls = None, None
+        advertised_tls = None
         if settings.tls_listen:
             assert tls is not None
             tls_host, tls_port = parse_hostport(settings.tls_listen)
-            tls_listener = PulsarListener(context, tls_host, tls_port, ssl_context=tls.context)
+            tls_listener = PulsarListener(tls_host, tls_port, ssl_context=tls.context)
             try:
                 tls_bound = tls_listener.bind()
             except OSError as exc:
@@ -197,19 +189,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             advertised_tls = settings.advertised_url_tls or advertised_url_for(tls_host, tls_bound, "pulsar+ssl")
         # TLS only: the leader record's brokerServiceUrl is the TLS URL too (nothing else is reachable).
         advertised = advertised or str(advertised_tls)
-        shared_listener = None
         if worker is not None:
             shared_host, shared_port = parse_hostport(worker.service_listen)
-            shared_listener = PulsarListener(context, shared_host, shared_port, reuse_port=True)
+            shared_listener = PulsarListener(shared_host, shared_port, reuse_port=True)
             try:
                 shared_listener.bind()
             except OSError as exc:
                 raise cannot_bind("listen", worker.service_listen, exc) from exc
-        context.own_addresses = frozenset(
-            host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url)
-        if settings.upstream_urls:
-            context.upstream = Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
-                                        connection_mode=settings.lookup_connections, metrics=metrics)
         config = CoordinatorConfig(
             partitions=settings.coordinators,
             advertised_url=advertised,
@@ -243,11 +229,28 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                                       metrics=metrics)
         coordinator = TransactionCoordinator(store, config, metrics, participant_sender=delivery)
         await coordinator.start()
-        context.dispatcher = Dispatcher(coordinator, metrics, settings.request_timeout_s,
-                                        participant_wait_s=settings.participant_wait_s)
+        context = ServerContext(
+            dispatcher=Dispatcher(coordinator, metrics, settings.request_timeout_s,
+                                  participant_wait_s=settings.participant_wait_s),
+            metrics=metrics,
+            authenticator=authentication,
+            authentication_refresh_check_s=settings.authentication_refresh_check_s,
+            keepalive_s=settings.keepalive_s,
+            max_message_size=settings.max_message_size,
+            max_frame_size=settings.max_frame_size,
+            max_buffered_input=settings.max_buffered_input_bytes,
+            max_in_flight=settings.max_requests_in_flight,
+            max_connections=max_connections,
+            max_connections_per_address=settings.max_connections_per_address,
+            upstream=Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
+                              connection_mode=settings.lookup_connections, metrics=metrics)
+            if settings.upstream_urls else None,
+            own_addresses=frozenset(
+                host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url),
+        )
         for started in (listener, tls_listener, shared_listener):
             if started is not None:
-                await started.start()
+                await started.start(context)
         admin_host, admin_port = parse_hostport(settings.admin_listen)
         admin = AdminServer(AdminRoutes(coordinator, metrics), admin_host, admin_port, authentication=authentication,
                             authenticate_metrics=settings.authenticate_metrics_endpoint,
@@ -257,6 +260,9 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         except OSError as exc:
             raise cannot_bind("admin_listen", settings.admin_listen, exc, worker_port_of(worker)) from exc
     except BaseException:
+        for opened in (listener, tls_listener, shared_listener):
+            if opened is not None:  # release the ports (a listener that started drains nothing yet)
+                await opened.stop()
         if coordinator is not None:  # it campaigns in the background: stop it before its store goes
             await coordinator.stop()
         if broker_pool is not None:
@@ -267,8 +273,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
              upstream=settings.upstream_url or None,
              worker=None if worker is None else f"{worker.index} of {worker.count}")
     tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
-    return App(settings, store, coordinator, listener, admin, metrics, tls_listener, tls, tls_reload, broker_pool,
-               shared_listener)
+    return App(settings, store, coordinator, context, listener, admin, metrics, tls_listener, tls, tls_reload,
+               broker_pool, shared_listener)
 
 
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:

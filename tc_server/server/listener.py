@@ -19,9 +19,12 @@ log = structlog.get_logger("tc_server.listener")
 
 
 class PulsarListener:
-    def __init__(self, context: ServerContext, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+    """Bound first (the advertised URL needs the port before the coordinator campaigns), started with the
+    server context once the coordinator and its dispatcher exist: nothing is accepted before."""
+
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
                  *, reuse_port: bool = False) -> None:
-        self.context = context
+        self.context: ServerContext | None = None
         # SO_REUSEPORT: the workers of --workers N all bind the service port and the kernel spreads new
         # connections over them (tc_server/workers.py).
         self._reuse_port = reuse_port
@@ -47,13 +50,14 @@ class PulsarListener:
         self._socket = sock
         return self.port
 
-    async def start(self) -> None:
+    async def start(self, context: ServerContext) -> None:
         if self._socket is None:
             self.bind()
         assert self._socket is not None
+        self.context = context
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.context), sock=self._socket, backlog=1024, ssl=self._ssl,
+            lambda: ClientConnection(context), sock=self._socket, backlog=1024, ssl=self._ssl,
             # A client that stalls its TLS handshake holds a socket no longer than this.
             ssl_handshake_timeout=10.0 if self._ssl is not None else None,
         )
@@ -70,8 +74,11 @@ class PulsarListener:
             self._server.close()
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
-        """Stop accepting, then drain every connection of the shared context (both listeners')."""
-        if self._server is None:
+        """Stop accepting, then drain every connection of the shared context (both listeners'). A listener
+        bound but never started (the start failed later) just releases its port."""
+        if self._server is None or self.context is None:
+            if self._socket is not None:
+                self._socket.close()
             return
         self._server.close()
         connections = list(self.context.connections)

@@ -39,7 +39,7 @@ async def test_a_flooding_connection_cannot_take_the_whole_bound(settings: Setti
     store = GatedStore()
     app = await start_app(replace(settings, max_requests_in_flight=BOUND), store=store)
     try:
-        context = app.listeners[0].context
+        context = app.context
         flooder = await connect("127.0.0.1", app.listeners[0].port)
         polite = await connect("127.0.0.1", app.listeners[0].port)
         store.gate.clear()

@@ -40,7 +40,7 @@ async def closed_within(client: TcClient, seconds: float = CLOSE_BOUND_S) -> boo
 
 def buffered_input(app: App) -> int:
     assert app.listener is not None
-    return app.listener.context.buffered_input
+    return app.context.buffered_input
 
 
 async def test_the_default_frame_limit_fits_a_coordinator_not_a_producer() -> None:

@@ -24,7 +24,7 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
         watched_at_bound = 0
         for _ in range(500):
             await asyncio.sleep(0.01)
-            peak = max(peak, app.listeners[0].context.in_flight)
+            peak = max(peak, app.context.in_flight)
             watched_at_bound += peak >= 4
             if watched_at_bound >= 20:
                 break
@@ -33,7 +33,7 @@ async def test_reading_stops_at_the_limit_and_resumes(settings):
         answers = await asyncio.wait_for(asyncio.gather(*pending), 30)
         assert all(a.error is None for a in answers)
         assert len({(a.most, a.least) for a in answers}) == 50
-        assert app.listeners[0].context.in_flight == 0
+        assert app.context.in_flight == 0
         for c in clients:
             c.close()
     finally:

@@ -107,7 +107,7 @@ async def test_a_bug_while_serving_a_txn_request_is_answered_on_a_connection_tha
     """The request's task raising (never the dispatcher's contract) still answers that request once,
     typed and with its request id, and the connection keeps serving."""
     victim = await connect("127.0.0.1", app.listener.port)
-    dispatcher = app.listener.context.dispatcher
+    dispatcher = app.context.dispatcher
     serve = dispatcher.transaction
 
     async def broken_once(cmd, principal):
@@ -128,7 +128,7 @@ async def test_a_txn_request_whose_serving_is_cancelled_from_elsewhere_is_answer
     from anywhere else (e.g. an awaited task cancelled under it) must still answer the request once,
     typed and with its request id, instead of leaving the client waiting for its operation timeout."""
     victim = await connect("127.0.0.1", app.listener.port)
-    dispatcher = app.listener.context.dispatcher
+    dispatcher = app.context.dispatcher
     serve = dispatcher.transaction
 
     async def cancelled_once(cmd, principal):
