@@ -18,7 +18,7 @@ from tc_server.auth.broker_client import broker_client_credentials
 from tc_server.auth.certificates import ServerTlsContext, TlsFiles
 from tc_server.auth.service import AuthenticationService
 from tc_server.client import ConnectionPool, connect_command
-from tc_server.config import ENV_PREFIX, Settings, parse_hostport
+from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -154,6 +154,14 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     if not authentication.enabled and parse_hostport(settings.admin_listen)[0] not in ("127.0.0.1", "::1", "localhost"):
         log.warning("authentication is off: whoever reaches the admin port may read and force-abort any "
                     "transaction (set --authentication-providers)", admin_listen=settings.admin_listen)
+    low, high = ephemeral_port_range()
+    for setting in ("listen", "admin_listen", "tls_listen"):
+        address = getattr(settings, setting)
+        if address and low <= parse_hostport(address)[1] <= high:
+            log.warning("a port inside the host's ephemeral range: an outgoing connection may hold it when this "
+                        "process restarts, which then fails with 'address already in use' (README, Several cores)",
+                        setting=f"--{setting.replace('_', '-')}", address=address,
+                        ephemeral_range=f"{low}-{high}", worker=None if worker is None else worker.index)
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
     store = store if store is not None else await open_configured_store(settings)

@@ -53,6 +53,16 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The host's range of local ports for outgoing connections (``ip_local_port_range``). A listening
+    port inside it is free only while no outgoing connection holds it: a restart can find it taken."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 # The wire's and the ids' real ranges (issue 15): CONNECTED's max_message_size is an int32 and a frame
 # carries the message plus MESSAGE_SIZE_FRAME_PADDING (10,240) bytes under a 32-bit size.
 MAX_MESSAGE_SIZE = 2**31 - 1 - 10_240

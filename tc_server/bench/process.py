@@ -3,8 +3,9 @@
 The one launcher the benchmarks, the tests and ``deploy/smoke.py`` share. The process is started as an
 operator starts it (the console script, flags only), in its own session, with its output in a log
 file; ``restart()`` brings it back on the same ports and data directory, which is what clients
-reconnecting after a crash see. Standard library only: ``deploy/smoke.py`` imports it inside the
-image's virtualenv, where nothing but the runtime dependencies is installed.
+reconnecting after a crash see. The standard library and tc_server's own runtime only:
+``deploy/smoke.py`` imports it inside the image's virtualenv, where nothing but the runtime
+dependencies is installed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tc_server.config import ephemeral_port_range
 
 # Binding, opening the store and leading every coordinator takes about a second; a cold interpreter
 # start with grpc and protobuf imports on a loaded 2-core machine takes several.
@@ -44,7 +47,7 @@ def free_port(count: int = 1) -> int:
     outgoing connection (a client reconnecting), and the restart then fails with "address already in
     use". Seen in CI: a ``--workers 2`` worker killed under a Java client could not bind its admin port
     again. Below the range, else above it; a host whose range leaves neither gets the kernel's pick."""
-    low, high = _ephemeral_range()
+    low, high = ephemeral_port_range()
     spans = [(first, last) for first, last in ((PORT_FLOOR, low - count), (high + 1, 65536 - count)) if first < last]
     for _ in range(1000):
         if spans:
@@ -63,14 +66,6 @@ def free_port(count: int = 1) -> int:
         _handed_out.update(range(port, port + count))
         return port
     raise RuntimeError(f"no free port found outside the ephemeral range {low}-{high}")
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
 
 
 def free_ports_in_a_row(count: int, attempts: int = 100) -> int:
