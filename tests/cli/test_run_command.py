@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tc_server.bench.process import free_port
+
 # Starting (imports, SQLite, 16 elections) takes about a second; a loaded 2-core machine needs more.
 START_BOUND_S = 30.0
 
@@ -25,9 +27,10 @@ def tc_server(*args: str) -> list[str]:
 
 @pytest.fixture
 def held_port() -> Iterator[str]:
-    """A loopback address some other program is listening on."""
+    """A loopback address some other program is listening on (outside the ephemeral range, of which
+    tc-server warns: free_port)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", free_port()))
         sock.listen()
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
