@@ -1,15 +1,22 @@
-"""The request timeout (--request-timeout-s) with one timer per tick of request starts, not per request.
+"""Request deadlines with one timer per tick of starts, not per request.
 
-``asyncio.timeout()`` per request costs a Timeout object, a timer pushed on the loop's heap and its
-cancellation: several percent of the server's CPU per transaction under load (profiled, README
-*Performance*). Here the requests that start within one tick (100 ms) share one timer, which fires
-between ``timeout_s`` and ``timeout_s + tick_s`` after each of them started and cancels those still
-running; the request then sees :class:`TimeoutError`, as it would from ``asyncio.timeout()``.
+``asyncio.timeout()`` costs a Timeout object, a timer pushed on the loop's heap, its cancellation and
+the async context-manager protocol: ~5 us per use on uvloop, several percent of the server's CPU per
+transaction under load (profiled, README *Performance*). Here the deadlines that start within one tick
+(100 ms) share one timer, which fires between ``timeout_s`` and ``timeout_s + tick_s`` after each of
+them started and cancels the tasks still inside theirs; each then sees :class:`TimeoutError`, as it
+would from ``asyncio.timeout()``. Used for the request timeout (--request-timeout-s) of client requests
+(tc_server/server/dispatch.py) and of tc-server's own requests to brokers (tc_server/participants/).
+
+    with deadlines.bound("NEW_TXN"):
+        await ...          # TimeoutError("NEW_TXN not finished within 10.0 s") once past it
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from types import TracebackType
 from typing import Any
 
 TICK_S = 0.1
@@ -23,10 +30,12 @@ class RequestDeadlines:
         self._buckets: dict[int, set[asyncio.Task[Any]]] = {}
         # Tasks this class cancelled whose CancelledError has not been turned into a TimeoutError yet.
         self._expired: set[asyncio.Task[Any]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first enter()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first bound()
 
-    def enter(self) -> tuple[asyncio.Task[Any], set[asyncio.Task[Any]]]:
-        """Start the deadline of the current task; pass the result to :meth:`leave` in a ``finally``."""
+    def bound(self, what: str) -> Deadline:
+        """The current task's deadline, as a (synchronous, so cheap) context manager: inside it, the task
+        is cancelled once past the deadline and the ``with`` raises TimeoutError naming ``what``; a
+        cancellation from elsewhere (a shutdown) stays a CancelledError. Outside a task: RuntimeError."""
         # The loop is looked up once: asyncio.get_running_loop() (also inside current_task() without
         # a loop) makes a getpid() system call per call in CPython 3.11 (issue 13, profiled).
         loop = self._loop
@@ -34,24 +43,33 @@ class RequestDeadlines:
             loop = self._loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
-            raise RuntimeError("RequestDeadlines.enter() outside a task")
-        tick = int(loop.time() / self._tick_s)
+            raise RuntimeError("RequestDeadlines.bound() outside a task")
+        return Deadline(self, task, what)
+
+    async def wait(self, future: asyncio.Future[Any], what: str) -> None:
+        """Return once ``future`` is done, or raise TimeoutError at the deadline; never cancels ``future``
+        (what ``asyncio.shield()`` inside ``asyncio.timeout()`` does, for ~8 us more, profiled): the
+        deadline cancels a waiter of this call's own."""
+        if future.done():
+            return
+        waiter = future.get_loop().create_future()
+        future.add_done_callback(functools.partial(_wake, waiter))
+        with self.bound(what):
+            await waiter
+
+    def _enter(self, task: asyncio.Task[Any]) -> set[asyncio.Task[Any]]:
+        assert self._loop is not None
+        tick = int(self._loop.time() / self._tick_s)
         bucket = self._buckets.get(tick)
         if bucket is None:
             bucket = self._buckets[tick] = set()
-            loop.call_at((tick + 1) * self._tick_s + self.timeout_s, self._expire, tick)
+            self._loop.call_at((tick + 1) * self._tick_s + self.timeout_s, self._expire, tick)
         bucket.add(task)
-        return task, bucket
+        return bucket
 
-    def leave(self, entered: tuple[asyncio.Task[Any], set[asyncio.Task[Any]]]) -> None:
-        task, bucket = entered
+    def _leave(self, task: asyncio.Task[Any], bucket: set[asyncio.Task[Any]]) -> bool:
+        """Take ``task`` out; whether its deadline cancelled it (the cancellation is then withdrawn)."""
         bucket.discard(task)
-        self._expired.discard(task)
-
-    def timed_out(self, task: asyncio.Task[Any]) -> bool:
-        """Whether the CancelledError ``task`` just caught came from its deadline (then the
-        cancellation is withdrawn and the caller raises TimeoutError), rather than from elsewhere
-        (a shutdown: the caller re-raises it)."""
         if task not in self._expired:
             return False
         self._expired.discard(task)
@@ -63,3 +81,29 @@ class RequestDeadlines:
             if not task.done():
                 self._expired.add(task)
                 task.cancel()
+
+
+class Deadline:
+    """One task's stay inside a deadline of :class:`RequestDeadlines` (from its ``bound()``)."""
+
+    __slots__ = ("_deadlines", "_task", "_what", "_bucket")
+
+    def __init__(self, deadlines: RequestDeadlines, task: asyncio.Task[Any], what: str) -> None:
+        self._deadlines = deadlines
+        self._task = task
+        self._what = what
+        self._bucket: set[asyncio.Task[Any]] = set()
+
+    def __enter__(self) -> None:
+        self._bucket = self._deadlines._enter(self._task)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        expired = self._deadlines._leave(self._task, self._bucket)
+        if expired and exc_type is asyncio.CancelledError:
+            raise TimeoutError(f"{self._what} not finished within {self._deadlines.timeout_s} s") from None
+
+
+def _wake(waiter: asyncio.Future[None], _done: asyncio.Future[Any]) -> None:
+    if not waiter.done():  # cancelled at its deadline: nobody waits any more
+        waiter.set_result(None)

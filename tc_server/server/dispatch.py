@@ -95,6 +95,7 @@ class Dispatcher:
         # END_TXN answers once every participant broker acknowledged the decision, or after this long
         # (the decision is durable either way; docs/participants.md).
         self.participant_wait_s = participant_wait_s
+        self._participant_deadlines = RequestDeadlines(participant_wait_s)
         commands = ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
         self._observe = {name: metrics.request_seconds.labels(name).observe for name in commands}
         for name in commands:
@@ -165,9 +166,8 @@ class Dispatcher:
         error: ServerError | None = None
         message: str | None = None
         delivery: asyncio.Future[None] | None = None  # END_TXN: the delivery of a new decision
-        entered = self._deadlines.enter()
         try:
-            try:
+            with self._deadlines.bound(name):
                 # The partition's coroutine is awaited right here, not through a helper per command:
                 # each coroutine layer is resumed on every step of the request (profiled, issue 13).
                 partition = self.coordinator.partition(most)
@@ -178,12 +178,6 @@ class Dispatcher:
                                                        principal=principal)
                 else:
                     await partition.add_participants(least, principal, _participants(cmd))
-            except asyncio.CancelledError:
-                if not self._deadlines.timed_out(entered[0]):
-                    raise
-                raise TimeoutError(f"{name} not finished within {self.request_timeout_s} s") from None
-            finally:
-                self._deadlines.leave(entered)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed answer
             error, message = to_server_error(exc, name)
             self.metrics.request_errors.labels(name, error.name).inc()
@@ -210,13 +204,18 @@ class Dispatcher:
         """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
         so that consumers see a commit once commit() returns; outside the request timeout, which
         bounds the decision only. Past participant_wait_s (below the Java client's 30 s operation
-        timeout) answer anyway: the decision is durable and delivery goes on."""
-        try:
-            async with asyncio.timeout(self.participant_wait_s):
-                await asyncio.shield(delivery)
-        except TimeoutError:
-            log.info("answering END_TXN before every participant acknowledged; delivery continues",
-                     txn=f"({most},{least})", waited_s=self.participant_wait_s)
+        timeout; a shared deadline tick, so up to 0.1 s more) answer anyway: the decision is durable and
+        delivery goes on."""
+        if delivery.done():
+            return
+        if self.participant_wait_s > 0:
+            try:
+                await self._participant_deadlines.wait(delivery, "the participants' acknowledgements")
+                return
+            except TimeoutError:
+                pass
+        log.info("answering END_TXN before every participant acknowledged; delivery continues",
+                 txn=f"({most},{least})", waited_s=self.participant_wait_s)
 
 
 def _txn_id(cmd: TxnRequest) -> tuple[int, int]:

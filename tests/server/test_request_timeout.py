@@ -38,35 +38,53 @@ async def test_stalled_request_is_answered_when_its_deadline_passes(settings):
 
 async def test_a_cancellation_from_elsewhere_is_not_a_timeout():
     deadlines = RequestDeadlines(timeout_s=60.0)
-    outcome: list[str] = []
 
     async def request() -> None:
-        entered = deadlines.enter()
-        try:
+        with deadlines.bound("the request"):
             await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            outcome.append("timeout" if deadlines.timed_out(entered[0]) else "cancelled")
-            raise
-        finally:
-            deadlines.leave(entered)
 
     task = asyncio.create_task(request())
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert outcome == ["cancelled"]
+
+
+async def test_past_its_deadline_a_task_sees_a_timeout_naming_what_and_can_go_on():
+    deadlines = RequestDeadlines(timeout_s=0.0, tick_s=0.01)
+
+    async def request() -> str:
+        with pytest.raises(TimeoutError, match="the lookup of t not finished within 0.0 s"):
+            with deadlines.bound("the lookup of t"):
+                await asyncio.Event().wait()
+        # The cancellation was withdrawn: the task awaits on (e.g. a retry after a backoff).
+        await asyncio.sleep(0.02)
+        return "went on"
+
+    assert await asyncio.create_task(request()) == "went on"
+
+
+async def test_wait_bounds_the_wait_for_a_future_and_never_cancels_it():
+    # END_TXN's wait for the participants (Dispatcher._wait_delivered): the delivery goes on.
+    deadlines = RequestDeadlines(timeout_s=0.0, tick_s=0.01)
+    delivery = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError, match="the participants' acknowledgements not finished"):
+        await asyncio.create_task(deadlines.wait(delivery, "the participants' acknowledgements"))
+    assert not delivery.done()
+    delivery.set_result(None)  # the late acknowledgement finds a done waiter and does nothing
+    await asyncio.sleep(0)
+    await asyncio.create_task(deadlines.wait(delivery, "done already"))  # returns at once
+    acknowledged_later = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.001, acknowledged_later.set_result, None)
+    await asyncio.create_task(RequestDeadlines(timeout_s=60.0).wait(acknowledged_later, "in time"))
 
 
 async def test_a_finished_request_is_never_cancelled_by_its_deadline():
     deadlines = RequestDeadlines(timeout_s=0.0, tick_s=0.01)
 
     async def request() -> str:
-        entered = deadlines.enter()
-        try:
+        with deadlines.bound("the request"):
             return "done"
-        finally:
-            deadlines.leave(entered)
 
     assert await asyncio.create_task(request()) == "done"
     # Past the bucket's timer: the finished task was taken out of it, nothing is left to cancel.
