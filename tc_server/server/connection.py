@@ -102,6 +102,7 @@ class ServerContext:
     max_buffered_input: int = 64 * 1024 * 1024
     buffered_input: int = 0
     in_flight: int = 0
+    in_flight_share: int = field(init=False)  # per connection; see _share_connections
     paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
     connections_per_address: dict[str, int] = field(default_factory=dict)
@@ -114,6 +115,23 @@ class ServerContext:
         # Read when scraped: a set() on every request start and end was a measurable part of the
         # per-request cost (profiled under load).
         self.metrics.in_flight.set_function(lambda: self.in_flight)
+        self._share_connections()
+
+    def joined(self, connection: ClientConnection) -> None:
+        self.connections.add(connection)
+        self._share_connections()
+
+    def left(self, connection: ClientConnection) -> None:
+        self.connections.discard(connection)
+        self.paused.discard(connection)
+        self._share_connections()
+
+    def _share_connections(self) -> None:
+        # Requests each connection may have in flight: an equal share of the server-wide bound, so that
+        # one flooding connection cannot take it all and starve the others (issue 15: a flooder made a
+        # well-behaved client fail 5 of 81 requests), and never above MAX_IN_FLIGHT. Kept up to date as
+        # connections come and go, not computed twice per request (~1.5 % of the event loop, profiled).
+        self.in_flight_share = max(1, min(MAX_IN_FLIGHT, self.max_in_flight // max(1, len(self.connections))))
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address`` in, or say which limit refuses it."""
@@ -186,7 +204,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_connection(refusal)
             return
         self._admitted = True
-        self._ctx.connections.add(self)
+        self._ctx.joined(self)
         self._ctx.metrics.connections.inc()
         self._schedule_keepalive()
         self._log.debug("connection opened")
@@ -217,8 +235,7 @@ class ClientConnection(asyncio.Protocol):
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        self._ctx.connections.discard(self)
-        self._ctx.paused.discard(self)
+        self._ctx.left(self)
         self._ctx.metrics.connections.dec()
         if self._forwarding is not None:
             self._forwarding.close()
@@ -442,7 +459,7 @@ class ClientConnection(asyncio.Protocol):
         ctx = self._ctx
         self._in_flight += 1
         ctx.in_flight += 1
-        if self._in_flight >= self._in_flight_share():
+        if self._in_flight >= ctx.in_flight_share:
             self._pause_reading("in-flight")
         # The work is the task's coroutine and the bookkeeping is its done callback: a wrapper
         # coroutine per request was resumed on every step of it (profiled, issue 13).
@@ -456,7 +473,7 @@ class ClientConnection(asyncio.Protocol):
         ctx = self._ctx
         self._in_flight -= 1
         ctx.in_flight -= 1
-        if self._in_flight < max(1, self._in_flight_share() // 2):
+        if self._in_flight < max(1, ctx.in_flight_share // 2):
             self._resume_reading("in-flight")
         if ctx.paused and ctx.in_flight < max(1, ctx.max_in_flight // 2):
             for connection in list(ctx.paused):
@@ -481,13 +498,6 @@ class ClientConnection(asyncio.Protocol):
             self.send(task.result())
         except Exception as exc:  # noqa: BLE001 - e.g. an id the wire cannot carry: answer, never escape
             self._answer_failure(request, exc)
-
-    def _in_flight_share(self) -> int:
-        """Requests this connection may have in flight: an equal share of the server-wide bound, so that
-        one flooding connection cannot take it all and starve the others (issue 15: a flooder made a
-        well-behaved client fail 5 of 81 requests), and never above MAX_IN_FLIGHT."""
-        ctx = self._ctx
-        return max(1, min(MAX_IN_FLIGHT, ctx.max_in_flight // max(1, len(ctx.connections))))
 
     # -- carrying a proxied connection to its broker (relay.py) ------------------------------------
 
