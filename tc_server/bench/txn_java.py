@@ -6,14 +6,18 @@
 Each pair is what an application does: newTransaction, send one message in it, commit. So each commit
 costs the coordinator its decision and one END_TXN_ON_PARTITION to the broker, which must be
 acknowledged before commit() returns (both coordinators wait for it). Starts a real Pulsar broker
-(standalone, 16 coordinators; ``make pulsar-broker``) and one tc-server in front of it (``--upstream-url``),
+(standalone, 16 coordinators; ``make pulsar-broker``) and two tc-servers in front of it (``--upstream-url``),
 then runs the Java harness's ``txn-bench`` scenario (``make interop-java``) against each in turn, runs
-alternated, each on a topic of its own. Prints pairs/s, pair and commit p50/p99 and each server's CPU
-per pair (read from /proc across the counted window), then medians as a Markdown table. The load
-generator shares the machine's cores with both servers. The same loop without a produced message is
-``python -m tc_server.bench.vs_pulsar``.
+alternated, each on a topic of its own. The two tc-servers differ in how the producer reaches the broker:
+``tc-server`` relays it (the standalone broker answers LOOKUP with ``proxy_through_service_url``, and
+tc-server's default ``--lookup-connections upstream`` follows that), ``tc-direct`` sends it to the broker
+straight (``--lookup-connections direct``, what a broker started normally answers anyway), as the client
+does with Pulsar's own coordinator. Prints pairs/s, pair and commit p50/p99 and each server's CPU per pair
+(read from /proc across the counted window), then medians and the ratios to Pulsar as a Markdown table.
+The load generator shares the machine's cores with the servers. The same loop without a produced
+message is ``python -m tc_server.bench.vs_pulsar``.
 
-``--baseline-src DIR`` adds a third target: a tc-server run from another source tree (e.g.
+``--baseline-src DIR`` adds another target: a tc-server run from another source tree (e.g.
 ``git archive <commit> tc_server | tar -x -C DIR``, put first on its PYTHONPATH), alternated with the
 other two in each round, so a change is measured against its predecessor in one sitting on a shared,
 noisy machine.
@@ -37,8 +41,11 @@ from tc_server.bench.pulsar_broker import PulsarBroker
 
 PULSAR = "pulsar"
 TC_SERVER = "tc-server"
+TC_DIRECT = "tc-direct"
 BASELINE = "baseline"
-LABELS = {PULSAR: "Pulsar 4.2.4 (broker's own)", TC_SERVER: "tc-server (embedded store)",
+LABELS = {PULSAR: "Pulsar 4.2.4 (broker's own)",
+          TC_SERVER: "tc-server, produce relayed by it (standalone's proxy_through_service_url)",
+          TC_DIRECT: "tc-server, produce straight to the broker (--lookup-connections direct)",
           BASELINE: "tc-server baseline (--baseline-src)"}
 
 
@@ -80,13 +87,21 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
           "| server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
     for concurrency in concurrencies:
-        for server in (PULSAR, BASELINE, TC_SERVER):
+        for server in (PULSAR, BASELINE, TC_DIRECT, TC_SERVER):
             count, values = java_load.medians_of(runs, server, concurrency, fields)
             if not count:
                 continue
             rate, p50, p99, c50, c99, cpu = values
             print(f"| {concurrency} | {LABELS[server]}, median of {count} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
                   f"{c50:.1f} / {c99:.1f} | {cpu:.0f} |")
+        _, pulsar = java_load.medians_of(runs, PULSAR, concurrency, fields)
+        for server in (TC_DIRECT, TC_SERVER):
+            count, values = java_load.medians_of(runs, server, concurrency, fields)
+            if count and pulsar:
+                rate, _, p99, _, c99, cpu = (ours / theirs if theirs else float("nan")
+                                             for ours, theirs in zip(values, pulsar, strict=True))
+                print(f"| {concurrency} | **{server} / Pulsar** | {rate:.2f}x | p99 {p99:.2f}x | p99 {c99:.2f}x | "
+                      f"{cpu:.2f}x (not like with like: tc-server's processes against the whole broker) |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.partitions}-partition topic, {args.duration_s:.0f} s counted after {args.warmup_s:.0f} s "
           f"warm-up, {args.rounds} round(s) alternated; broker, tc-server and load on the same cores", flush=True)
     server: TcServerProcess | None = None
+    direct: TcServerProcess | None = None
     baseline: TcServerProcess | None = None
     try:
         jar = java_load.private_harness(workdir)
@@ -115,8 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         server = java_load.start_server(TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url,
                                                         "--coordinators", "16", "--log-level", "warning",
                                                         *args.server_arg, log_path=workdir / "tc-server.log"))
+        # The same tc-server code twice, to show both ways producers reach the broker: the standalone broker
+        # asks clients to connect through their service URL (proxy_through_service_url), so by default
+        # tc-server relays the produce traffic; brokers started normally do not ask it, and then clients
+        # connect to the broker straight, as they do with Pulsar's own coordinator (README, One service URL).
+        direct = java_load.start_server(TcServerProcess(workdir / "tc-direct-data", "--upstream-url", broker.url,
+                                                        "--coordinators", "16", "--log-level", "warning",
+                                                        *args.server_arg, "--lookup-connections", "direct",
+                                                        log_path=workdir / "tc-direct.log"))
         targets: dict[str, Target] = {
             PULSAR: (broker.url, broker.cpu_seconds),
+            TC_DIRECT: (direct.url, direct.cpu_seconds),
             TC_SERVER: (server.url, server.cpu_seconds),
         }
         if args.baseline_src is not None:
@@ -141,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                 return run_load(jar, url, topics[name], concurrency, args.prime_s, 0.0, cpu, name)
             return run_load(jar, url, topics[name], concurrency, args.duration_s, args.warmup_s, cpu, name)
 
-        runs = java_load.alternated(targets, [PULSAR, BASELINE, TC_SERVER], concurrencies, args.rounds,
+        runs = java_load.alternated(targets, [PULSAR, BASELINE, TC_DIRECT, TC_SERVER], concurrencies, args.rounds,
                                     args.prime_s, run, print_run)
         summary(runs, concurrencies)
     finally:
-        java_load.stop_all([server, baseline], broker, workdir, args.keep_workdir)
+        java_load.stop_all([server, direct, baseline], broker, workdir, args.keep_workdir)
     return 0
 
 
