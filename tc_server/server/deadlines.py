@@ -35,7 +35,9 @@ class RequestDeadlines:
     def bound(self, what: str) -> Deadline:
         """The current task's deadline, as a (synchronous, so cheap) context manager: inside it, the task
         is cancelled once past the deadline and the ``with`` raises TimeoutError naming ``what``; a
-        cancellation from elsewhere (a shutdown) stays a CancelledError. Outside a task: RuntimeError."""
+        cancellation from elsewhere (a shutdown) stays a CancelledError. Outside a task: RuntimeError.
+        Not nested within one task on one instance (a task is in a tick's set once): use them one after
+        the other, as the delivery does for a lookup and then the request."""
         # The loop is looked up once: asyncio.get_running_loop() (also inside current_task() without
         # a loop) makes a getpid() system call per call in CPython 3.11 (issue 13, profiled).
         loop = self._loop
