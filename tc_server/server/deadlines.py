@@ -89,12 +89,12 @@ class Deadline:
     """One task's stay inside a deadline of :class:`RequestDeadlines` (from its ``bound()``)."""
 
     __slots__ = ("_deadlines", "_task", "_what", "_bucket")
+    _bucket: set[asyncio.Task[Any]]  # the tick's set this task entered, set by __enter__
 
     def __init__(self, deadlines: RequestDeadlines, task: asyncio.Task[Any], what: str) -> None:
         self._deadlines = deadlines
         self._task = task
         self._what = what
-        self._bucket: set[asyncio.Task[Any]] = set()
 
     def __enter__(self) -> None:
         self._bucket = self._deadlines._enter(self._task)
