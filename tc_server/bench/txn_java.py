@@ -87,19 +87,19 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
           "| server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
     for concurrency in concurrencies:
+        medians = {}
         for server in (PULSAR, BASELINE, TC_DIRECT, TC_SERVER):
             count, values = java_load.medians_of(runs, server, concurrency, fields)
             if not count:
                 continue
+            medians[server] = values
             rate, p50, p99, c50, c99, cpu = values
             print(f"| {concurrency} | {LABELS[server]}, median of {count} | {rate:,.0f} | {p50:.1f} / {p99:.1f} | "
                   f"{c50:.1f} / {c99:.1f} | {cpu:.0f} |")
-        _, pulsar = java_load.medians_of(runs, PULSAR, concurrency, fields)
         for server in (TC_DIRECT, TC_SERVER):
-            count, values = java_load.medians_of(runs, server, concurrency, fields)
-            if count and pulsar:
+            if server in medians and PULSAR in medians:
                 rate, _, p99, _, c99, cpu = (ours / theirs if theirs else float("nan")
-                                             for ours, theirs in zip(values, pulsar, strict=True))
+                                             for ours, theirs in zip(medians[server], medians[PULSAR], strict=True))
                 print(f"| {concurrency} | **{server} / Pulsar** | {rate:.2f}x | p99 {p99:.2f}x | p99 {c99:.2f}x | "
                       f"{cpu:.2f}x (not like with like: tc-server's processes against the whole broker) |")
 
@@ -122,34 +122,29 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}; Java client txn-bench (newTransaction + 1 send + commit) on a "
           f"{args.partitions}-partition topic, {args.duration_s:.0f} s counted after {args.warmup_s:.0f} s "
           f"warm-up, {args.rounds} round(s) alternated; broker, tc-server and load on the same cores", flush=True)
-    server: TcServerProcess | None = None
-    direct: TcServerProcess | None = None
-    baseline: TcServerProcess | None = None
+    servers: list[TcServerProcess] = []
     try:
         jar = java_load.private_harness(workdir)
         java_load.start_broker(broker)
-        server = java_load.start_server(TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url,
-                                                        "--coordinators", "16", "--log-level", "warning",
-                                                        *args.server_arg, log_path=workdir / "tc-server.log"))
+        targets: dict[str, Target] = {PULSAR: (broker.url, broker.cpu_seconds)}
+
+        def start_tc_server(name: str, *extra: str, env: dict[str, str] | None = None) -> None:
+            """One tc-server in front of the broker, its data and log named after the target."""
+            server = TcServerProcess(workdir / f"{name}-data", "--upstream-url", broker.url, "--coordinators", "16",
+                                     "--log-level", "warning", *args.server_arg, *extra, env=env,
+                                     log_path=workdir / f"{name}.log")
+            servers.append(server)
+            java_load.start_server(server)
+            targets[name] = (server.url, server.cpu_seconds)
+
         # The same tc-server code twice, to show both ways producers reach the broker: the standalone broker
         # asks clients to connect through their service URL (proxy_through_service_url), so by default
         # tc-server relays the produce traffic; brokers started normally do not ask it, and then clients
         # connect to the broker straight, as they do with Pulsar's own coordinator (README, One service URL).
-        direct = java_load.start_server(TcServerProcess(workdir / "tc-direct-data", "--upstream-url", broker.url,
-                                                        "--coordinators", "16", "--log-level", "warning",
-                                                        *args.server_arg, "--lookup-connections", "direct",
-                                                        log_path=workdir / "tc-direct.log"))
-        targets: dict[str, Target] = {
-            PULSAR: (broker.url, broker.cpu_seconds),
-            TC_DIRECT: (direct.url, direct.cpu_seconds),
-            TC_SERVER: (server.url, server.cpu_seconds),
-        }
+        start_tc_server(TC_SERVER)
+        start_tc_server(TC_DIRECT, "--lookup-connections", "direct")
         if args.baseline_src is not None:
-            baseline = java_load.start_server(TcServerProcess(
-                workdir / "baseline-data", "--upstream-url", broker.url, "--coordinators", "16", "--log-level",
-                "warning", *args.server_arg, env={"PYTHONPATH": str(args.baseline_src.resolve())},
-                log_path=workdir / "baseline.log"))
-            targets[BASELINE] = (baseline.url, baseline.cpu_seconds)
+            start_tc_server(BASELINE, env={"PYTHONPATH": str(args.baseline_src.resolve())})
         topics = {}
         for name in targets:
             # A topic per coordinator: the other's open or pinned txns never share a partition with it.
@@ -170,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.prime_s, run, print_run)
         summary(runs, concurrencies)
     finally:
-        java_load.stop_all([server, direct, baseline], broker, workdir, args.keep_workdir)
+        java_load.stop_all(servers, broker, workdir, args.keep_workdir)
     return 0
 
 
