@@ -250,6 +250,14 @@ class PulsarBroker(LoggedProcess):
         tenant, namespace, local = split_topic(topic)
         return f"/admin/v2/persistent/{tenant}/{namespace}/{urllib.parse.quote(local, safe='')}"
 
+    def create_namespace(self, namespace: str, policies: Mapping[str, Any]) -> None:
+        """Create ``tenant/namespace`` with ``policies`` (the admin API's Policies fields, e.g.
+        ``{"deduplicationEnabled": True}``), so every topic made in it afterwards starts with them. An
+        existing namespace is left as it is. Raises AssertionError with the broker's answer when it
+        refuses."""
+        code, body = self.put_json(f"/admin/v2/namespaces/{namespace}", dict(policies))
+        assert code in (200, 204, 409), f"creating namespace {namespace}: HTTP {code} {body}"
+
     def create_topic(self, topic: str, partitions: int = 0) -> None:
         """Create a persistent topic, partitioned when ``partitions`` > 0. Raises AssertionError with
         the broker's answer when it refuses."""

@@ -26,6 +26,7 @@ from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.wire import LookupType, ServerError, encode_frame
+from tests.e2e.txn_support import new_topic
 from tests.interop.checks import check_concurrent
 from tests.interop.conftest import Harness, HarnessRun
 from tests.support.front_door import start_front_door
@@ -42,14 +43,6 @@ HARNESS_TIMEOUT_S = 240
 # tc-server's --request-timeout-s (the default): a forwarded request with no answer by then is an error.
 REQUEST_TIMEOUT_S = 10.0
 PARTITIONS = pytest.mark.parametrize("partitions", [0, 4], ids=["non-partitioned", "4-partitions"])
-
-
-def new_topic(broker: PulsarBroker, name: str, partitions: int) -> str:
-    """A fresh topic created through the broker's admin REST, its transaction buffers recovered."""
-    topic = f"persistent://public/default/{name}-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(topic, partitions)
-    broker.wait_partitions_ready(topic, partitions)
-    return topic
 
 
 def exactly_once(summary: dict[str, Any], count: int) -> None:

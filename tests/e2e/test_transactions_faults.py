@@ -26,6 +26,7 @@ from tests.e2e.txn_support import (
     OP_TIMEOUT_MS,
     exactly_once,
     new_topic,
+    partition_names,
     result_of,
     wait_no_open_txns,
 )
@@ -48,6 +49,13 @@ KILLS = 5
 # inputs (their acks pending in it until then) are processed again.
 WORKER_TXN_TIMEOUT_MS = 15_000
 SUBSCRIPTION = "tc-e2e"
+# The exactly-once worker's topics live in a namespace with broker deduplication on. Killing tc-server
+# cuts the worker's producer connection when the broker's lookup answer sends it through tc-server (as a
+# standalone broker's does, like a Pulsar Proxy): the Java producer then resends what it had not seen
+# acknowledged, and without deduplication the broker stores a message it had already persisted a second
+# time in the same transaction. Exactly-once across a relay's restart needs deduplication, as Pulsar's
+# own exactly-once guide says for any producer retry.
+DEDUP_NAMESPACE = "public/exactly-once"
 # Bounds: the worker's progress between two kills, and the input being drained completely.
 PROGRESS_TIMEOUT_S = 180.0
 DRAIN_TIMEOUT_S = 400.0
@@ -199,8 +207,12 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
                                                        spawned: list[RunningHarness], tmp_path: Path,
                                                        front_door: Callable[..., TcServerProcess],
                                                        target: str) -> None:
-    source = new_topic(pulsar_broker, "ctp-in", PARTITIONS)
-    sink = new_topic(pulsar_broker, "ctp-out", PARTITIONS)
+    pulsar_broker.create_namespace(DEDUP_NAMESPACE, {"deduplicationEnabled": True})
+    source = new_topic(pulsar_broker, "ctp-in", PARTITIONS, DEDUP_NAMESPACE)
+    sink = new_topic(pulsar_broker, "ctp-out", PARTITIONS, DEDUP_NAMESPACE)
+    for name in partition_names(sink, PARTITIONS):
+        code, stats = pulsar_broker.get_json(f"/admin/v2/persistent/{DEDUP_NAMESPACE}/{name}/stats")
+        assert (code, stats.get("deduplicationStatus")) == (200, "Enabled"), (name, code, stats)
     server: TcServerProcess | None = None
     url = pulsar_broker.url
     if target == "tc-server":

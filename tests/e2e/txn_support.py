@@ -28,10 +28,10 @@ HARNESS_TIMEOUT_S = 240
 SETTLE_TIMEOUT_S = 90.0
 
 
-def new_topic(broker: PulsarBroker, name: str, partitions: int) -> str:
-    """A fresh topic created through the broker's admin REST, its transaction buffers recovered (until
-    then the broker holds back every message of a partition)."""
-    topic = f"persistent://public/default/{name}-{uuid.uuid4().hex[:8]}"
+def new_topic(broker: PulsarBroker, name: str, partitions: int, namespace: str = "public/default") -> str:
+    """A fresh topic in ``namespace`` created through the broker's admin REST, its transaction buffers
+    recovered (until then the broker holds back every message of a partition)."""
+    topic = f"persistent://{namespace}/{name}-{uuid.uuid4().hex[:8]}"
     broker.create_topic(topic, partitions)
     broker.wait_partitions_ready(topic, partitions)
     return topic
