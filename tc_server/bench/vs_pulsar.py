@@ -3,14 +3,16 @@
     python -m tc_server.bench.vs_pulsar [--concurrency 16 --concurrency 64] [--duration-s 20]
                                         [--warmup-s 5] [--rounds 2] [--store embedded]
 
-Starts a real Pulsar broker (standalone, 16 transaction coordinators; ``make pulsar-broker``) and one
-tc-server (``--upstream-url`` the broker, so it stands where an operator would put it), then drives each
-in turn with the official Java client's closed loop of newTransaction + commit (the ``pair-bench``
-scenario of the interop harness, ``make interop-java``; NEW_TXN + END_TXN, no produce). Runs alternate
-between the two servers, so a slow phase of the shared machine hits both. For every run it prints pairs/s,
-pair latency p50/p99 and each server's CPU time per pair (read from /proc across exactly the counted
-window: the broker's whole JVM, tc-server's process), then the medians and the ratios tc-server/Pulsar.
-Both servers stay up for the whole benchmark; the load generator shares the machine's cores with them.
+Starts a real Pulsar broker (standalone, 16 transaction coordinators; ``make pulsar-broker``) and two
+tc-servers (``--upstream-url`` the broker, so they stand where an operator would put them): one with one
+worker, and one with a worker per core (``--workers`` the machine's core count, the issue's target shape;
+left out on one core). Then it drives each in turn with the official Java client's closed loop of
+newTransaction + commit (the ``pair-bench`` scenario of the interop harness, ``make interop-java``; NEW_TXN
++ END_TXN, no produce). Runs alternate between the servers, so a slow phase of the shared machine hits each.
+For every run it prints pairs/s, pair latency p50/p99 and each server's CPU time per pair (read from /proc
+across exactly the counted window: the broker's whole JVM, all of a tc-server's processes), then the
+medians and each tc-server's ratios to Pulsar. All servers stay up for the whole benchmark; the load
+generator shares the machine's cores with them.
 """
 
 from __future__ import annotations
@@ -91,22 +93,23 @@ def print_run(run: Run) -> None:
           f"{run.errors:>6}", flush=True)
 
 
-def summary(runs: list[Run], concurrencies: list[int], tc_name: str) -> None:
-    """Medians per server and concurrency, and tc-server's ratio to Pulsar, as a Markdown table."""
+def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str]) -> None:
+    """Medians per server and concurrency, and each tc-server's ratios to Pulsar, as a Markdown table."""
     print("\n| in flight | server | pairs/s | pair p50 (ms) | pair p99 (ms) | server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
     for concurrency in concurrencies:
         medians: dict[str, list[float]] = {}
-        for server in ("pulsar", tc_name):
+        for server in ("pulsar", *tc_names):
             count, medians[server] = medians_of(runs, server, concurrency, (
                 "pairs_per_s", "pair_p50_ms", "pair_p99_ms", "server_cpu_us_per_pair"))
             rate, p50, p99, cpu = medians[server]
-            label = "Pulsar 4.2.4 TC" if server == "pulsar" else f"tc-server {tc_name}"
+            label = "Pulsar 4.2.4 TC" if server == "pulsar" else f"tc-server {server}"
             print(f"| {concurrency} | {label} (median of {count}) | {rate:,.0f} | {p50:.1f} | {p99:.1f} | "
                   f"{cpu:.0f} |")
-        ratios = [t / p if p else float("nan") for t, p in zip(medians[tc_name], medians["pulsar"], strict=True)]
-        print(f"| {concurrency} | tc-server / Pulsar | {ratios[0]:.2f}x | {ratios[1]:.2f}x | {ratios[2]:.2f}x | "
-              f"{ratios[3]:.2f}x |")
+        for name in tc_names:
+            ratios = [t / p if p else float("nan") for t, p in zip(medians[name], medians["pulsar"], strict=True)]
+            print(f"| {concurrency} | {name} / Pulsar | {ratios[0]:.2f}x | {ratios[1]:.2f}x | {ratios[2]:.2f}x | "
+                  f"{ratios[3]:.2f}x |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,21 +128,24 @@ def main(argv: list[str] | None = None) -> int:
           f"(newTransaction + commit, no produce), {args.duration_s:.0f} s counted after {args.warmup_s:.0f} s "
           f"warm-up, {args.rounds} round(s) alternated; broker, tc-server and load on the same cores",
           flush=True)
-    server: TcServerProcess | None = None
+    # One worker, and one worker per core (the issue's target shape; the same as one on a 1-core machine).
+    worker_counts = sorted({1, os.cpu_count() or 1})
+    servers: dict[str, TcServerProcess] = {}
     try:
         jar = private_harness(workdir)
         start_broker(broker)
-        server = start_server(TcServerProcess(workdir / "tc-data", "--upstream-url", broker.url, "--coordinators",
-                                              "16", "--log-level", "warning", *args.server_arg, store=args.store,
-                                              log_path=workdir / "tc-server.log"))
-        targets: dict[str, Target] = {
-            "pulsar": (broker.url, broker.cpu_seconds),
-            tc_name: (server.url, server.cpu_seconds),
-        }
-        runs = alternated_runs(jar, targets, ["pulsar", tc_name], concurrencies, args)
-        summary(runs, concurrencies, tc_name)
+        for count in worker_counts:
+            name = tc_name if count == 1 else f"{tc_name} x{count}"
+            servers[name] = start_server(TcServerProcess(
+                workdir / f"tc-data-{count}", "--upstream-url", broker.url, "--coordinators", "16",
+                "--workers", str(count), "--log-level", "warning", *args.server_arg, store=args.store,
+                log_path=workdir / f"tc-server-{count}.log"))
+        targets: dict[str, Target] = {"pulsar": (broker.url, broker.cpu_seconds)}
+        targets.update((name, (server.url, server.cpu_seconds)) for name, server in servers.items())
+        runs = alternated_runs(jar, targets, list(targets), concurrencies, args)
+        summary(runs, concurrencies, list(servers))
     finally:
-        stop_all([server], broker, workdir, args.keep_workdir)
+        stop_all(list(servers.values()), broker, workdir, args.keep_workdir)
     return 0
 
 
