@@ -107,6 +107,8 @@ final class TxnScenarios {
         for (int i = 0; i < count; i++) {
             sends.add(producer.newMessage(txn).value("txn-" + i).sendAsync());
         }
+        // Every send is issued and most are still in flight: a test may cut the connection now.
+        emit(obj("event", "sending", "count", count));
         for (CompletableFuture<MessageId> send : sends) {
             send.get(30, TimeUnit.SECONDS);
         }
