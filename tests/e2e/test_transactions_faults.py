@@ -90,6 +90,17 @@ def front_door(pulsar_broker: PulsarBroker, tmp_path: Path) -> Iterator[Callable
         server.kill()
 
 
+def deduplicated_topic(broker: PulsarBroker, name: str) -> str:
+    """A fresh topic of PARTITIONS partitions in DEDUP_NAMESPACE (created on first use), each partition
+    checked to have the broker's deduplication on."""
+    broker.create_namespace(DEDUP_NAMESPACE, {"deduplicationEnabled": True})
+    topic = new_topic(broker, name, PARTITIONS, DEDUP_NAMESPACE)
+    for partition in partition_names(topic, PARTITIONS):
+        code, stats = broker.get_json(f"/admin/v2/persistent/{DEDUP_NAMESPACE}/{partition}/stats")
+        assert (code, stats.get("deduplicationStatus")) == (200, "Enabled"), (partition, code, stats)
+    return topic
+
+
 def input_backlog(broker: PulsarBroker, topic: str) -> int | None:
     """Messages of ``topic`` the worker's subscription has not (committed-)acked; None if unknown."""
     tenant, namespace, local = split_topic(topic)
@@ -207,12 +218,8 @@ def test_exactly_once_while_the_coordinator_is_killed(java_harness: Harness, pul
                                                        spawned: list[RunningHarness], tmp_path: Path,
                                                        front_door: Callable[..., TcServerProcess],
                                                        target: str) -> None:
-    pulsar_broker.create_namespace(DEDUP_NAMESPACE, {"deduplicationEnabled": True})
-    source = new_topic(pulsar_broker, "ctp-in", PARTITIONS, DEDUP_NAMESPACE)
-    sink = new_topic(pulsar_broker, "ctp-out", PARTITIONS, DEDUP_NAMESPACE)
-    for name in partition_names(sink, PARTITIONS):
-        code, stats = pulsar_broker.get_json(f"/admin/v2/persistent/{DEDUP_NAMESPACE}/{name}/stats")
-        assert (code, stats.get("deduplicationStatus")) == (200, "Enabled"), (name, code, stats)
+    source = deduplicated_topic(pulsar_broker, "ctp-in")
+    sink = deduplicated_topic(pulsar_broker, "ctp-out")
     server: TcServerProcess | None = None
     url = pulsar_broker.url
     if target == "tc-server":
@@ -294,8 +301,7 @@ def test_a_relay_restart_under_transactional_sends_stores_each_message_once(
     Without deduplication (this test on ``public/default``, 2026-11-24) the same kill left 73, 641 and 1,000
     of the 20,000 twice in the committed transaction in three runs out of three: the hazard the README's
     *One service URL* warns of."""
-    pulsar_broker.create_namespace(DEDUP_NAMESPACE, {"deduplicationEnabled": True})
-    topic = new_topic(pulsar_broker, "relay-kill", PARTITIONS, DEDUP_NAMESPACE)
+    topic = deduplicated_topic(pulsar_broker, "relay-kill")
     server = front_door()
     producer = java_harness.spawn("txn-produce", service_url=server.url, topic=topic, count=RELAYED_SENDS,
                                   action="commit", visible_wait_ms=100, op_timeout_ms=OP_TIMEOUT_MS)
