@@ -53,8 +53,8 @@ SUBSCRIPTION = "tc-e2e"
 # cuts the worker's producer connection when the broker's lookup answer sends it through tc-server (as a
 # standalone broker's does, like a Pulsar Proxy): the Java producer then resends what it had not seen
 # acknowledged, and without deduplication the broker stores a message it had already persisted a second
-# time in the same transaction. Exactly-once across a relay's restart needs deduplication, as Pulsar's
-# own exactly-once guide says for any producer retry.
+# time in the same transaction. Exactly-once across a relay's restart needs deduplication, as any
+# producer resend does (README, One service URL; docs/client-behaviour.md).
 DEDUP_NAMESPACE = "public/exactly-once"
 # Bounds: the worker's progress between two kills, and the input being drained completely.
 PROGRESS_TIMEOUT_S = 180.0
