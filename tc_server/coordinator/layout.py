@@ -424,7 +424,9 @@ def parse_header_times(doc: dict[str, Any]) -> tuple[int, int, int | None]:
     return created, timeout, _int_field(doc, "finalizedMs")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, for the speed of its __init__ (two per transaction; see the note above NewTxn in
+# tc_server/wire/commands.py). A header is a value: a changed one is a new TxnHeader.
+@dataclass(slots=True)
 class TxnHeader:
     """``/txn/id/<most>_<least>``, partition key ``<most>_<least>``: Pulsar's ``TxnHeader``."""
 

@@ -62,7 +62,9 @@ class StoreClosedError(StoreError):
     """The backend was closed."""
 
 
-@dataclass(frozen=True, slots=True)
+# Record and Put are not frozen, for the speed of their __init__ (one or more per request; see the note
+# above NewTxn in tc_server/wire/commands.py). Both are values: nothing changes one after it is built.
+@dataclass(slots=True)
 class Record:
     """A stored record as read back."""
 
@@ -75,7 +77,7 @@ class Record:
     modified_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Put:
     """One put inside a batch.
 
