@@ -12,11 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 import structlog
-from prometheus_client import Histogram
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import OpKind, TxnOp, TxnState
-from tc_server.metrics import Metrics
+from tc_server.metrics import LoopHistogramChild, Metrics
 from tc_server.store.api import MetadataStore, Put, Record
 
 log = structlog.get_logger("tc_server.coordinator")
@@ -50,9 +49,9 @@ class Participants:
 
 
 @functools.lru_cache(maxsize=16)
-def _ops_scan_seconds(metrics: Metrics) -> Histogram:
+def _ops_scan_seconds(metrics: Metrics) -> LoopHistogramChild:
     """The ``idx:ops-by-txn`` child of the index-query histogram, resolved once per Metrics rather
-    than per END_TXN: prometheus_client's labels() costs microseconds per call (profiled)."""
+    than per END_TXN (a labels() call builds a tuple and looks it up)."""
     return metrics.index_query.labels(layout.IDX_OPS_BY_TXN)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from tc_server.metrics import METRIC_NAMES, Metrics
+from tc_server.metrics import METRIC_NAMES, LoopFamily, Metrics
 
 from .manifests import dashboard, dashboard_exprs, dashboard_panels, grouping_labels, metric_names, selectors
 
@@ -28,6 +28,9 @@ def families() -> dict[str, tuple[str, frozenset[str]]]:
             assert kind is not None, value
             name = value._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
             found[name] = (kind, frozenset(value._labelnames))  # noqa: SLF001
+        elif isinstance(value, LoopFamily):
+            name = value.name + ("_total" if value.kind == "counter" else "")
+            found[name] = (value.kind, frozenset(value.labelnames))
     return found
 
 

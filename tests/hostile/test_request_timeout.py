@@ -42,13 +42,13 @@ async def test_a_txn_created_after_its_request_timed_out_is_counted(settings: Se
         store.gate.clear()
         answer = await asyncio.wait_for(client.new_txn(tc_id=6), 30)
         assert answer.error is ServerError.TransactionCoordinatorNotFound
-        assert created._value.get() == 0
+        assert created.value == 0
         store.gate.set()  # the write the timed-out request started now lands
         for _ in range(200):
-            if created._value.get() == 1:
+            if created.value == 1:
                 break
             await asyncio.sleep(0.02)
-        assert created._value.get() == 1
+        assert created.value == 1
         assert app.coordinator.partition(6).open_count == 1  # tracked: it will be aborted on time
         client.close()
     finally:

@@ -104,11 +104,11 @@ async def test_add_records_each_participant_once(store: MetadataStore) -> None:
         partition = tc.partition(1)
         least = await partition.new_txn(60_000, None)
         await partition.add_participants(least, None, [Participant(TOPIC), Participant(TOPIC, "sub")])
-        written = tc.metrics.op_writes.labels("participant")._value.get()
+        written = tc.metrics.op_writes.labels("participant").value
         # Repeated ADDs of the same participants write nothing more (a txn sends one per message batch).
         await partition.add_participants(least, None, [Participant(TOPIC)])
         await partition.add_participants(least, None, [Participant(TOPIC, "sub"), Participant(TOPIC)])
-        assert tc.metrics.op_writes.labels("participant")._value.get() == written == 2
+        assert tc.metrics.op_writes.labels("participant").value == written == 2
         assert await records(store, 1, least) == {
             Participant(TOPIC).path(1, least): Participant(TOPIC),
             Participant(TOPIC, "sub").path(1, least): Participant(TOPIC, "sub"),
