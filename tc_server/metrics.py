@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -87,7 +88,10 @@ class LoopHistogramChild:
         self.sum += amount
 
 
-class LoopFamily:
+Child = TypeVar("Child", LoopCounterChild, LoopHistogramChild)
+
+
+class LoopFamily(Generic[Child]):
     """A labelled family whose values are plain numbers, for the request path (issue 13).
 
     prometheus_client takes a lock on every ``inc()`` and ``observe()`` (0.64 and 1.3 us on this
@@ -103,10 +107,11 @@ class LoopFamily:
         self.name = name
         self._documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], LoopCounterChild | LoopHistogramChild] = {}
+        self._children: dict[tuple[str, ...], Child] = {}
         registry.register(self)
 
-    def _child(self, values: tuple[object, ...], by_name: dict[str, object]) -> LoopCounterChild | LoopHistogramChild:
+    def labels(self, *values: object, **by_name: object) -> Child:
+        """The child of one label set, by position or by name (as prometheus_client's ``labels()``)."""
         if by_name:
             values = tuple(by_name[name] for name in self.labelnames)
         if len(values) != len(self.labelnames):
@@ -117,47 +122,36 @@ class LoopFamily:
             child = self._children[key] = self._new_child()
         return child
 
-    def _new_child(self) -> LoopCounterChild | LoopHistogramChild:
-        raise NotImplementedError
-
-    def _family(self) -> Metric:
-        raise NotImplementedError
-
     def describe(self) -> list[Metric]:
         return [self._family()]
 
     def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for key, child in self._children.items():
-            self._add(family, list(key), child)
-        yield family
+        yield self._family()
 
-    def _add(self, family: Metric, labels: list[str], child: LoopCounterChild | LoopHistogramChild) -> None:
+    def _new_child(self) -> Child:
+        raise NotImplementedError
+
+    def _family(self) -> Metric:
+        """The family with a sample (set) per child."""
         raise NotImplementedError
 
 
-class LoopCounter(LoopFamily):
+class LoopCounter(LoopFamily[LoopCounterChild]):
     """A counter family (exposed as ``<name>_total``); see :class:`LoopFamily`."""
 
     kind = "counter"
-
-    def labels(self, *values: object, **by_name: object) -> LoopCounterChild:
-        child = self._child(values, by_name)
-        assert isinstance(child, LoopCounterChild)
-        return child
 
     def _new_child(self) -> LoopCounterChild:
         return LoopCounterChild()
 
     def _family(self) -> Metric:
-        return CounterMetricFamily(self.name, self._documentation, labels=self.labelnames)
+        family = CounterMetricFamily(self.name, self._documentation, labels=self.labelnames)
+        for key, child in self._children.items():
+            family.add_metric(list(key), child.value)
+        return family
 
-    def _add(self, family: Metric, labels: list[str], child: LoopCounterChild | LoopHistogramChild) -> None:
-        assert isinstance(family, CounterMetricFamily) and isinstance(child, LoopCounterChild)
-        family.add_metric(labels, child.value)
 
-
-class LoopHistogram(LoopFamily):
+class LoopHistogram(LoopFamily[LoopHistogramChild]):
     """A histogram family; see :class:`LoopFamily`."""
 
     kind = "histogram"
@@ -169,24 +163,18 @@ class LoopHistogram(LoopFamily):
         self._le = [floatToGoString(bound) for bound in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: object, **by_name: object) -> LoopHistogramChild:
-        child = self._child(values, by_name)
-        assert isinstance(child, LoopHistogramChild)
-        return child
-
     def _new_child(self) -> LoopHistogramChild:
         return LoopHistogramChild(self._bounds)
 
     def _family(self) -> Metric:
-        return HistogramMetricFamily(self.name, self._documentation, labels=self.labelnames)
-
-    def _add(self, family: Metric, labels: list[str], child: LoopCounterChild | LoopHistogramChild) -> None:
-        assert isinstance(family, HistogramMetricFamily) and isinstance(child, LoopHistogramChild)
-        cumulative, buckets = 0, []
-        for le, count in zip(self._le, child.counts, strict=True):
-            cumulative += count
-            buckets.append((le, float(cumulative)))
-        family.add_metric(labels, buckets, child.sum)
+        family = HistogramMetricFamily(self.name, self._documentation, labels=self.labelnames)
+        for key, child in self._children.items():
+            cumulative, buckets = 0, []
+            for le, count in zip(self._le, child.counts, strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(key), buckets, child.sum)
+        return family
 
 
 class Metrics:
