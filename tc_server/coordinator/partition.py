@@ -287,21 +287,21 @@ class CoordinatorPartition:
             # NEW_TXNs all pass the check before the first write lands. It leaves the count with
             # the open set (_forget), also when the write failed and the timeout forgets the id.
             self._owners[least] = self._principals.add(owner)
-        # The write runs as a task of its own, so that it finishes (and is counted when it lands) also
-        # if this request is cancelled by its timeout meanwhile (issue 15: such txns were aborted later
-        # but never counted as created). This request waits on a plain future that _written resolves:
-        # cancelling the request cancels only that future, never the write (what asyncio.shield()
-        # did, with one future and callback less: profiled, issue 13).
+        # The write goes on on its own (start_put), so that it finishes (and is counted when it lands)
+        # also if this request is cancelled by its timeout meanwhile (issue 15: such txns were aborted
+        # later but never counted as created). This request waits on a plain future that _written
+        # resolves: cancelling the request cancels only that future, never the write (what
+        # asyncio.shield() did, with one future and callback less: profiled, issue 13).
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        write = loop.create_task(self._store.put(
+        write = self._store.start_put(
             layout.header_path(self.tc_id, least),
             header.to_json(),
             expected_version=EXPECT_ABSENT,
             partition_key=key,
             secondary_indexes=header.index_entries(),
-        ))
+        )
         landed: asyncio.Future[None] = loop.create_future()
         write.add_done_callback(functools.partial(self._written, least, header, landed))
         await landed

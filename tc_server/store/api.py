@@ -22,6 +22,7 @@ promise more than it keeps:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -155,6 +156,22 @@ class MetadataStore(Protocol):
         (:data:`EXPECT_ABSENT`: only if absent). Returns the record as stored.
 
         Raises :class:`BadVersionError` when the condition fails."""
+        ...
+
+    def start_put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[Record]:
+        """:meth:`put`, already under way: the future of its outcome (the record, or the exception
+        :meth:`put` would raise). Whoever awaits it does not own it: a caller that stops waiting
+        (NEW_TXN's request timeout) leaves the write to finish, and a callback on the future still
+        learns its outcome (NEW_TXN counts the header it wrote, issue 15). Cancelling the future
+        itself leaves the outcome unknown, as cancelling :meth:`put` does."""
         ...
 
     async def put_sequential(

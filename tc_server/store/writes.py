@@ -9,6 +9,7 @@ return the record as stored, timestamps included) and ``write_batch``; deletes g
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +36,7 @@ def version_matches(stored: int | None, expected: int | None) -> bool:
     return stored == expected
 
 
-def _condition_failed(key: str, expected_version: int | None) -> BadVersionError:
+def condition_failed(key: str, expected_version: int | None) -> BadVersionError:
     return BadVersionError(key, expected_version if expected_version is not None else EXPECT_ABSENT)
 
 
@@ -70,8 +71,22 @@ class StoreWrites(ABC):
         validate_put(op)
         record = await self._put_record(op)
         if record is None:
-            raise _condition_failed(key, expected_version)
+            raise condition_failed(key, expected_version)
         return record
+
+    def start_put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[Record]:
+        """See :meth:`MetadataStore.start_put`: :meth:`put` as a task (a backend with a cheaper way
+        overrides this)."""
+        return asyncio.ensure_future(self.put(key, value, expected_version=expected_version,
+                                              partition_key=partition_key, secondary_indexes=secondary_indexes))
 
     async def put_sequential(
         self,
@@ -88,7 +103,7 @@ class StoreWrites(ABC):
         validate_put(op)
         record = await self._put_record(op)
         if record is None:  # unconditional: only a backend bug gets here
-            raise _condition_failed(prefix, None)
+            raise condition_failed(prefix, None)
         return record
 
     async def delete(
@@ -99,5 +114,5 @@ class StoreWrites(ABC):
         (result,) = await self.write_batch([Delete(key, expected_version=expected_version,
                                                    partition_key=partition_key)])
         if result.outcome is Outcome.BAD_VERSION:
-            raise _condition_failed(key, expected_version)
+            raise condition_failed(key, expected_version)
         return result.outcome is Outcome.OK

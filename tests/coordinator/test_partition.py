@@ -19,6 +19,7 @@ from tc_server.coordinator.errors import (
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
+from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.support.gated_store import GatedStore
 
@@ -353,3 +354,32 @@ async def test_new_txn_cancelled_while_its_header_write_is_in_flight_is_counted_
         assert not partition.open_txns()
     finally:
         await tc.stop()
+async def test_new_txn_cancelled_before_the_embedded_writer_answers_is_counted_and_aborted(tmp_path):
+    # The same on the embedded store, whose start_put resolves the header write from the writer
+    # process's answer without a task: the request is cancelled in the very turn it submitted the
+    # write, before the write was even sent to the writer, and the header must still be counted.
+    store = await EmbeddedStore.open(tmp_path)
+    clock = FakeClock()
+    tc = make(store, clock, partitions=1)
+    await tc.start()
+    labels = tc.metrics.tc(0)
+    try:
+        partition = tc.partition(0)
+        first = await partition.new_txn(1000, None)  # the id block is at hand now: no await before the write
+        request = asyncio.create_task(partition.new_txn(1000, None))
+        await asyncio.sleep(0)  # the request's first step: it submitted the header write and waits
+        (least,) = set(partition.open_txns()) - {first}
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert await eventually(lambda: tc.metrics.registry.get_sample_value(
+            "pulsar_txn_created_total", labels) == 2)
+        assert (await header(store, 0, least)).state is TxnState.OPEN
+        clock.now += 1000
+        assert await tc.abort_expired_now() == 2
+        assert (await header(store, 0, least)).state is TxnState.ABORTED
+    finally:
+        await tc.stop()
+        await store.close()
+
+

@@ -111,6 +111,28 @@ async def test_put_mismatching_version(store: MetadataStore) -> None:
     assert record.value == b"2"
 
 
+async def test_start_put_gives_the_record_or_the_failed_condition(store: MetadataStore) -> None:
+    # NEW_TXN's header write (partition.py): the future says what put() would return or raise.
+    indexes = {"idx:n": "1"}
+    first = await store.start_put("/c/k", b"1", expected_version=EXPECT_ABSENT, partition_key="p",
+                                  secondary_indexes=indexes)
+    assert await store.get("/c/k", partition_key="p") == first
+    assert [r.key async for r in store.scan_index("idx:n", "0", "9", partition_key="p")] == ["/c/k"]
+    with pytest.raises(BadVersionError) as info:
+        await store.start_put("/c/k", b"2", expected_version=EXPECT_ABSENT, partition_key="p")
+    assert info.value.key == "/c/k"
+    second = await store.start_put("/c/k", b"3", expected_version=first.version, partition_key="p")
+    with pytest.raises(BadVersionError):
+        await store.start_put("/c/k", b"4", expected_version=first.version, partition_key="p")
+    assert await store.get("/c/k", partition_key="p") == second
+    assert second.value == b"3" and second.created_ms == first.created_ms
+
+
+async def test_start_put_refuses_what_put_refuses(store: MetadataStore) -> None:
+    with pytest.raises(InvalidOperationError):
+        await store.start_put("/c/k", b"", secondary_indexes={"": "1"})
+
+
 async def test_put_expected_version_on_absent_key_fails(store: MetadataStore) -> None:
     other = await store.put("/c/other", b"x")
     with pytest.raises(BadVersionError):
