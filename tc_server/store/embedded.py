@@ -163,10 +163,12 @@ class _WriteRequest:
 
     The writer's answer fills ``notes`` and, for a ``write_batch``, ``results`` (one per op) or, for a
     single put (``wants_record``), ``record`` (the stored record, None if its condition failed): only
-    what the caller reads is built (issue 13). The future resolves with the request itself."""
+    what the caller reads is built (issue 13). Its future (kept next to it in ``_pending``, not in it)
+    resolves with the request itself: a request holding its own future would be a reference cycle
+    (request -> future -> result -> request), which only the cyclic GC frees, seven objects per write
+    (gc.DEBUG_SAVEALL under the Java pair-bench)."""
 
     ops: Sequence[Put | Delete] | None
-    future: asyncio.Future[_WriteRequest]
     wants_record: bool = False
     results: list[WriteResult] = field(default_factory=list)
     record: Record | None = None
@@ -215,7 +217,8 @@ class EmbeddedStore(StoreWrites):
         self._frames = FrameBuffer()
         self._unsent = b""  # what the channel did not take yet (it is sent when writable again)
         self._outbox: list[tuple[int, list[tuple[Any, ...]] | None]] = []  # this turn's requests
-        self._pending: dict[int, _WriteRequest] = {}  # sent or to be sent, by request id, in order
+        # Sent or to be sent, by request id, in order: each request and the future its caller awaits.
+        self._pending: dict[int, tuple[_WriteRequest, asyncio.Future[_WriteRequest]]] = {}
         self._request_ids = itertools.count()
         self._closing: asyncio.Future[None] | None = None  # close(), once, whoever calls it
         # A writer that dies before answering anything (it cannot start: no interpreter, a broken file)
@@ -308,7 +311,7 @@ class EmbeddedStore(StoreWrites):
         encoded = None if ops is None else [_encode(op) for op in ops]  # before anything is registered
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         request_id = next(self._request_ids)
-        self._pending[request_id] = _WriteRequest(ops, future, wants_record)
+        self._pending[request_id] = (_WriteRequest(ops, wants_record), future)
         if not self._outbox:
             self._loop.call_soon(self._send_outbox)
         self._outbox.append((request_id, encoded))
@@ -400,16 +403,16 @@ class EmbeddedStore(StoreWrites):
         size = 0
         wanted = self._hub.wanted_prefixes
         for request_id, outcomes in answers:
-            request = pending.pop(request_id)
+            request, future = pending.pop(request_id)
             size += _fill(request, outcomes, now, wanted)
-            done.append(request)
+            done.append((request, future))
         # Publish before resolving: a caller that reacts to its write already finds it in the
         # notification streams, and streams see commits in commit order. One batch per group (it is
         # one commit): each subscriber is handed and woken once per commit, not once per caller.
-        self._hub.publish(itertools.chain.from_iterable(request.notes for request in done))
-        for request in done:
-            if not request.future.done():
-                request.future.set_result(request)
+        self._hub.publish(itertools.chain.from_iterable(request.notes for request, _ in done))
+        for request, future in done:
+            if not future.done():
+                future.set_result(request)
         if self.on_commit is not None:
             self.on_commit(size)
 
@@ -417,7 +420,7 @@ class EmbeddedStore(StoreWrites):
         log.error("store_commit_failed", path=str(self.path), requests=len(request_ids), error=message)
         error = StoreUnavailableError(message)
         for request_id in request_ids:
-            future = self._pending.pop(request_id).future
+            _, future = self._pending.pop(request_id)
             if not future.done():
                 future.set_exception(error)
 
@@ -473,9 +476,9 @@ class EmbeddedStore(StoreWrites):
         """Fail every write not answered yet with StoreUnavailableError; returns how many there were."""
         pending, self._pending = self._pending, {}
         error = StoreUnavailableError(f"embedded store: {why}")
-        for request in pending.values():
-            if not request.future.done():
-                request.future.set_exception(error)
+        for _, future in pending.values():
+            if not future.done():
+                future.set_exception(error)
         return len(pending)
 
     # -- reads ----------------------------------------------------------------------------------
