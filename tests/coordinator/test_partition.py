@@ -333,7 +333,6 @@ async def test_new_txn_cancelled_while_its_header_write_is_in_flight_is_counted_
     clock = FakeClock()
     tc = make(store, clock, partitions=1)
     await tc.start()
-    labels = tc.metrics.tc(0)
     try:
         partition = tc.partition(0)
         store.gate.clear()
@@ -345,15 +344,11 @@ async def test_new_txn_cancelled_while_its_header_write_is_in_flight_is_counted_
             await request
         assert await store.get(layout.header_path(0, least)) is None  # still waiting for the store
         store.gate.set()
-        assert await eventually(lambda: tc.metrics.registry.get_sample_value(
-            "pulsar_txn_created_total", labels) == 1)
-        assert (await header(store, 0, least)).state is TxnState.OPEN
-        clock.now += 1000
-        assert await tc.abort_expired_now() == 1
-        assert (await header(store, 0, least)).state is TxnState.ABORTED
-        assert not partition.open_txns()
+        await counted_then_aborted_at_its_deadline(tc, store, clock, least, created=1)
     finally:
         await tc.stop()
+
+
 async def test_new_txn_cancelled_before_the_embedded_writer_answers_is_counted_and_aborted(tmp_path):
     # The same on the embedded store, whose start_put resolves the header write from the writer
     # process's answer without a task: the request is cancelled in the very turn it submitted the
@@ -362,7 +357,6 @@ async def test_new_txn_cancelled_before_the_embedded_writer_answers_is_counted_a
     clock = FakeClock()
     tc = make(store, clock, partitions=1)
     await tc.start()
-    labels = tc.metrics.tc(0)
     try:
         partition = tc.partition(0)
         first = await partition.new_txn(1000, None)  # the id block is at hand now: no await before the write
@@ -372,14 +366,21 @@ async def test_new_txn_cancelled_before_the_embedded_writer_answers_is_counted_a
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
             await request
-        assert await eventually(lambda: tc.metrics.registry.get_sample_value(
-            "pulsar_txn_created_total", labels) == 2)
-        assert (await header(store, 0, least)).state is TxnState.OPEN
-        clock.now += 1000
-        assert await tc.abort_expired_now() == 2
-        assert (await header(store, 0, least)).state is TxnState.ABORTED
+        await counted_then_aborted_at_its_deadline(tc, store, clock, least, created=2)
     finally:
         await tc.stop()
         await store.close()
+
+
+async def counted_then_aborted_at_its_deadline(tc, store, clock, least, created):
+    """The header of the cancelled NEW_TXN ``least`` (coordinator 0, 1 s timeout) landed and is counted
+    (``created`` in all), and every open txn of coordinator 0 is aborted at its deadline."""
+    assert await eventually(lambda: tc.metrics.registry.get_sample_value(
+        "pulsar_txn_created_total", tc.metrics.tc(0)) == created)
+    assert (await header(store, 0, least)).state is TxnState.OPEN
+    clock.now += 1000
+    assert await tc.abort_expired_now() == created
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+    assert not tc.partition(0).open_txns()
 
 
