@@ -618,12 +618,13 @@ def _encode(op: Put | Delete) -> tuple[Any, ...]:
 def _resolve_put(outcome: asyncio.Future[Record], op: Put, submitted: asyncio.Future[_WriteRequest]) -> None:
     """The writer answered the put ``op`` of :meth:`EmbeddedStore.start_put`: hand its outcome on (unless
     the caller cancelled ``outcome``)."""
-    if outcome.done():
-        return
     if submitted.cancelled():  # nothing here cancels it; should anything, say so rather than fail the callback
         outcome.cancel()
         return
+    # Read before the check below: a failure nobody reads would be logged as never retrieved.
     error = submitted.exception()
+    if outcome.done():
+        return
     record = None if error is not None else submitted.result().record
     if error is not None:
         outcome.set_exception(error)
