@@ -89,7 +89,7 @@ from tc_server.store.sqlite_writer import (
     encode_frame,
     index_names,
 )
-from tc_server.store.writes import StoreWrites, condition_failed
+from tc_server.store.writes import StoreWrites, checked_put, condition_failed
 
 log = structlog.get_logger(__name__)
 
@@ -270,11 +270,10 @@ class EmbeddedStore(StoreWrites):
         """See :meth:`MetadataStore.start_put`. The writer's answer resolves the returned future from a
         callback: no task and no coroutine per write (each NEW_TXN writes its header this way; the
         task of the default cost ~4 % of the event loop's CPU per transaction, issue 13)."""
-        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-                 secondary_indexes=secondary_indexes or {})
         outcome: asyncio.Future[Record] = self._loop.create_future()
         try:
-            validate_put(op)
+            op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
+                             secondary_indexes=secondary_indexes)
             submitted = self._submit([op], wants_record=True)
         except Exception as exc:  # noqa: BLE001 - reported through the future, as put() would raise it
             outcome.set_exception(exc)
@@ -625,10 +624,11 @@ def _resolve_put(outcome: asyncio.Future[Record], op: Put, submitted: asyncio.Fu
     error = submitted.exception()
     if outcome.done():
         return
-    record = None if error is not None else submitted.result().record
     if error is not None:
         outcome.set_exception(error)
-    elif record is None:
+        return
+    record = submitted.result().record
+    if record is None:
         outcome.set_exception(condition_failed(op.key, op.expected_version))
     else:
         outcome.set_result(record)

@@ -40,6 +40,16 @@ def condition_failed(key: str, expected_version: int | None) -> BadVersionError:
     return BadVersionError(key, expected_version if expected_version is not None else EXPECT_ABSENT)
 
 
+def checked_put(key: str, value: bytes, *, expected_version: int | None, partition_key: str | None,
+                secondary_indexes: Mapping[str, str] | None, ephemeral: bool = False) -> Put:
+    """The operation of a :meth:`~StoreWrites.put` (or a backend's ``start_put``), checked as Oxia would
+    check it: raises :class:`InvalidOperationError` for one it would refuse."""
+    op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
+             secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
+    validate_put(op)
+    return op
+
+
 class StoreWrites(ABC):
     """``put`` / ``put_sequential`` / ``delete`` on top of a backend's ``_put_record`` and ``write_batch``."""
 
@@ -64,11 +74,10 @@ class StoreWrites(ABC):
     ) -> Record:
         """See :meth:`MetadataStore.put`. Raises :class:`BadVersionError` when the condition fails,
         :class:`InvalidOperationError` for an operation Oxia would refuse."""
-        op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-                 secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
-        # Checked and applied right here, not in a shared helper coroutine: every header write of the
-        # coordinator passes through this, and each coroutine layer costs its resumptions (issue 13).
-        validate_put(op)
+        # Applied right here, not in a shared helper coroutine: every header write of the coordinator
+        # passes through this, and each coroutine layer costs its resumptions (issue 13).
+        op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
+                         secondary_indexes=secondary_indexes, ephemeral=ephemeral)
         record = await self._put_record(op)
         if record is None:
             raise condition_failed(key, expected_version)

@@ -382,5 +382,3 @@ async def counted_then_aborted_at_its_deadline(tc, store, clock, least, created)
     assert await tc.abort_expired_now() == created
     assert (await header(store, 0, least)).state is TxnState.ABORTED
     assert not tc.partition(0).open_txns()
-
-
