@@ -166,6 +166,28 @@ def alternated(targets: dict[str, Target], order: Sequence[str], concurrencies: 
     return runs
 
 
+def ratios_by_round(runs: Iterable[Any], server: str, baseline: str, concurrency: int, field: str) -> list[float]:
+    """``server``'s ``field`` over ``baseline``'s at ``concurrency``, one ratio per round. In
+    :func:`alternated` the k-th counted run of every target at a concurrency is in round k, and a round's
+    runs follow each other, so each ratio compares two runs that met the same phase of the shared machine
+    (its speed moved by ~45 % within minutes on this project's machine kind, issue 13); a ratio of medians
+    can pair a fast run with a slow one."""
+    runs = list(runs)
+    ours = [getattr(r, field) for r in runs if r.server == server and r.concurrency == concurrency]
+    theirs = [getattr(r, field) for r in runs if r.server == baseline and r.concurrency == concurrency]
+    return [mine / other if other else float("nan") for mine, other in zip(ours, theirs, strict=True)]
+
+
+def round_ratios_text(runs: Iterable[Any], server: str, baseline: str, concurrency: int,
+                      fields: dict[str, str]) -> str:
+    """One line for under a summary table: per round, ``server`` / ``baseline`` for each of ``fields``
+    (attribute -> label), e.g. ``pairs/s 0.95x 1.02x; server CPU/pair 0.97x 0.93x``."""
+    parts = [label + " " + " ".join(f"{ratio:.2f}x" for ratio in ratios_by_round(runs, server, baseline,
+                                                                                  concurrency, field))
+             for field, label in fields.items()]
+    return f"{server} / {baseline} at {concurrency} in flight, round by round: " + "; ".join(parts)
+
+
 def medians_of(runs: Iterable[Any], server: str, concurrency: int, fields: Sequence[str]) -> tuple[int, list[float]]:
     """How many runs of ``server`` at ``concurrency`` there are, and the median of each of ``fields``."""
     mine = [r for r in runs if r.server == server and r.concurrency == concurrency]

@@ -47,6 +47,8 @@ LABELS = {PULSAR: "Pulsar 4.2.4 (broker's own)",
           TC_SERVER: "tc-server, produce relayed by it (standalone's proxy_through_service_url)",
           TC_DIRECT: "tc-server, produce straight to the broker (--lookup-connections direct)",
           BASELINE: "tc-server baseline (--baseline-src)"}
+# The ratios to Pulsar shown round by round under the summary table.
+ROUND_FIELDS = {"pairs_per_s": "pairs/s", "pair_p99_ms": "p99", "commit_p99_ms": "commit p99"}
 
 
 @dataclass
@@ -80,12 +82,14 @@ def print_run(run: Run) -> None:
 
 
 def summary(runs: list[Run], concurrencies: list[int]) -> None:
-    """Medians per server and concurrency as a Markdown table."""
+    """Medians per server and concurrency as a Markdown table, then each tc-server's ratios to Pulsar
+    round by round (java_load.ratios_by_round)."""
     fields = ("pairs_per_s", "pair_p50_ms", "pair_p99_ms", "commit_p50_ms", "commit_p99_ms",
               "server_cpu_us_per_pair")
     print("\n| in flight | coordinator | pairs/s | pair p50 / p99 (ms) | commit p50 / p99 (ms) "
           "| server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
+    by_round: list[str] = []  # the ratios round by round, under the table
     for concurrency in concurrencies:
         medians = {}
         for server in (PULSAR, BASELINE, TC_DIRECT, TC_SERVER):
@@ -102,6 +106,8 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
                                              for ours, theirs in zip(medians[server], medians[PULSAR], strict=True))
                 print(f"| {concurrency} | **{server} / Pulsar** | {rate:.2f}x | p99 {p99:.2f}x | p99 {c99:.2f}x | "
                       f"{cpu:.2f}x (not like with like: tc-server's processes against the whole broker) |")
+                by_round.append(java_load.round_ratios_text(runs, server, PULSAR, concurrency, ROUND_FIELDS))
+    print("", *by_round, sep="\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from tc_server.bench.java_load import (
     load_parser,
     medians_of,
     private_harness,
+    round_ratios_text,
     run_harness,
     start_broker,
     start_server,
@@ -48,6 +49,10 @@ from tc_server.bench.pulsar_broker import PulsarBroker
 
 # Where they stood before tc_server.bench.java_load held them (txn_java and scripts import them from here).
 __all__ = ["BROKER_MAKE", "HARNESS_JAR", "HARNESS_MAKE", "RUN_SLACK_S", "Run", "main", "private_harness", "run_load"]
+
+
+# The ratios shown round by round under the summary table.
+ROUND_FIELDS = {"pairs_per_s": "pairs/s", "pair_p99_ms": "p99", "server_cpu_us_per_pair": "server CPU/pair"}
 
 
 @dataclass
@@ -94,9 +99,12 @@ def print_run(run: Run) -> None:
 
 
 def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str]) -> None:
-    """Medians per server and concurrency, and each tc-server's ratios to Pulsar, as a Markdown table."""
+    """Medians per server and concurrency, and each tc-server's ratios to Pulsar, as a Markdown table; then
+    the same ratios round by round (java_load.ratios_by_round), which show how far the shared machine moved
+    them."""
     print("\n| in flight | server | pairs/s | pair p50 (ms) | pair p99 (ms) | server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
+    by_round: list[str] = []  # the ratios round by round, under the table
     for concurrency in concurrencies:
         medians: dict[str, list[float]] = {}
         for server in ("pulsar", *tc_names):
@@ -110,6 +118,8 @@ def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str]) -> N
             ratios = [t / p if p else float("nan") for t, p in zip(medians[name], medians["pulsar"], strict=True)]
             print(f"| {concurrency} | {name} / Pulsar | {ratios[0]:.2f}x | {ratios[1]:.2f}x | {ratios[2]:.2f}x | "
                   f"{ratios[3]:.2f}x |")
+            by_round.append(round_ratios_text(runs, name, "pulsar", concurrency, ROUND_FIELDS))
+    print("", *by_round, sep="\n")
 
 
 def main(argv: list[str] | None = None) -> int:
