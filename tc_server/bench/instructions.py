@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tc_server.bench.__main__ import run_load
-from tc_server.bench.process import ServerStartError, TcServerProcess, descendants_of
+from tc_server.bench.process import ServerStartError, TcServerProcess, descendants_of, keep_or_remove
 from tc_server.bench.pulsar_broker import REPO
 
 # tc-server's start under callgrind takes about a minute on the 2-core machine (imports at ~50x).
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if "baseline" in totals:
             print(f"this tree / baseline: {totals['this tree'] / totals['baseline']:.3f}")
     finally:
-        if args.keep_workdir:
-            print(f"(logs, data and callgrind dumps kept in {workdir})")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        keep_or_remove(workdir, args.keep_workdir, "logs, data and callgrind dumps")
     return 0
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tc_server.bench.process import ServerStartError, TcServerProcess, cpu_seconds_of
+from tc_server.bench.process import ServerStartError, TcServerProcess, cpu_seconds_of, keep_or_remove
 from tc_server.bench.pulsar_broker import REPO, BrokerStartError, PulsarBroker
 
 HARNESS_JAR = REPO / "tests" / "interop" / "java" / "target" / "tc-interop.jar"
@@ -202,7 +202,4 @@ def stop_all(servers: Iterable[TcServerProcess | None], broker: PulsarBroker, wo
         if server is not None:
             server.stop(timeout_s=30)
     broker.stop()
-    if keep:
-        print(f"(logs and data kept in {workdir})")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
+    keep_or_remove(workdir, keep)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -188,6 +189,14 @@ def log_tail_of(log_path: Path, lines: int, what: str = "log") -> str:
     except OSError:
         return f"(no {what} at {log_path})"
     return f"---- {log_path} (last {lines} lines) ----\n" + "\n".join(text[-lines:])
+
+
+def keep_or_remove(workdir: Path, keep: bool, what: str = "logs and data") -> None:
+    """A benchmark's end: keep ``workdir`` and say where (``--keep-workdir``), or remove it."""
+    if keep:
+        print(f"({what} kept in {workdir})")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def default_command() -> list[str]:

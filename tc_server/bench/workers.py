@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,7 @@ from tc_server.bench.java_load import (
     private_harness,
     start_server,
 )
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import TcServerProcess, keep_or_remove
 from tc_server.bench.vs_pulsar import Run, alternated_runs
 
 FIELDS = ("pairs_per_s", "pair_p50_ms", "pair_p99_ms", "server_cpu_us_per_pair")
@@ -81,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop(timeout_s=30)
-        if args.keep_workdir:
-            print(f"(logs and data kept in {workdir})")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        keep_or_remove(workdir, args.keep_workdir)
     return 0
 
 
