@@ -41,11 +41,12 @@ def condition_failed(key: str, expected_version: int | None) -> BadVersionError:
 
 
 def checked_put(key: str, value: bytes, *, expected_version: int | None, partition_key: str | None,
-                secondary_indexes: Mapping[str, str] | None, ephemeral: bool = False) -> Put:
-    """The operation of a :meth:`~StoreWrites.put` (or a backend's ``start_put``), checked as Oxia would
-    check it: raises :class:`InvalidOperationError` for one it would refuse."""
+                secondary_indexes: Mapping[str, str] | None, ephemeral: bool = False,
+                sequential: bool = False) -> Put:
+    """The operation of a :meth:`~StoreWrites.put`, ``put_sequential`` or a backend's ``start_put``,
+    checked as Oxia would check it: raises :class:`InvalidOperationError` for one it would refuse."""
     op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
-             secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral)
+             secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral, sequential=sequential)
     validate_put(op)
     return op
 
@@ -107,9 +108,8 @@ class StoreWrites(ABC):
     ) -> Record:
         """See :meth:`MetadataStore.put_sequential`. Raises :class:`InvalidOperationError` without a
         partition key (Oxia would end the write stream)."""
-        op = Put(prefix, value, partition_key=partition_key, secondary_indexes=secondary_indexes or {},
-                 sequential=True)
-        validate_put(op)
+        op = checked_put(prefix, value, expected_version=None, partition_key=partition_key,
+                         secondary_indexes=secondary_indexes, sequential=True)
         record = await self._put_record(op)
         if record is None:  # unconditional: only a backend bug gets here
             raise condition_failed(prefix, None)
