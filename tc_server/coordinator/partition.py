@@ -319,6 +319,10 @@ class CoordinatorPartition:
             landed.set_result(None)
         if write.cancelled() or write.exception() is not None:
             return
+        if least not in self._open and not self._stopped:
+            # The write was slower than the txn's timeout: the sweep looked for the header before it
+            # existed and forgot the id. Track it again, so that it is aborted now that it exists.
+            self._track(least, header.deadline_ms)
         self._header_writes.inc()
         self._created.inc()
         self._headers[least] = (header, write.result().version)
@@ -344,9 +348,9 @@ class CoordinatorPartition:
             await self._record(least, participants)
 
     async def end_txn(self, least: int, commit: bool, principal: str | None) -> asyncio.Future[None] | None:
-        """END_TXN. Idempotent: ending a txn again in the same way succeeds. Returns, for a new
-        decision, the future of its delivery to the participants (done once every broker
-        acknowledged); None when there is nothing new to wait for."""
+        """END_TXN. Idempotent: ending a txn again in the same way succeeds. Returns, while the
+        decision's delivery to the participants is under way, its future (done once every broker
+        acknowledged); None when there is nothing to wait for."""
         request = Request.COMMIT if commit else Request.ABORT
         decision, header = await self._apply(least, request, principal)
         if decision is Decision.EXPIRE:
@@ -356,7 +360,9 @@ class CoordinatorPartition:
             raise InvalidTxnStatus(
                 f"cannot {request.value} transaction ({self.tc_id},{least}): it is already {header.state.value}"
             )
-        if decision in (Decision.COMMIT, Decision.ABORT):
+        if decision in (Decision.COMMIT, Decision.ABORT, Decision.ALREADY):
+            # ALREADY too: a retry (after a lost answer) waits for the delivery still under way, as
+            # the first END_TXN did, so that consumers see a commit once commit() returns.
             outbox = self._undelivered.get(least)
             return outbox.done if outbox is not None else None
         return None
@@ -394,6 +400,14 @@ class CoordinatorPartition:
                     self._log.warning("unreadable txn header", txn=f"({self.tc_id},{least})", error=str(exc)[:200])
                     raise StoreCorrupted(f"header of ({self.tc_id},{least}) is unreadable") from None
                 version = record.version
+                if header.state.terminal and least in self._open:
+                    # Decided on disk but still open here: a CAS of this leader whose answer was lost
+                    # (below), or an earlier leader's. Take the decision's own steps now, before
+                    # anything answers from this header: a txn leaves the open set only into the
+                    # outbox, or the low watermark would pass it and its brokers abort a commit.
+                    timed_out = (header.state is TxnState.ABORTED and header.finalized_ms is not None
+                                 and header.finalized_ms >= header.deadline_ms)
+                    await self._decided(least, header, timed_out=timed_out)
             if check_owner and not self._may_act(header, principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.
                 raise TransactionNotFound(
@@ -417,17 +431,19 @@ class CoordinatorPartition:
                     self._cas_conflict.inc()
                     self._headers.pop(least, None)  # someone else wrote it: read it next time
                     continue
+                except BaseException:
+                    # The outcome is unknown (the request's deadline, a store error): the header may
+                    # be written. The next request reads it instead of deciding from this copy, and
+                    # the sweep looks soon, so a decision that landed is delivered without waiting
+                    # for a retry or the txn's deadline.
+                    self._headers.pop(least, None)
+                    deadline = self._open.get(least)
+                    if deadline is not None and not self._stopped:
+                        self._track(least, min(deadline, self._clock() + TIMEOUT_RETRY_MS))
+                    raise
                 self._cas_ok.inc()
                 self._header_writes.inc()
-                # Into the outbox before leaving the open set, in the same step: the txn must never be
-                # neither OPEN nor undelivered while its brokers have not heard (the low watermark).
-                self._hold(least, ended)
-                self._ended(least, ended, timed_out=decision is Decision.EXPIRE)
-                try:
-                    await self._publish(least, ended.state)
-                except BaseException:
-                    self._unpublished[least] = ended.state  # decided: the sweeper publishes it
-                    raise
+                await self._decided(least, ended, timed_out=decision is Decision.EXPIRE)
                 return decision, ended
             if decision is Decision.ALREADY:
                 # A retry after a reconnect: the events may not all have been written the first
@@ -438,6 +454,18 @@ class CoordinatorPartition:
                 self._forget(least)
             return decision, header
         raise CoordinatorError(f"header of ({self.tc_id},{least}) changed {MAX_CAS_ATTEMPTS} times in a row")
+
+    async def _decided(self, least: int, header: TxnHeader, timed_out: bool) -> None:
+        """What follows a decision's CAS: the outbox, the open set, the metrics, the events."""
+        # Into the outbox before leaving the open set, in the same step: the txn must never be
+        # neither OPEN nor undelivered while its brokers have not heard (the low watermark).
+        self._hold(least, header)
+        self._ended(least, header, timed_out=timed_out)
+        try:
+            await self._publish(least, header.state)
+        except BaseException:
+            self._unpublished[least] = header.state  # decided: the sweeper publishes it
+            raise
 
     def _may_act(self, header: TxnHeader, principal: str | None) -> bool:
         return header.owner is None or header.owner == principal or principal in self._config.superusers
@@ -490,9 +518,11 @@ class CoordinatorPartition:
 
     async def expire(self, least: int) -> None:
         """Abort one txn whose deadline passed, if it is still OPEN; on a store failure it is
-        queued again so that it is retried."""
+        queued again so that it is retried. Also the early look after an END_TXN whose write's outcome
+        was unknown: a decision found is delivered (_apply), a txn still in time goes back to its
+        deadline."""
         try:
-            await self._apply(least, Request.TIMEOUT, None, check_owner=False)
+            _, header = await self._apply(least, Request.TIMEOUT, None, check_owner=False)
         except TransactionNotFound:
             self._forget(least)
         except Exception as exc:  # noqa: BLE001 - one bad txn must not stop every other timeout
@@ -503,6 +533,11 @@ class CoordinatorPartition:
                 self._log.exception("timeout abort failed; will retry", txn=f"({self.tc_id},{least})")
             if least in self._open:
                 self._track(least, self._clock() + TIMEOUT_RETRY_MS)
+        else:
+            if header.state is TxnState.OPEN and least in self._open:
+                # Looked at before its deadline (an END_TXN's write whose outcome was unknown, in
+                # _apply) and still open: back to its deadline.
+                self._track(least, header.deadline_ms)
 
     async def _run_timeouts(self) -> None:
         gate = asyncio.Semaphore(TIMEOUT_CONCURRENCY)

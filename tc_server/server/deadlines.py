@@ -69,14 +69,16 @@ class RequestDeadlines:
         bucket.add(task)
         return bucket
 
-    def _leave(self, task: asyncio.Task[Any], bucket: set[asyncio.Task[Any]]) -> bool:
-        """Take ``task`` out; whether its deadline cancelled it (the cancellation is then withdrawn)."""
+    def _leave(self, task: asyncio.Task[Any], bucket: set[asyncio.Task[Any]], cancelling: int) -> bool:
+        """Take ``task`` out; whether its deadline cancelled it and nothing else did (the deadline's
+        cancellation is then withdrawn). ``cancelling``: the task's pending cancellations on entry."""
         bucket.discard(task)
         if task not in self._expired:
             return False
         self._expired.discard(task)
-        task.uncancel()
-        return True
+        # More cancellations than on entry once the deadline's is withdrawn: someone else cancelled the
+        # task too (a shutdown, in the same turn as the deadline), and theirs must stay a CancelledError.
+        return task.uncancel() <= cancelling
 
     def _expire(self, tick: int) -> None:
         for task in self._buckets.pop(tick, ()):
@@ -88,8 +90,9 @@ class RequestDeadlines:
 class Deadline:
     """One task's stay inside a deadline of :class:`RequestDeadlines` (from its ``bound()``)."""
 
-    __slots__ = ("_deadlines", "_task", "_what", "_bucket")
+    __slots__ = ("_deadlines", "_task", "_what", "_bucket", "_cancelling")
     _bucket: set[asyncio.Task[Any]]  # the tick's set this task entered, set by __enter__
+    _cancelling: int  # the task's pending cancellations when it entered (asyncio.timeout() keeps the same)
 
     def __init__(self, deadlines: RequestDeadlines, task: asyncio.Task[Any], what: str) -> None:
         self._deadlines = deadlines
@@ -97,11 +100,12 @@ class Deadline:
         self._what = what
 
     def __enter__(self) -> None:
+        self._cancelling = self._task.cancelling()
         self._bucket = self._deadlines._enter(self._task)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        expired = self._deadlines._leave(self._task, self._bucket)
+        expired = self._deadlines._leave(self._task, self._bucket, self._cancelling)
         if expired and exc_type is asyncio.CancelledError:
             raise TimeoutError(f"{self._what} not finished within {self._deadlines.timeout_s} s") from None
 

@@ -165,7 +165,7 @@ class Dispatcher:
         most, least = _txn_id(cmd)
         error: ServerError | None = None
         message: str | None = None
-        delivery: asyncio.Future[None] | None = None  # END_TXN: the delivery of a new decision
+        delivery: asyncio.Future[None] | None = None  # END_TXN: its decision's delivery, while under way
         try:
             with self._deadlines.bound(name):
                 # The partition's coroutine is awaited right here, not through a helper per command:

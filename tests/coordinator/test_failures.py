@@ -11,12 +11,14 @@ import pytest
 from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound
-from tc_server.coordinator.layout import TxnState
+from tc_server.coordinator.layout import Participant, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.api import Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tests.coordinator.test_partition import eventually
+from tests.coordinator.test_partition import FakeClock, eventually, header, make
+from tests.participants.test_outbox import TOPIC, RecordingSender, led
+from tests.support.gated_store import GatedStore
 
 
 class LoseReply(MemoryStore):
@@ -82,6 +84,52 @@ async def test_created_header_with_lost_reply_still_times_out():
     assert await open_headers(store) == [layout.header_path(0, 0)]  # it was written after all
     assert await eventually(lambda: not tc.partition(0).open_txns())
     assert await open_headers(store) == []
+    await tc.stop()
+
+
+async def test_decided_header_with_lost_reply_is_delivered_on_the_retry():
+    # The decision was written, its answer lost: the txn stays held (the low watermark) until the
+    # decision is delivered; the client's retry finds it on disk and delivers it. Before, the retry's
+    # CAS from the cached OPEN header failed, the re-read said "already committed" and the txn left
+    # the open set without entering the outbox: the watermark passed a commit its broker never heard.
+    store = LoseReply()
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        least = await partition.new_txn(60_000, None)
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+        store.prefix = layout.HEADER_PREFIX
+        with pytest.raises(StoreUnavailableError):
+            await partition.end_txn(least, commit=True, principal=None)
+        assert least in partition.open_txns() and not sender.told
+        delivery = await partition.end_txn(least, commit=True, principal=None)
+        if delivery is not None:
+            await delivery
+        assert [(t.least, t.participant.topic, t.committed) for t in sender.told] == [(least, TOPIC, True)]
+        assert least not in partition.open_txns()
+
+
+async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
+    # The sweep looked for a NEW_TXN's header before the slow write landed, found none and forgot the
+    # id. Once the header lands it is tracked again and aborted, not left OPEN for a next leader.
+    store = GatedStore()
+    clock = FakeClock()
+    tc = make(store, clock, partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    partition = tc.partition(0)
+    store.gate.clear()
+    request = asyncio.create_task(partition.new_txn(1_000, None))
+    assert await eventually(lambda: bool(partition.open_txns()))
+    clock.now += 2_000
+    assert await tc.abort_expired_now() == 1  # no header yet: forgotten
+    assert not partition.open_txns()
+    store.gate.set()
+    least = await request
+    assert least in partition.open_txns()
+    assert await tc.abort_expired_now() == 1
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+    assert not partition.open_txns()
     await tc.stop()
 
 

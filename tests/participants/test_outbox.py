@@ -25,9 +25,14 @@ from tc_server.config import Settings
 from tc_server.coordinator import layout
 from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import NotAllowed
+from tc_server.coordinator.errors import InvalidTxnStatus, NotAllowed
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
-from tc_server.coordinator.partition import UNKNOWN_WATERMARK, CoordinatorPartition, PartitionConfig
+from tc_server.coordinator.partition import (
+    TIMEOUT_RETRY_MS,
+    UNKNOWN_WATERMARK,
+    CoordinatorPartition,
+    PartitionConfig,
+)
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
@@ -387,4 +392,74 @@ async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> No
         await p.end_txn(oldest, commit=False, principal=None)
         newest = await p.new_txn(60_000, None)
         assert p.low_watermark() == newest - 1
+        await store.close()
+
+
+async def end_txn_cancelled_after_its_write(partition: CoordinatorPartition, store: MetadataStore,
+                                            least: int) -> None:
+    """An END_TXN COMMIT cancelled as its request deadline does, after its header write went to the
+    store and before the answer: returns once the decision is on disk (the write goes on)."""
+    request = asyncio.create_task(partition.end_txn(least, commit=True, principal=None))
+    await asyncio.sleep(0)  # its first step submits the header write (the cached header, no read first)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    path = layout.header_path(partition.tc_id, least)
+    for _ in range(200):  # a bound for the test, not a timing assertion
+        record = await store.get(path)
+        if record is not None and TxnHeader.from_json(record.value).state is TxnState.COMMITTED:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the cancelled END_TXN's header write never landed: {record}")
+
+
+async def test_a_commit_whose_answer_was_lost_is_delivered_on_the_retry(tmp_path: Path) -> None:
+    """The decision landed unanswered (a real SQLite file): the txn stays held below the low watermark,
+    an ADD is refused, and the client's retried END_TXN succeeds once the broker heard the commit.
+    Before, the retry answered success from the stale cached header's failed CAS, the txn left the open
+    set without entering the outbox, and the watermark passed a commit its broker never heard (a 4.x
+    broker then aborts it)."""
+    store = await open_store("embedded", data_dir=str(tmp_path / "data"))
+    sender = RecordingSender()
+    try:
+        async with led(store, sender) as tc:
+            partition = tc.partition(0)
+            least = await partition.new_txn(60_000, None)
+            await partition.new_txn(60_000, None)
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await end_txn_cancelled_after_its_write(partition, store, least)
+            assert partition.low_watermark() < least
+            with pytest.raises(InvalidTxnStatus, match="is already COMMITTED"):
+                await partition.add_participants(least, None, [Participant(OTHER)])
+            delivery = await partition.end_txn(least, commit=True, principal=None)
+            if delivery is not None:
+                await delivery
+            assert [(t.least, t.participant.topic, t.committed) for t in sender.told] == [(least, TOPIC, True)]
+            assert await eventually(lambda: not partition.undelivered())
+            assert await records(store, 0, least) == {}
+    finally:
+        await store.close()
+
+
+async def test_a_commit_whose_answer_was_lost_is_delivered_without_a_retry(tmp_path: Path) -> None:
+    """No retry comes: the timeout sweep looks at the txn TIMEOUT_RETRY_MS later (not at its deadline,
+    a minute on), finds the decision and delivers it."""
+    store = await open_store("embedded", data_dir=str(tmp_path / "data"))
+    sender = RecordingSender()
+    clock = FakeClock()
+    try:
+        async with led(store, sender, clock=clock) as tc:
+            partition = tc.partition(0)
+            least = await partition.new_txn(60_000, None)
+            still_open = await partition.new_txn(60_000, None)
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await end_txn_cancelled_after_its_write(partition, store, least)
+            assert await tc.abort_expired_now() == 0 and not sender.told
+            clock.now += TIMEOUT_RETRY_MS
+            await tc.abort_expired_now()
+            assert await eventually(lambda: len(sender.told) == 1)
+            assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
+            # An open txn the same look found in time is back at its own deadline, not forgotten.
+            assert partition.open_txns() == {still_open: clock.now - TIMEOUT_RETRY_MS + 60_000}
+    finally:
         await store.close()

@@ -90,3 +90,32 @@ async def test_a_finished_request_is_never_cancelled_by_its_deadline():
     # Past the bucket's timer: the finished task was taken out of it, nothing is left to cancel.
     await asyncio.sleep(0.05)
     assert not deadlines._expired and all(not bucket for bucket in deadlines._buckets.values())
+
+
+async def test_a_cancellation_in_the_same_turn_as_the_deadline_stays_a_cancellation():
+    # A partition stepping down cancels a delivery task just as that task's deadline fires: the
+    # delivery retries on TimeoutError, so the shutdown's cancellation must not become one (the
+    # step-down would wait on it for ever). asyncio.timeout() counts cancellations the same way.
+    deadlines = RequestDeadlines(timeout_s=0.0, tick_s=0.01)
+    timeouts = 0
+
+    async def retrying() -> None:
+        nonlocal timeouts
+        while True:
+            try:
+                with deadlines.bound("the request"):
+                    await asyncio.Event().wait()
+            except TimeoutError:
+                timeouts += 1
+
+    expire = deadlines._expire
+
+    def expire_then_shut_down(tick: int) -> None:
+        expire(tick)
+        task.cancel()
+
+    deadlines._expire = expire_then_shut_down  # type: ignore[method-assign]
+    task = asyncio.create_task(retrying())
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert timeouts == 0
