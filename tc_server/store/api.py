@@ -231,7 +231,10 @@ def sequence_key(prefix: str, number: int) -> str:
 
 
 def validate_put(op: Put) -> None:
-    """Reject what Oxia would reject at the request level (it would end the whole write stream)."""
+    """Reject what Oxia would reject at the request level (it would end the whole write stream), and a
+    key that is not text (a caller's bug: a store would write it and then fail to describe it)."""
+    if type(op.key) is not str:
+        raise InvalidOperationError(f"a key must be a str, not {type(op.key).__name__}: {op.key!r}")
     if op.sequential:
         if not op.partition_key:
             raise InvalidOperationError(f"sequential put under {op.key!r} needs a partition key")

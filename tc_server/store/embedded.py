@@ -205,6 +205,10 @@ class EmbeddedStore(StoreWrites):
         # idx:ops-by-txn scan, which today's brokers leave empty, was a query on the event loop per
         # transaction (issue 13).
         self._indexed = indexed
+        # False from a writer's death with writes unanswered (one may have written a name's first
+        # entry) until the next writer's first committed answer, which names every index of the file:
+        # meanwhile a name missing from _indexed is asked of SQLite.
+        self._names_complete = True
         self._max_group_ops = max_group_ops
         self._scan_page_rows = scan_page_rows
         self._loop = asyncio.get_running_loop()
@@ -225,6 +229,7 @@ class EmbeddedStore(StoreWrites):
         # is started again only after a growing delay; writes meanwhile fail at once. One that has
         # answered is replaced at the next write.
         self._writer_answered = False
+        self._writer_announced = False  # this writer's first committed answer (every index name) arrived
         self._restarts = Backoff()
         self._no_writer_until = 0.0
 
@@ -337,6 +342,7 @@ class EmbeddedStore(StoreWrites):
         self._frames = FrameBuffer()
         self._unsent = b""
         self._writer_answered = False
+        self._writer_announced = False
         self._loop.add_reader(ours.fileno(), self._on_readable)
 
     def _send_outbox(self) -> None:
@@ -397,6 +403,8 @@ class EmbeddedStore(StoreWrites):
                    answers: list[tuple[int, list[Any]]]) -> None:
         # Index names first: a caller that scans after its write finds the entries.
         self._indexed.update(index_names_added)
+        if not self._writer_announced:  # a writer's first answer names every index of the file
+            self._writer_announced = self._names_complete = True
         pending = self._pending
         done = []
         size = 0
@@ -453,6 +461,7 @@ class EmbeddedStore(StoreWrites):
             if self.on_writer_lost is not None:
                 self.on_writer_lost()
         if unanswered:
+            self._names_complete = False
             # Some of them may have been committed, and their notifications will never come.
             self._hub.fail(StoreUnavailableError(
                 f"embedded store: the writer process of {self.path} died with writes in flight; re-read the "
@@ -525,7 +534,8 @@ class EmbeddedStore(StoreWrites):
         return self._scan_index(index_name, start_inclusive, end_exclusive, inline=partition_key is not None)
 
     async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
-        if name not in self._indexed:  # checked when iterated: a scan made earlier sees later writes
+        # Checked when iterated: a scan made earlier sees later writes.
+        if name not in self._indexed and self._names_complete:
             return
         limit = self._scan_page_rows
         after: tuple[str, str] | None = None

@@ -137,11 +137,22 @@ class Writer:
     def __init__(self, conn: sqlite3.Connection, max_group_ops: int) -> None:
         self._conn = conn
         self._max_group_ops = max_group_ops
-        self._version = int(conn.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
-        self._indexed = index_names(conn)
-        # A writer before this one may have committed the first entry of a name and died before its answer
-        # reached tc-server: this writer's first answer announces every name of the file.
+        # The version counter and the index names are read inside the first group's write transaction
+        # (_load_state), not here: the writer before this one (its channel broke) may still be
+        # committing its last group, and reading before that commit would reuse its versions.
+        self._version: int | None = None
+        self._indexed: set[str] = set()
+        # Names this writer has not announced yet (see _load_state).
+        self._unannounced: set[str] = set()
+
+    def _load_state(self, cursor: sqlite3.Cursor) -> int:
+        """Under the write lock: the version counter, and every index name of the file. A writer before
+        this one may have committed the first entry of a name and died before its answer reached
+        tc-server: this writer's first answer announces every name of the file."""
+        version = int(cursor.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
+        self._indexed = index_names(self._conn)
         self._unannounced = set(self._indexed)
+        return version
 
     def serve(self, channel: socket.socket) -> None:
         """Answer groups until tc-server closes the channel (or is gone: then quietly, too)."""
@@ -183,6 +194,8 @@ class Writer:
         cursor = self._conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
+            if version is None:
+                version = self._load_state(cursor)
             answers: list[tuple[int, list[Any]]] = []
             for request_id, ops in group:
                 if ops is None:
@@ -209,7 +222,7 @@ class Writer:
                 pass
             self._indexed -= added
             # The versions this group used are skipped, not reused: a COMMIT that failed in its fsync
-            # may still have reached the disk.
+            # may still have reached the disk. (None if the state could not be read: read it again.)
             self._version = version
             what = "write" if isinstance(exc, sqlite3.Error) else "write (a bug in the writer)"
             return (FAILED, f"embedded store: {what} failed: {type(exc).__name__}: {exc}",

@@ -44,7 +44,11 @@ def checked_put(key: str, value: bytes, *, expected_version: int | None, partiti
                 secondary_indexes: Mapping[str, str] | None, ephemeral: bool = False,
                 sequential: bool = False) -> Put:
     """The operation of a :meth:`~StoreWrites.put`, ``put_sequential`` or a backend's ``start_put``,
-    checked as Oxia would check it: raises :class:`InvalidOperationError` for one it would refuse."""
+    checked as Oxia would check it: raises :class:`InvalidOperationError` for one it would refuse. The
+    value is taken as immutable bytes now (no copy when it is bytes already): the record a put returns
+    is what was written, also if the caller reuses a bytearray before the answer."""
+    if type(value) is not bytes:
+        value = bytes(value)
     op = Put(key, value, expected_version=expected_version, partition_key=partition_key,
              secondary_indexes=secondary_indexes or {}, ephemeral=ephemeral, sequential=sequential)
     validate_put(op)
@@ -94,7 +98,9 @@ class StoreWrites(ABC):
         secondary_indexes: Mapping[str, str] | None = None,
     ) -> asyncio.Future[Record]:
         """See :meth:`MetadataStore.start_put`: :meth:`put` as a task (a backend with a cheaper way
-        overrides this)."""
+        overrides this). The value is taken now (see :func:`checked_put`), not when the task starts."""
+        if type(value) is not bytes:
+            value = bytes(value)
         return asyncio.ensure_future(self.put(key, value, expected_version=expected_version,
                                               partition_key=partition_key, secondary_indexes=secondary_indexes))
 

@@ -133,6 +133,25 @@ async def test_start_put_refuses_what_put_refuses(store: MetadataStore) -> None:
         await store.start_put("/c/k", b"", secondary_indexes={"": "1"})
 
 
+async def test_a_key_that_is_not_text_is_refused(store: MetadataStore) -> None:
+    # A caller's bug, refused before anything is written (the embedded store used to commit it and then
+    # fail while describing it, leaving the other callers of its group unanswered).
+    with pytest.raises(InvalidOperationError, match="must be a str"):
+        await store.put(b"/c/k", b"")  # type: ignore[arg-type]
+    with pytest.raises(InvalidOperationError, match="must be a str"):
+        await store.write_batch([Put("/c/ok", b""), Put(b"/c/k", b"")])  # type: ignore[arg-type]
+    assert await store.get("/c/ok") is None
+
+
+async def test_the_record_a_put_returns_is_what_was_written(store: MetadataStore) -> None:
+    buffer = bytearray(b"old")
+    pending = store.start_put("/c/k", buffer)  # type: ignore[arg-type]
+    buffer[:] = b"new"  # the caller reuses its buffer before the answer
+    record = await pending
+    stored = await store.get("/c/k")
+    assert record.value == b"old" and stored is not None and stored.value == b"old"
+
+
 async def test_put_expected_version_on_absent_key_fails(store: MetadataStore) -> None:
     other = await store.put("/c/other", b"x")
     with pytest.raises(BadVersionError):

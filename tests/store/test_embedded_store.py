@@ -319,11 +319,37 @@ async def test_index_names_committed_by_a_writer_killed_before_answering_are_sca
         writer.wait()
         with pytest.raises(StoreUnavailableError):
             await batch  # committed, but its answer never came: the outcome is unknown to the caller
+        # Before any new writer answered, a scan asks SQLite about a name it has not heard of: the
+        # record is there for get(), so it is there for the scan too.
+        assert await store.get("/txn/1") is not None
+        assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1"]
         # A new writer serves the next write and announces the index names of the file.
         await store.put("/txn/2", b"v", secondary_indexes={"idx": "b"})
         assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1", "/txn/2"]
     finally:
         await store.close()
+
+
+async def test_a_writer_reads_the_version_counter_under_the_write_lock(tmp_path: Path) -> None:
+    # A writer is started on the next write once the channel to the one before broke; should that one
+    # still be committing its last group, the new one must continue after that group's versions.
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/a", b"1")
+    await store.close()
+    path = tmp_path / DB_FILENAME
+    previous = sqlite3.connect(path, isolation_level=None)
+    previous.execute("BEGIN IMMEDIATE")
+    previous.execute("UPDATE meta SET value = 100 WHERE name = 'version'")  # its last group, uncommitted
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=5000")
+    writer = sqlite_writer.Writer(conn, embedded.MAX_GROUP_OPS)
+    previous.execute("COMMIT")
+    previous.close()
+    put = (sqlite_writer.PUT, "/b", b"2", None, None, False, False, None)
+    status, _, _, answers = writer.commit_group([(0, [put])])
+    conn.close()
+    assert status == sqlite_writer.COMMITTED
+    assert answers == [(0, [("/b", 101, answers[0][1][0][2], False)])]
 
 
 async def test_close_is_shared_and_refuses_writes_that_would_outlive_the_session(tmp_path: Path) -> None:
