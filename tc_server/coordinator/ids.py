@@ -93,6 +93,7 @@ class IdAllocator:
         # the next caller that actually needs a block.
         try:
             self._blocks.append(await self._reserve_block())
+            self._error = None  # an earlier failure is over: no waiter may hear of it after this success
         except Exception as exc:  # noqa: BLE001 - re-raised to the waiting caller
             self._error = exc
         finally:

@@ -128,8 +128,15 @@ class LeaderElection:
             await self._store.delete(layout.member_path(self.instance_id))
 
     async def campaign_all(self) -> None:
+        """Check every partition once. A store error on one (a leader record created whose answer was
+        lost, a read that failed) is left to the periodic recheck, which adopts or retries it: it
+        neither fails the start nor keeps the other partitions from being campaigned for."""
         for tc_id in range(self._partitions):
-            await self._check(tc_id)
+            try:
+                await self._check(tc_id)
+            except (TimeoutError, StoreError) as exc:
+                log.warning("leadership check failed; the recheck retries it", coordinator_id=tc_id,
+                            error=repr(exc))
 
     async def _update_share(self) -> None:
         members = 0
@@ -230,15 +237,17 @@ class LeaderElection:
         log.info("elected", coordinator_id=tc_id)
 
     async def _release(self, tc_id: int, version: int | None) -> None:
-        """Delete our leader record (best effort: if it stays, the next check serves or releases
-        it again) and stop serving the partition."""
+        """Stop serving the partition, then delete our leader record (best effort: if it stays, the next
+        check serves or releases it again). In this order: the next leader can win only once the record
+        is gone, so it sees every write the partition made while it served, and a write that lands after
+        the stop is not answered as a success (CoordinatorPartition: stepped down meanwhile)."""
+        self.leaders.pop(tc_id, None)
+        self._versions.pop(tc_id, None)
+        await self._lose(tc_id, stepped_down=True)
         try:
             await self._store.delete(layout.leader_path(tc_id), expected_version=version)
         except (TimeoutError, StoreError) as exc:
             log.warning("could not delete leader record", coordinator_id=tc_id, error=repr(exc))
-        self.leaders.pop(tc_id, None)
-        self._versions.pop(tc_id, None)
-        await self._lose(tc_id, stepped_down=True)
 
     async def _lose(self, tc_id: int, *, stepped_down: bool = False) -> None:
         """Stop serving ``tc_id``. Losing a record someone else took (or the store dropped) is worth a

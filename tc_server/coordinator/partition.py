@@ -23,6 +23,7 @@ from tc_server.backoff import Backoff
 from tc_server.coordinator import layout
 from tc_server.coordinator.errors import (
     CoordinatorError,
+    CoordinatorNotFound,
     InvalidTxnStatus,
     NotAllowed,
     StoreCorrupted,
@@ -180,6 +181,8 @@ class CoordinatorPartition:
         # True once recovery adopted the open txns and re-drove the outbox: only then is the low
         # watermark computed from what is held here.
         self._recovered = False
+        # The txns that left the open set before recovery was over (see _forget); emptied then.
+        self._gone_while_recovering: set[int] = set()
         self._stopped = False
         # The loop of the first request, kept: asyncio.get_running_loop() makes a getpid() system call
         # per call in CPython 3.11 (its fork check), which showed in the profile (issue 13).
@@ -209,6 +212,8 @@ class CoordinatorPartition:
         recovery scan streams every open txn through here; call :meth:`finish_adopting` after)."""
         if self._stopped:
             return  # stepped down during the scan: the owners' counts are the next leader's
+        if least in self._gone_while_recovering:
+            return  # ended (or found absent) after the scan read it as OPEN
         if least not in self._open:
             self._track(least, deadline_ms)
         if owner is not None and least not in self._owners:
@@ -310,6 +315,7 @@ class CoordinatorPartition:
         except BadVersionError:
             # Only possible if someone else wrote a header under an id reserved by our CAS.
             raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
+        self._check_still_leading(least, "its header")
         return least
 
     def _written(self, least: int, header: TxnHeader, landed: asyncio.Future[None],
@@ -444,6 +450,7 @@ class CoordinatorPartition:
                 self._cas_ok.inc()
                 self._header_writes.inc()
                 await self._decided(least, ended, timed_out=decision is Decision.EXPIRE)
+                self._check_still_leading(least, "its decision")
                 return decision, ended
             if decision is Decision.ALREADY:
                 # A retry after a reconnect: the events may not all have been written the first
@@ -467,6 +474,15 @@ class CoordinatorPartition:
             self._unpublished[least] = header.state  # decided: the sweeper publishes it
             raise
 
+    def _check_still_leading(self, least: int, what: str) -> None:
+        """After a write: raise CoordinatorNotFound if this partition stepped down while it was in
+        flight. The next leader may have scanned the store before the write landed (it would neither
+        track that NEW_TXN nor deliver that decision), so the client must hear it from the next
+        leader, where its retry goes (the Java client retries on this code after a lookup)."""
+        if self._stopped:
+            raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} stepped down on this instance while "
+                                      f"({self.tc_id},{least})'s {what} was written; look it up again")
+
     def _may_act(self, header: TxnHeader, principal: str | None) -> bool:
         return header.owner is None or header.owner == principal or principal in self._config.superusers
 
@@ -482,6 +498,10 @@ class CoordinatorPartition:
         heapq.heappush(self._deadlines, (deadline_ms, least))
 
     def _forget(self, least: int) -> None:
+        if not self._recovered:
+            # Requests are served before recovery lands: a page of the scan read before this txn
+            # ended must not bring it back as open (adopt_one).
+            self._gone_while_recovering.add(least)
         owner = self._owners.pop(least, None)
         if owner is not None:
             self._principals.remove(owner)
@@ -595,6 +615,7 @@ class CoordinatorPartition:
             if not recording and self._recording.get(least) is recording:
                 del self._recording[least]
         self._participant_writes.inc(len(new))
+        self._check_still_leading(least, "its participant records")
         if least in self._open:
             for path, (participant, _) in new.items():
                 known[path] = participant
@@ -754,6 +775,7 @@ class CoordinatorPartition:
             self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock())
             redriven += 1
         self._recovered = True
+        self._gone_while_recovering.clear()
         if redriven:
             self._log.info("re-driving undelivered decisions", count=redriven)
         return redriven

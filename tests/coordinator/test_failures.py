@@ -10,7 +10,8 @@ import pytest
 
 from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import CoordinatorNotFound
+from tc_server.coordinator.errors import CoordinatorNotFound, NotAllowed
+from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import Participant, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -18,6 +19,7 @@ from tc_server.store.api import Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.coordinator.test_partition import FakeClock, eventually, header, make
 from tests.participants.test_outbox import TOPIC, RecordingSender, led
+from tests.participants.test_outbox import coordinator as coordinator_with_sender
 from tests.support.gated_store import GatedStore
 
 
@@ -245,3 +247,150 @@ async def test_decision_events_are_retried_after_a_failed_publication():
 def test_unreadable_header_fields_are_value_errors():
     with pytest.raises(ValueError, match="malformed"):
         layout.TxnHeader.from_json(b'{"state":"OPEN","createdMs":1,"timeoutMs":1,"finalizedMs":[]}')
+
+
+async def stepped_down_and_led_again(tc, old):
+    """Our leader record is deleted under us (an Oxia session expired, another instance released it):
+    the partition ``old`` stops, the record is taken again and a new partition recovers."""
+    await tc.store.delete(layout.leader_path(old.tc_id))
+    assert await eventually(lambda: tc.leads(old.tc_id) and tc.partition(old.tc_id) is not old)
+    await tc.wait_recovered()
+    return tc.partition(old.tc_id)
+
+
+async def test_new_txn_landing_after_its_partition_stepped_down_is_not_handed_out():
+    # The next leader scanned before the header landed: it does not track the txn, so the low watermark
+    # it sends may pass it. The client must therefore not get the id (it retries at the next leader);
+    # the header stays OPEN with no one using it, and is aborted once overdue.
+    store = GatedStore()
+    tc = coordinator_with_sender(store, RecordingSender(), partitions=1, clock=FakeClock())
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    store.gate.clear()
+    request = asyncio.create_task(old.new_txn(60_000, None))
+    assert await eventually(lambda: bool(old.open_txns()))  # its header write is in flight
+    new = await stepped_down_and_led_again(tc, old)
+    store.gate.set()
+    with pytest.raises(CoordinatorNotFound, match="stepped down on this instance while .* header was written"):
+        await request
+    assert await new.new_txn(60_000, None) > 0  # the retry, at the new leader: a fresh id
+    await tc.stop()
+
+
+async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on_the_retry():
+    store = GatedStore()
+    sender = RecordingSender()
+    tc = coordinator_with_sender(store, sender, partitions=1, clock=FakeClock())
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    least = await old.new_txn(3_600_000, None)
+    await old.add_participants(least, None, [Participant(TOPIC)])
+    store.gate.clear()
+    commit = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
+    await asyncio.sleep(0.01)  # its CAS is in flight
+    new = await stepped_down_and_led_again(tc, old)
+    assert least in new.open_txns()  # recovered as OPEN: the CAS had not landed
+    store.gate.set()
+    with pytest.raises(CoordinatorNotFound, match="decision was written"):
+        await commit
+    assert (await header(store, 0, least)).state is TxnState.COMMITTED
+    # The client's retry reaches the new leader, which finds the decision and delivers it.
+    delivery = await new.end_txn(least, commit=True, principal=None)
+    if delivery is not None:
+        await delivery
+    assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
+    assert least not in new.open_txns()
+    await tc.stop()
+
+
+class PagedDeadlineScan(MemoryStore):
+    """Reads a whole page of the deadline index, then hands it out once ``hold`` is set (as Oxia's
+    pages do: what the page says may be older than what a request meanwhile did)."""
+
+    hold: asyncio.Event | None = None
+    read: asyncio.Event | None = None  # set once a page was read
+
+    def scan_index(self, name, start, end, **kwargs):
+        inner = super().scan_index(name, start, end, **kwargs)
+        hold, read = self.hold, self.read
+        if name != layout.IDX_TXN_BY_DEADLINE or hold is None or read is None:
+            return inner
+
+        async def paged():
+            page = [record async for record in inner]
+            read.set()
+            await hold.wait()
+            for record in page:
+                yield record
+        return paged()
+
+
+async def test_txn_ended_while_the_recovery_scan_was_in_flight_stays_ended():
+    backend = MemoryBackend()
+    config = CoordinatorConfig(partitions=1, timeout_sweep=False,
+                               partition=PartitionConfig(id_block_size=10, max_open_txns_per_principal=1))
+    clock = FakeClock()
+    first = TransactionCoordinator(MemoryStore(backend), config, Metrics("a"), clock)
+    await first.start()
+    await first.wait_recovered()
+    least = await first.partition(0).new_txn(3_600_000, "alice")
+    await first.stop()
+    store = PagedDeadlineScan(backend)
+    store.hold, store.read = asyncio.Event(), asyncio.Event()
+    second = TransactionCoordinator(store, config, Metrics("b"), clock)
+    await second.start()
+    await store.read.wait()  # the recovery scan read the txn as OPEN, and has not adopted it yet
+    await second.partition(0).end_txn(least, commit=True, principal="alice")  # served before recovery landed
+    store.hold.set()
+    await second.wait_recovered()
+    assert least not in second.partition(0).open_txns()
+    # alice's one open transaction ended: her next one is not refused by a count the scan brought back.
+    await second.partition(0).new_txn(60_000, "alice")
+    with pytest.raises(NotAllowed):
+        await second.partition(0).new_txn(60_000, "alice")
+    await second.stop()
+
+
+class LoseLeaderReply(MemoryStore):
+    """The first leader record created is applied, and its answer lost."""
+
+    lose = True
+
+    async def put(self, key, value, **kwargs):
+        record = await super().put(key, value, **kwargs)
+        if self.lose and key.startswith(layout.LEADER_PREFIX):
+            self.lose = False
+            raise StoreUnavailableError("reply lost")
+        return record
+
+
+async def test_leader_record_with_lost_reply_at_start_does_not_fail_the_start():
+    store = LoseLeaderReply()
+    tc = coordinator(store, "pulsar://a:1", partitions=2)
+    await tc.start()  # the first campaign's store error is the recheck's to retry
+    assert await eventually(lambda: tc.leads(0) and tc.leads(1))
+    await tc.stop()
+
+
+class FailIdBlockOnce(MemoryStore):
+    fail = False
+
+    async def put(self, key, value, **kwargs):
+        if self.fail and key.startswith(layout.TC_SEQ_PREFIX):
+            self.fail = False
+            raise StoreUnavailableError("id block reservation failed")
+        return await super().put(key, value, **kwargs)
+
+
+async def test_an_id_reservation_that_failed_earlier_fails_no_request_after_one_succeeded():
+    store = FailIdBlockOnce()
+    ids = IdAllocator(store, 0, 2)
+    assert await ids.next_id() == 0  # block [0, 2); the prefetch of the next one fails
+    store.fail = True
+    assert await ids.next_id() == 1
+    assert await eventually(lambda: ids._refill is None)
+    # Two requests now: one reservation serves them both (a block of 2), the old failure neither.
+    assert sorted(await asyncio.gather(ids.next_id(), ids.next_id())) == [2, 3]
+    await ids.close()
