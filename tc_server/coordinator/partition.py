@@ -409,11 +409,8 @@ class CoordinatorPartition:
                 if header.state.terminal and least in self._open:
                     # Decided on disk but still open here: a CAS of this leader whose answer was lost
                     # (below), or an earlier leader's. Take the decision's own steps now, before
-                    # anything answers from this header: a txn leaves the open set only into the
-                    # outbox, or the low watermark would pass it and its brokers abort a commit.
-                    timed_out = (header.state is TxnState.ABORTED and header.finalized_ms is not None
-                                 and header.finalized_ms >= header.deadline_ms)
-                    await self._decided(least, header, timed_out=timed_out)
+                    # anything answers from this header.
+                    await self._adopt_decision(least, header)
             if check_owner and not self._may_act(header, principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.
                 raise TransactionNotFound(
@@ -473,6 +470,22 @@ class CoordinatorPartition:
         except BaseException:
             self._unpublished[least] = header.state  # decided: the sweeper publishes it
             raise
+
+    async def _adopt_decision(self, least: int, header: TxnHeader) -> None:
+        """A decided ``header`` read for a txn still in the open set: take the decision's own steps (a
+        txn leaves the open set only into the outbox, or the low watermark would pass it and its
+        brokers abort a commit)."""
+        timed_out = (header.state is TxnState.ABORTED and header.finalized_ms is not None
+                     and header.finalized_ms >= header.deadline_ms)
+        await self._decided(least, header, timed_out=timed_out)
+
+    def _hold_undeliverable(self, least: int) -> None:
+        """Keep a txn whose decision cannot be read in the outbox, undelivered: it holds the low
+        watermark (its brokers must not abort what may be a commit) and shows in the admin's
+        "undelivered" until an operator repairs the header and the coordinator is led again."""
+        if least not in self._undelivered:
+            self._undelivered[least] = _Outbox(self._clock(), TxnState.OPEN, asyncio.get_running_loop().create_future())
+            heapq.heappush(self._undelivered_ids, least)
 
     def _check_still_leading(self, least: int, what: str) -> None:
         """After a write: raise CoordinatorNotFound if this partition stepped down while it was in
@@ -629,6 +642,8 @@ class CoordinatorPartition:
             header = TxnHeader.from_json(record.value)  # unreadable: ValueError, answered as an error
             if header.state.terminal:
                 self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
+                # The client must not send in it: its brokers may have heard the decision already.
+                raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
 
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""
@@ -697,11 +712,15 @@ class CoordinatorPartition:
         sender = self._sender
         committed = state is TxnState.COMMITTED
 
-        if len(participants) == 1:  # the common case (one produced message): no gather, no extra task
+        if len(participants) == 1:  # the common case (one produced message): no group, no extra task
             await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, self.low_watermark)
         else:
-            await asyncio.gather(*(sender.end_txn_on(participant, self.tc_id, least, committed, self.low_watermark)
-                                   for _, participant in participants))
+            # A group, not gather(): should one fail (a bug; broker and store failures are retried
+            # inside), the others are cancelled rather than left running untracked past a stop().
+            async with asyncio.TaskGroup() as group:
+                for _, participant in participants:
+                    group.create_task(sender.end_txn_on(participant, self.tc_id, least, committed,
+                                                        self.low_watermark))
         # Every broker acknowledged: END_TXN may answer now, without waiting for the records' deletion
         # (bookkeeping only: a record left by a crash here is delivered again, which brokers ignore).
         # The txn stays in the outbox, holding the low watermark, until its records are gone.
@@ -751,11 +770,13 @@ class CoordinatorPartition:
                 found[least].append((record.key, participant))
         redriven = 0
         for least, participants in sorted(found.items()):
-            if least in self._open or least in self._undelivered:
+            if least in self._undelivered:
                 continue
             key = layout.txn_key(self.tc_id, least)
             stored = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
             if stored is None:
+                if not await self._read_participants(least):
+                    continue  # delivered meanwhile (the previous leader's last acknowledgements)
                 # GC never deletes a header with participant records, so this is damage: a
                 # participant without a header is ABORTED for PIP-473's participants too.
                 self._log.warning("participant records without a header; delivering ABORTED",
@@ -766,13 +787,20 @@ class CoordinatorPartition:
             try:
                 header = TxnHeader.from_json(stored.value)
             except ValueError as exc:
-                self._log.error("unreadable header; its participants wait", txn=f"({self.tc_id},{least})",
-                                error=str(exc))
+                self._log.error("unreadable header; its participants wait, holding the low watermark",
+                                txn=f"({self.tc_id},{least})", error=str(exc))
+                self._hold_undeliverable(least)
                 continue
             if header.state is TxnState.OPEN:
-                self.adopt([(least, header, stored.version)])  # created after the deadline scan
+                if least not in self._open:
+                    self.adopt([(least, header, stored.version)])  # created after the deadline scan
                 continue
-            self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock())
+            if least in self._open:
+                # Adopted as OPEN by the deadline scan, decided since by the previous leader (it
+                # stepped down before its brokers acknowledged): deliver it now, not at its deadline.
+                await self._adopt_decision(least, header)
+            else:
+                self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock())
             redriven += 1
         self._recovered = True
         self._gone_while_recovering.clear()

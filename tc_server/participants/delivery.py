@@ -101,9 +101,11 @@ class BrokerDelivery:
                     if broker is None:  # a remembered owner needs no lookup, so no deadline of its own
                         with self._deadlines.bound(f"the lookup of {participant.topic}"):
                             broker = await self._owner(participant.topic)
-                    async with self._broker_gate(broker):
-                        with self._deadlines.bound(command):
-                            await self._send(broker, participant, most, least, committed, low_watermark())
+                # The broker's own gate first, and an overall slot only inside it: a delivery queued
+                # for a broker that does not answer must not hold a slot the others need.
+                async with self._broker_gate(broker), self._overall:
+                    with self._deadlines.bound(command):
+                        await self._send(broker, participant, most, least, committed, low_watermark())
             except (ClientError, TimeoutError) as exc:
                 if backoff is None:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)

@@ -36,7 +36,7 @@ from tc_server.coordinator.partition import (
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
-from tc_server.store.api import MetadataStore
+from tc_server.store.api import MetadataStore, Put
 from tc_server.wire import AddPartitionToTxn
 from tests.coordinator.test_partition import FakeClock, eventually
 
@@ -463,3 +463,141 @@ async def test_a_commit_whose_answer_was_lost_is_delivered_without_a_retry(tmp_p
             assert partition.open_txns() == {still_open: clock.now - TIMEOUT_RETRY_MS + 60_000}
     finally:
         await store.close()
+
+
+class HangingSender(RecordingSender):
+    """Brokers that never answer: a delivery stays under way until its partition stops."""
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        await asyncio.Event().wait()
+
+
+def partition_on(store: MetadataStore, sender: RecordingSender | None, clock: FakeClock) -> CoordinatorPartition:
+    return CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), clock,
+                                sweep_timeouts=False, sender=sender)
+
+
+async def test_a_decision_the_previous_leader_took_after_the_scan_is_delivered_at_once(store: MetadataStore) -> None:
+    # The new leader adopted T as OPEN from its deadline scan; the previous one then decided T and
+    # stepped down before its brokers acknowledged. The new leader's outbox scan delivers T now, not at
+    # T's deadline (an hour here).
+    clock = FakeClock()
+    previous = partition_on(store, HangingSender(), clock)
+    await previous.recover_outbox()
+    least = await previous.new_txn(3_600_000, None)
+    await previous.add_participants(least, None, [Participant(TOPIC)])
+    sender = RecordingSender()
+    new = partition_on(store, sender, clock)
+    new.adopt_one(least, clock.now + 3_600_000, None)
+    await previous.end_txn(least, commit=True, principal=None)
+    await previous.stop()
+    assert await new.recover_outbox() == 1
+    assert await eventually(lambda: len(sender.told) == 1)
+    assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
+    assert least not in new.open_txns()
+    await new.stop()
+
+
+async def test_records_gone_with_their_header_during_recovery_are_not_told_aborted() -> None:
+    # The outbox scan listed T's record; before it read T's header, the previous leader's last
+    # acknowledgement deleted the record and GC (past retention) the header. T was COMMITTED: telling its
+    # brokers ABORTED would take the commit back.
+    store = await open_store("memory", data_dir="")
+    clock = FakeClock()
+    previous = partition_on(store, None, clock)  # no sender: the decision waits in the outbox
+    await previous.recover_outbox()
+    least = await previous.new_txn(60_000, None)
+    await previous.add_participants(least, None, [Participant(TOPIC)])
+    await previous.end_txn(least, commit=True, principal=None)
+    sender = RecordingSender()
+    new = partition_on(store, sender, clock)
+    read_header = store.get
+
+    async def get_after_the_previous_leader_finished(key: str, **kwargs: Any) -> Any:
+        if key == layout.header_path(0, least):
+            for path in await records(store, 0, least):
+                await store.delete(path, partition_key=layout.txn_key(0, least))
+            await collect_garbage(store, Metrics("gc"), clock.now + 10**9, retention_s=900)
+        return await read_header(key, **kwargs)
+
+    store.get = get_after_the_previous_leader_finished  # type: ignore[method-assign]
+    assert await new.recover_outbox() == 0
+    await asyncio.sleep(0.05)
+    assert sender.told == []
+    await new.stop()
+    await previous.stop()
+    await store.close()
+
+
+async def test_an_unreadable_header_with_records_holds_the_low_watermark(store: MetadataStore) -> None:
+    key = layout.txn_key(0, 5)
+    await store.put(layout.header_path(0, 5), b"{not json", partition_key=key)
+    await store.write_batch([Put(Participant(TOPIC).path(0, 5), Participant(TOPIC).to_json(), partition_key=key,
+                                 secondary_indexes={layout.IDX_PARTICIPANTS_BY_COORDINATOR:
+                                                    layout.participants_by_coordinator_key(0, 5)})])
+    partition = partition_on(store, RecordingSender(), FakeClock())
+    partition.adopt_one(7, 10**15, None)
+    await partition.recover_outbox()
+    # T=5 may be a commit its brokers have not heard: they must not be told a watermark at or above it.
+    assert partition.low_watermark() == 4
+    assert 5 in partition.undelivered()
+    await partition.stop()
+
+
+async def test_an_add_whose_txn_was_decided_while_its_record_was_written_is_refused(store: MetadataStore) -> None:
+    sender = RecordingSender()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    gate = asyncio.Event()
+    write_batch = store.write_batch
+
+    async def slow_participant_records(ops: Any) -> Any:
+        if any(isinstance(op, Put) and op.key.startswith(layout.PARTICIPANT_PREFIX) for op in ops):
+            await gate.wait()
+        return await write_batch(ops)
+
+    store.write_batch = slow_participant_records  # type: ignore[method-assign]
+    add = asyncio.create_task(partition.add_participants(least, None, [Participant(OTHER)]))
+    await asyncio.sleep(0.01)
+    delivery = await partition.end_txn(least, commit=False, principal=None)
+    if delivery is not None:
+        await delivery
+    gate.set()
+    # Its broker is told the abort (the record landed), and the client must not send in the txn.
+    with pytest.raises(InvalidTxnStatus, match="is already ABORTED"):
+        await add
+    assert await eventually(lambda: (OTHER, False) in [(t.participant.topic, t.committed) for t in sender.told])
+    await partition.stop()
+
+
+class FailingOnTopic(RecordingSender):
+    """A bug on one participant's delivery (not a broker answer); the other participant's broker hangs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other_cancelled = asyncio.Event()
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        if participant.topic == TOPIC:
+            raise RuntimeError("unexpected")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.other_cancelled.set()
+            raise
+
+
+async def test_a_failed_delivery_leaves_no_sibling_running(store: MetadataStore) -> None:
+    sender = FailingOnTopic()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await partition.end_txn(least, commit=True, principal=None)
+    # The failure cancels the other participant's delivery (it starts over later from the records)
+    # instead of leaving it running untracked, past a stop() and beside the restarted one.
+    await asyncio.wait_for(sender.other_cancelled.wait(), 5.0)
+    await partition.stop()

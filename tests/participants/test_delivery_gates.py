@@ -1,0 +1,64 @@
+"""BrokerDelivery's bounds (--delivery-max-in-flight, --delivery-max-in-flight-per-broker): a broker that
+never answers holds its own slots only. The brokers here are in-process stand-ins behind the connection
+pool's interface: a real broker cannot be made to hang on cue (the real ones are in test_real_broker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from tc_server.coordinator.layout import Participant
+from tc_server.metrics import Metrics
+from tc_server.participants.delivery import BrokerDelivery
+
+HANGING = "pulsar://hanging:6650"
+HEALTHY = "pulsar://healthy:6650"
+
+
+class StandInBroker:
+    """One connection of the pool: answers END_TXN_ON_* at once, or never (``hangs``)."""
+
+    def __init__(self, hangs: bool) -> None:
+        self.hangs = hangs
+        self.request_ids = 0
+        self.answered = 0
+
+    def next_request_id(self) -> int:
+        self.request_ids += 1
+        return self.request_ids
+
+    async def request(self, command: Any) -> Any:
+        if self.hangs:
+            await asyncio.Event().wait()
+        self.answered += 1
+        return SimpleNamespace(error=None)
+
+
+class StandInPool:
+    def __init__(self) -> None:
+        self.brokers = {HANGING: StandInBroker(hangs=True), HEALTHY: StandInBroker(hangs=False)}
+
+    async def get(self, url: str) -> StandInBroker:
+        return self.brokers[url]
+
+
+async def test_deliveries_queued_for_a_hanging_broker_do_not_hold_the_others_back() -> None:
+    pool = StandInPool()
+    delivery = BrokerDelivery(["pulsar://upstream:6650"], pool, request_timeout_s=30.0,  # type: ignore[arg-type]
+                              max_in_flight=4, max_in_flight_per_broker=1, metrics=Metrics("gates"))
+    for n in range(4):
+        delivery._owners[f"hanging-{n}"] = HANGING  # owners known: no lookup
+    delivery._owners["healthy"] = HEALTHY
+    queued = [asyncio.create_task(delivery.end_txn_on(Participant(f"hanging-{n}"), 0, n, True, lambda: -1))
+              for n in range(4)]
+    await asyncio.sleep(0.05)  # one request at the hanging broker, three queued at its gate
+    try:
+        # Before, the three queued held overall slots while they waited: with the one sending, all 4
+        # were taken, and the healthy broker's delivery waited for a request timeout.
+        await asyncio.wait_for(delivery.end_txn_on(Participant("healthy"), 0, 99, True, lambda: -1), 5.0)
+        assert pool.brokers[HEALTHY].answered == 1
+    finally:
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
