@@ -14,7 +14,7 @@ import structlog
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes
-from tc_server.auth.broker_client import broker_client_credentials
+from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context
 from tc_server.auth.certificates import ServerTlsContext, TlsFiles
 from tc_server.auth.service import AuthenticationService
 from tc_server.client import ConnectionPool, connect_command
@@ -251,7 +251,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             max_connections=max_connections,
             max_connections_per_address=settings.max_connections_per_address,
             upstream=Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
-                              connection_mode=settings.lookup_connections, metrics=metrics)
+                              connection_mode=settings.lookup_connections, metrics=metrics,
+                              ssl_context=forwarding_tls_context(settings))
             if settings.upstream_urls else None,
             own_addresses=frozenset(
                 host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url),

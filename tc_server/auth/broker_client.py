@@ -122,6 +122,16 @@ def _path(value: str) -> str:
     return str(file_url_path(value)) if value.startswith("file:") else value
 
 
+def forwarding_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of the connections tc-server opens to brokers on a client's behalf (forwarded
+    lookups and requests, relayed connections) when the upstream speaks TLS (a ``pulsar+ssl://``
+    upstream URL), else None. The broker client's CA and host-name settings, but never tc-server's own
+    client certificate: a client authenticates to the broker as itself, not as tc-server."""
+    if not any(url.startswith("pulsar+ssl://") for url in settings.upstream_urls):
+        return None
+    return _client_context(settings)
+
+
 def _client_context(settings: Settings) -> ssl.SSLContext:
     trust = settings.broker_client_tls_trust_certs
     try:

@@ -412,11 +412,9 @@ class CoordinatorPartition:
                     # anything answers from this header.
                     await self._adopt_decision(least, header)
             if check_owner and not self._may_act(header, principal):
-                # Pulsar answers TransactionNotFound here, so the id's existence is not revealed.
-                raise TransactionNotFound(
-                    f"transaction ({self.tc_id},{least}) not found for {principal!r}: "
-                    "neither the owner nor a superuser"
-                )
+                # Pulsar answers TransactionNotFound here, so the id's existence is not revealed: the
+                # same words as for an id that does not exist (above), not a word more.
+                raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
             now = self._clock()
             decision = decide(header.state, request, now >= header.deadline_ms)
             if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):

@@ -161,7 +161,7 @@ async def test_owner_checks():
     await tc.start()
     p = tc.partition(0)
     least = await p.new_txn(10_000, "alice")
-    with pytest.raises(TransactionNotFound, match="neither the owner"):
+    with pytest.raises(TransactionNotFound, match=r"^transaction \(0,0\) not found$"):
         await p.end_txn(least, commit=True, principal="mallory")
     with pytest.raises(TransactionNotFound):
         await p.add_participants(least, "mallory")

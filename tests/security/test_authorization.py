@@ -28,7 +28,11 @@ async def test_another_role_cannot_end_or_add_to_the_txn(start, secret):
                        await bob.end_txn(txn.most, txn.least, commit=False)):
             assert answer.error is ServerError.TransactionNotFound, answer
             assert answer.most == txn.most  # the Java client routes the answer by it
-            assert "neither the owner nor a superuser" in answer.message
+            # The words of an id that does not exist: nothing tells bob that alice's txn exists.
+            assert answer.message == f"transaction ({txn.most},{txn.least}) not found"
+        missing = await bob.end_txn(txn.most, txn.least + 1000, commit=False)
+        assert (missing.error, missing.message) == (ServerError.TransactionNotFound,
+                                                    f"transaction ({txn.most},{txn.least + 1000}) not found")
         # Bob's attempts changed nothing: the owner still adds to it and commits it.
         assert (await alice.add_partition(txn.most, txn.least, TOPIC)).error is None
         assert (await alice.add_subscription(txn.most, txn.least, TOPIC, "audit")).error is None

@@ -11,8 +11,19 @@ import ssl
 import pytest
 from cryptography import x509
 
-from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused
-from tc_server.wire import Connect, Error, ServerError
+from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, connect
+from tc_server.wire import (
+    Connect,
+    Connected,
+    Error,
+    FrameDecoder,
+    Lookup,
+    LookupResponse,
+    LookupType,
+    ServerError,
+    decode_command,
+    encode_command,
+)
 from tests.security.pki import TestCa, data_url, make_token
 from tests.security.support import WAIT_S, raw_connect, tls_client, token_auth
 
@@ -138,3 +149,60 @@ async def test_half_written_certificate_keeps_the_previous_one(start, ca):
     client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
     assert (await client.new_txn(tc_id=0)).error is None
     client.close()
+
+
+async def _stand_in_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           connects: list, lookup_answer) -> None:
+    """A broker stand-in on a real socket: records each CONNECT, answers LOOKUP with ``lookup_answer``.
+    (A real standalone broker answers every lookup itself; it cannot be made to REDIRECT on cue.)"""
+    decoder = FrameDecoder(5 << 20)
+    while data := await reader.read(65536):
+        decoder.feed(data)
+        while (frame := decoder.next_frame()) is not None:
+            command = decode_command(frame)
+            if isinstance(command, Connect):
+                connects.append(command)
+                writer.write(encode_command(Connected("stand-in", 21)))
+            elif isinstance(command, Lookup):
+                writer.write(encode_command(lookup_answer(command)))
+    writer.close()
+
+
+async def test_a_lookup_redirect_from_a_tls_upstream_is_followed_over_tls(start, ca, secret, tmp_path):
+    # The client's CONNECT, its token included, goes wherever tc-server forwards a lookup. With a
+    # pulsar+ssl:// upstream, a REDIRECT is followed to the broker's TLS URL, trusting the broker
+    # client's CA (--broker-client-tls-trust-certs): before, tc-server spoke plain TCP to the
+    # redirect's pulsar:// URL and sent the client's token in the clear.
+    broker_cert = ca.issue("localhost", "broker", server=True)
+    plain_connects: list[Connect] = []
+    tls_connects: list[Connect] = []
+    plain = await asyncio.start_server(
+        lambda r, w: _stand_in_broker(r, w, plain_connects, lambda c: LookupResponse(
+            c.request_id, LookupType.CONNECT, "pulsar://127.0.0.1:1")), "127.0.0.1", 0)
+    plain_port = plain.sockets[0].getsockname()[1]
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(broker_cert.cert_file, broker_cert.key_file)
+    ports: dict[str, int] = {}
+    tls = await asyncio.start_server(
+        lambda r, w: _stand_in_broker(r, w, tls_connects, lambda c: LookupResponse(
+            c.request_id, LookupType.CONNECT, broker_service_url="pulsar://127.0.0.1:1",
+            broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}")
+            if c.authoritative else LookupResponse(
+            c.request_id, LookupType.REDIRECT, broker_service_url=f"pulsar://127.0.0.1:{plain_port}",
+            broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}", authoritative=True)),
+        "127.0.0.1", 0, ssl=server_context)
+    ports["tls"] = tls.sockets[0].getsockname()[1]
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      upstream_url=f"pulsar+ssl://localhost:{ports['tls']}",
+                      broker_client_tls_trust_certs=str(ca.cert_file))
+    token = make_token(secret, "HS256", "alice")
+    alice = await connect("127.0.0.1", app.listener.port, auth=token_auth(token))
+    try:
+        answer = await alice.lookup("persistent://public/default/orders")
+        assert answer.response is LookupType.CONNECT, answer
+        assert plain_connects == []
+        assert len(tls_connects) == 2 and all(c.auth_data == token.encode() for c in tls_connects)
+    finally:
+        alice.close()
+        plain.close()
+        tls.close()
