@@ -35,6 +35,13 @@ def build_server_context(files: TlsFiles) -> ssl.SSLContext:
     """A server context from the files. Raises ConfigError naming the file and the problem."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No session tickets (all of TLS 1.3's resumption, and TLS 1.2's stateless one): a reload swaps the
+    # context per handshake (ServerTlsContext), but tickets stay valid under the first context's keys,
+    # and a resumed session's client certificate is not checked against the CAs again. A client that
+    # resumed a session after its CA left the trust file would still be authenticated by it. What
+    # remains is TLS 1.2's session-id cache, whose entries expire 300 s after the handshake.
+    context.options |= ssl.OP_NO_TICKET
+    context.num_tickets = 0
     try:
         context.load_cert_chain(files.cert_file, files.key_file)
     except (OSError, ssl.SSLError) as exc:

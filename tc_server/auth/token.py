@@ -88,9 +88,7 @@ class TokenProvider:
         claims = self._verify(token)
         role = self._role(claims)
         self._check_audience(claims)
-        exp = claims.get("exp")
-        expires_at_ms = int(exp * 1000) if isinstance(exp, int | float) else None
-        return Authenticated(role=role, method=METHOD, expires_at_ms=expires_at_ms)
+        return Authenticated(role=role, method=METHOD, expires_at_ms=_expiry_ms(claims.get("exp")))
 
     def _verify(self, token: str) -> dict[str, Any]:
         # Our own messages: the library's can quote parts of the token.
@@ -131,3 +129,15 @@ class TokenProvider:
         audiences = value if isinstance(value, list) else [value]
         if self._audience not in audiences:
             raise AuthenticationFailed(f"token audience does not include this coordinator ({self._audience!r})")
+
+
+def _expiry_ms(exp: Any) -> int | None:
+    """The ``exp`` claim in epoch ms, or None without one. A number, or a string of one, as PyJWT accepts
+    it (and enforces it at CONNECT): a string ``exp`` read as "none" left the connection unchecked after
+    the token expired."""
+    if isinstance(exp, bool) or exp is None:
+        return None
+    try:
+        return int(float(exp) * 1000)
+    except (TypeError, ValueError, OverflowError):
+        return None

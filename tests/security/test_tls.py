@@ -6,12 +6,13 @@ change."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 
 import pytest
 from cryptography import x509
 
-from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, connect
+from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, connect, connect_command
 from tc_server.wire import (
     Connect,
     Connected,
@@ -206,3 +207,41 @@ async def test_a_lookup_redirect_from_a_tls_upstream_is_followed_over_tls(start,
         alice.close()
         plain.close()
         tls.close()
+
+
+def _connect_blocking(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None):
+    """A TLS-authenticated CONNECT on a socket of its own: (the answer, whether the session was resumed,
+    the session)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+        tls.sendall(encode_command(connect_command(TLS_AUTH, "resumption-test")))
+        decoder = FrameDecoder(1 << 20)
+        while data := tls.recv(65536):
+            decoder.feed(data)
+            if (frame := decoder.next_frame()) is not None:
+                return decode_command(frame), tls.session_reused, tls.session
+        return None, tls.session_reused, tls.session
+
+
+async def test_a_session_from_before_a_ca_left_the_trust_file_cannot_be_resumed(start, tmp_path):
+    # The operator removes a CA: a client whose certificate it issued must not be authenticated any more,
+    # also not by resuming a session from before the reload (which would skip the certificate check).
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    old_ca, new_ca = TestCa(old_dir, "old CA"), TestCa(new_dir, "new CA")
+    server = new_ca.issue("localhost", "server", server=True)
+    trust = tmp_path / "trust.pem"
+    trust.write_bytes(old_ca.cert_file.read_bytes() + new_ca.cert_file.read_bytes())
+    alice = old_ca.issue("alice", "alice")
+    app = await start(**tls_settings(new_ca, server, tls_trust_certs_file=str(trust),
+                                     authentication_providers="tls", tls_cert_refresh_check_s=3600))
+    context = client_context(new_ca, alice)
+    answer, _, session = await asyncio.to_thread(_connect_blocking, app.tls_listener.port, context)
+    assert isinstance(answer, Connected), answer
+    staged = tmp_path / "trust.staged"
+    staged.write_bytes(new_ca.cert_file.read_bytes())
+    staged.replace(trust)
+    assert app.tls.reload_if_changed()
+    answer, resumed, _ = await asyncio.to_thread(_connect_blocking, app.tls_listener.port, context, session)
+    assert not resumed and not isinstance(answer, Connected), answer

@@ -4,8 +4,12 @@ ERROR AuthenticationError and the server closes the connection, having served no
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from tc_server.auth.api import AuthenticationData
+from tc_server.auth.token import TokenProvider
 from tc_server.client import HandshakeRefused, connect
 from tc_server.wire import Connect, Error, NewTxn, ServerError
 from tests.security.pki import data_url, make_token, public_der
@@ -141,3 +145,15 @@ async def test_authentication_off_everyone_connects_and_owns_nothing(start):
         assert await owner_of(app, created.most, created.least) is None
     finally:
         client.close()
+
+
+def test_an_expiry_written_as_a_string_is_kept_for_the_refresh_check(secret):
+    # PyJWT accepts (and enforces at CONNECT) an "exp" of digits in a string, as jjwt-based brokers do;
+    # read as "no expiry", the connection was never re-checked once the token expired.
+    provider = TokenProvider.with_secret_key(secret)
+    exp = int(time.time()) + 600
+    for written in (str(exp), exp, float(exp)):
+        token = make_token(secret, "HS256", expires_in_s=None, exp=written)
+        assert provider.authenticate(AuthenticationData(command_data=token.encode())).expires_at_ms == exp * 1000
+    unbounded = make_token(secret, "HS256", expires_in_s=None)
+    assert provider.authenticate(AuthenticationData(command_data=unbounded.encode())).expires_at_ms is None
