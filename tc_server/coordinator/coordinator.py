@@ -303,8 +303,11 @@ class TransactionCoordinator:
             partitions = {tc_id: self._partitions[tc_id] for tc_id in wanted if tc_id in self._partitions}
             try:
                 found = await self._adopt_open_txns(partitions)
-            except (StoreError, TimeoutError) as exc:
-                log.warning("recovery scan failed; retrying", coordinators=sorted(wanted), error=repr(exc))
+            except Exception as exc:  # noqa: BLE001 - recovery must go on; a bug in one pass is logged as one
+                if isinstance(exc, StoreError | TimeoutError):
+                    log.warning("recovery scan failed; retrying", coordinators=sorted(wanted), error=repr(exc))
+                else:
+                    log.exception("recovery scan failed; retrying", coordinators=sorted(wanted))
                 # Until it succeeds, open txns of these coordinators are not all tracked: their timeouts
                 # wait. What was adopted stays (adopting again is a no-op).
                 self.health.failed("recovery scan", repr(exc), until_recovered=True)
@@ -323,8 +326,11 @@ class TransactionCoordinator:
                     # The outbox: decided txns whose brokers were not all told (docs/participants.md).
                     try:
                         await partition.recover_outbox()
-                    except (StoreError, TimeoutError) as exc:
-                        log.warning("outbox scan failed; retrying", coordinator_id=tc_id, error=repr(exc))
+                    except Exception as exc:  # noqa: BLE001 - as above: retried, never the end of recovery
+                        if isinstance(exc, StoreError | TimeoutError):
+                            log.warning("outbox scan failed; retrying", coordinator_id=tc_id, error=repr(exc))
+                        else:
+                            log.exception("outbox scan failed; retrying", coordinator_id=tc_id)
                         self._pending_recovery.add(tc_id)
 
     async def _lost(self, tc_id: int) -> None:

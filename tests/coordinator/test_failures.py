@@ -52,11 +52,12 @@ class StallIdBlocks(MemoryStore):
 
 class FailScan(MemoryStore):
     failures = 0
+    error: Exception = StoreUnavailableError("scan failed")
 
     def scan_index(self, *args, **kwargs):
         if self.failures:
             self.failures -= 1
-            raise StoreUnavailableError("scan failed")
+            raise self.error
         return super().scan_index(*args, **kwargs)
 
 
@@ -157,9 +158,13 @@ async def test_new_txn_waiting_for_ids_when_the_partition_steps_down_is_told_to_
     assert await store.get(layout.tc_seq_path(0)) is None
 
 
-async def test_failed_recovery_scan_is_retried():
+@pytest.mark.parametrize("error", [StoreUnavailableError("scan failed"), RuntimeError("a bug in one pass")])
+async def test_failed_recovery_scan_is_retried(error):
+    # Any failure, a bug's too, is retried: recovery ending for good would leave the open txns untracked
+    # (never timed out) until the next election.
     backend = MemoryBackend()
     a_store, b_store = MemoryStore(backend), FailScan(backend)
+    b_store.error = error
     a, b = coordinator(a_store, "pulsar://a:1"), coordinator(b_store, "pulsar://b:2")
     await a.start()
     await b.start()
