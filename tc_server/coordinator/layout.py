@@ -243,8 +243,9 @@ def final_state_ranges(state: TxnState, before_ms: int) -> tuple[IndexRange, Ind
 # -- JSON (docs/record-layout.md, "Values") -----------------------------------------------------------
 #
 # Pulsar writes its records with Jackson: compact, fields in declaration order, null fields left out,
-# strings in UTF-8 with \uXXXX escapes only for control characters (upper-case hex). The writers here
-# produce exactly those bytes; the readers take any valid JSON with the same fields.
+# strings in UTF-8 with \uXXXX escapes (upper-case hex) only for control characters and UTF-16
+# surrogates (below). The writers here produce exactly those bytes; the readers take any valid JSON with
+# the same fields.
 
 _INT64_MAX = 2**63 - 1
 # Jackson's \u00XX escapes use upper-case hex, Python's lower-case. An escape is a backslash that
@@ -252,9 +253,26 @@ _INT64_MAX = 2**63 - 1
 _LOWER_HEX_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u00([0-9a-f]{2})")
 
 
+# Jackson's UTF-8 generator (ObjectMapper.writeValueAsBytes) escapes each UTF-16 surrogate it meets
+# (jackson-core 2.x's default: COMBINE_UNICODE_SURROGATES_IN_UTF8 is off): a character beyond U+FFFF is
+# written as its two surrogates' escapes, a lone surrogate (which UTF-8 cannot hold) as its own. Left
+# raw, a lone surrogate could not even be encoded: a role named so (a JWT "sub" may hold one) made its
+# txns impossible to write or end.
+_SURROGATE_OR_ASTRAL = re.compile("[\ud800-\udfff\U00010000-\U0010ffff]")
+
+
+def _utf16_escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    if code < 0x10000:
+        return f"\\u{code:04X}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04X}\\u{0xDC00 + (code & 0x3FF):04X}"
+
+
 def _json_string(text: str) -> str:
     quoted = json.dumps(text, ensure_ascii=False)
-    return _LOWER_HEX_ESCAPE.sub(lambda m: f"{m[1]}\\u00{m[2].upper()}", quoted)
+    quoted = _LOWER_HEX_ESCAPE.sub(lambda m: f"{m[1]}\\u00{m[2].upper()}", quoted)
+    return _SURROGATE_OR_ASTRAL.sub(_utf16_escape, quoted)
 
 
 def _json_object(fields: list[tuple[str, str]]) -> bytes:

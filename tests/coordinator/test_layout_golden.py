@@ -77,6 +77,16 @@ def test_header_owner_escapes_as_jackson() -> None:
     assert TxnHeader.from_json(written).owner == 'r\u00f4le "x"\\\x1f'
 
 
+def test_header_owner_surrogates_escape_as_jacksons_utf8_generator() -> None:
+    # A character beyond U+FFFF as its two surrogates, a lone surrogate (a JWT "sub" may hold one) as
+    # itself, upper-case hex: what jackson-core 2.x's UTF8JsonGenerator writes. Unescaped, a lone
+    # surrogate could not be encoded at all, and its owner's txns could never be written or ended.
+    written = TxnHeader(TxnState.OPEN, 1000, 1000, owner="app-\U0001F600 \ud800").to_json()
+    assert written == (b'{"state":"OPEN","timeout":1.000000000,"createdAt":1.000000000,'
+                       b'"owner":"app-\\uD83D\\uDE00 \\uD800"}')
+    assert TxnHeader.from_json(written).owner == "app-\U0001F600 \ud800"
+
+
 def test_header_iso_forms_jackson_also_reads_are_read() -> None:
     raw = b'{"state":"OPEN","timeout":"PT1M","createdAt":"2026-11-23T10:00:00.123Z"}'
     assert TxnHeader.from_json(raw) == TxnHeader(TxnState.OPEN, 1795428000123, 60000)
