@@ -5,6 +5,7 @@ to inject exactly one such fault (the real stores cannot be made to fail on cue)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -317,13 +318,14 @@ class PagedDeadlineScan(MemoryStore):
     hold: asyncio.Event | None = None
     read: asyncio.Event | None = None  # set once a page was read
 
-    def scan_index(self, name, start, end, **kwargs):
-        inner = super().scan_index(name, start, end, **kwargs)
+    def scan_index(self, index_name: str, start_inclusive: str, end_exclusive: str, *,
+                   partition_key: str | None = None) -> AsyncIterator[Record]:
+        inner = super().scan_index(index_name, start_inclusive, end_exclusive, partition_key=partition_key)
         hold, read = self.hold, self.read
-        if name != layout.IDX_TXN_BY_DEADLINE or hold is None or read is None:
+        if index_name != layout.IDX_TXN_BY_DEADLINE or hold is None or read is None:
             return inner
 
-        async def paged():
+        async def paged() -> AsyncIterator[Record]:
             page = [record async for record in inner]
             read.set()
             await hold.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 
 import pytest
 from cryptography import x509
@@ -153,7 +154,7 @@ async def test_half_written_certificate_keeps_the_previous_one(start, ca):
 
 
 async def _stand_in_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           connects: list, lookup_answer) -> None:
+                           connects: list[Connect], lookup_answer: Callable[[Lookup], LookupResponse]) -> None:
     """A broker stand-in on a real socket: records each CONNECT, answers LOOKUP with ``lookup_answer``.
     (A real standalone broker answers every lookup itself; it cannot be made to REDIRECT on cue.)"""
     decoder = FrameDecoder(5 << 20)
