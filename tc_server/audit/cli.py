@@ -1,6 +1,6 @@
 """``tc-audit``: run the audit job, or generate a synthetic snapshot.
 
-    tc-audit --input DIR --output DIR [--master URL] [--now-ms T] [--retention-s S] [--grace-s G]
+    tc-audit --input DIR --output DIR [--master URL] [--now-ms T] [--retention-s S] [--gc-interval-s I] [--grace-s G]
     tc-audit generate --txns N --out DIR [--seed S] [--anomalies open_past_deadline=5,orphan_ops=3]
 """
 

@@ -50,6 +50,10 @@ from tc_server.store.api import SEQUENCE_DIGITS, MetadataStore, Record
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
+# The times a header may hold, in epoch ms: 0 up to the end of year 9999 (what an ISO instant can say).
+# Bounded well inside int64 so that the job's arithmetic (deadline + grace, now - finalized) cannot
+# overflow: Spark runs with ANSI mode on, where an overflow fails the whole job.
+_MAX_TIME_MS = 253_402_300_799_999
 # Redraw the progress line at most this often; a terminal does not need more.
 _PROGRESS_INTERVAL_S = 0.2
 # How much of a rejected value goes into rejects.jsonl: enough to recognise it, bounded.
@@ -77,11 +81,19 @@ def _int64(doc: dict[str, Any], name: str, *, required: bool = True) -> int | No
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RejectedRecord(f"value is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # not JSON, an integer of thousands of digits, deep nesting
+        raise RejectedRecord(f"value is not JSON this audit reads: {type(exc).__name__}: {str(exc)[:100]}") from exc
     if not isinstance(doc, dict):
         raise RejectedRecord(f"value is not a JSON object but {type(doc).__name__}")
     return doc
+
+
+def _text(value: str) -> str:
+    """A string as Parquet can hold it: a lone UTF-16 surrogate (valid in the JSON tc-server and Pulsar
+    write, e.g. in an owner role) becomes U+FFFD instead of failing the whole export."""
+    if value.isascii():
+        return value
+    return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _txn_id(text: str) -> tuple[int, int]:
@@ -111,11 +123,9 @@ def parse_header(record: Record) -> dict[str, Any]:
     if not isinstance(state, str):
         raise RejectedRecord(f"field 'state' is not a string: {state!r}")
     for name, value in (("created", created), ("timeout", timeout), ("finalized", finalized)):
-        if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
-            raise RejectedRecord(f"{name} time out of int64 range: {value} ms")
+        if value is not None and not 0 <= value <= _MAX_TIME_MS:
+            raise RejectedRecord(f"{name} time out of range (0 to year 9999): {value} ms")
     deadline = created + timeout
-    if not _INT64_MIN <= deadline <= _INT64_MAX:
-        raise RejectedRecord(f"deadline (created + timeout) out of int64 range: {deadline}")
     owner = doc.get("owner")
     if owner is not None and not isinstance(owner, str):
         raise RejectedRecord(f"field 'owner' is not a string: {owner!r}")
@@ -128,7 +138,7 @@ def parse_header(record: Record) -> dict[str, Any]:
         "timeout_ms": timeout,
         "deadline_ms": deadline,
         "finalized_ms": finalized,
-        "owner": owner,
+        "owner": None if owner is None else _text(owner),
         "version": record.version,
     }
 
@@ -143,8 +153,8 @@ def parse_participant(record: Record) -> dict[str, Any]:
     for name, value in (("most", most), ("least", least)):
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise RejectedRecord(f"txn id {name} out of int64 range: {value}")
-    return {"txn_most": most, "txn_least": least, "topic": participant.topic,
-            "subscription": participant.subscription}
+    return {"txn_most": most, "txn_least": least, "topic": _text(participant.topic),
+            "subscription": None if participant.subscription is None else _text(participant.subscription)}
 
 
 def parse_op(record: Record) -> dict[str, Any]:
@@ -169,8 +179,8 @@ def parse_op(record: Record) -> dict[str, Any]:
         "txn_least": least,
         "seq": seq,
         "kind": op.kind.value,
-        "segment": op.segment,
-        "subscription": op.subscription,
+        "segment": _text(op.segment),
+        "subscription": None if op.subscription is None else _text(op.subscription),
         "ledger_id": op.ledger_id,
         "entry_id": op.entry_id,
         "created_ms": max(record.created_ms, 0),
@@ -179,7 +189,7 @@ def parse_op(record: Record) -> dict[str, Any]:
 
 def parse_tc_seq(record: Record) -> dict[str, Any]:
     text = record.key[len(layout.TC_SEQ_PREFIX) :]
-    if not (text.isascii() and text.isdigit()) or int(text) > _INT32_MAX:
+    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _INT32_MAX:
         raise RejectedRecord(f"bad coordinator id {text!r}")
     doc = _json_object(record.value)
     next_id = _int64(doc, "next")

@@ -47,7 +47,7 @@ def annotate_ops(headers: DataFrame, ops: DataFrame) -> DataFrame:
     return ops.join(h.hint("shuffle_hash"), on=TXN_ID, how="left")
 
 
-def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
+def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, gc_due_ms: int) -> DataFrame:
     """The annotated ops any op-based finding can select: orphans, ops of OPEN txns, of GC-backlog
     txns, and late ops; a superset of what :func:`orphan_ops`, :func:`late_ops`,
     :func:`gc_backlog_ops` and :func:`pinning` keep. In a healthy store this is a small fraction
@@ -56,7 +56,7 @@ def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int)
     return annotated_ops.where(
         F.col("h_present").isNull()
         | (h_state == "OPEN")
-        | (_is_terminal(h_state) & (F.col("h_finalized_ms") < F.lit(now_ms - retention_ms)))
+        | (_is_terminal(h_state) & (F.col("h_finalized_ms") < F.lit(now_ms - gc_due_ms)))
         | ((F.col("created_ms") > 0) & (F.col("created_ms") > F.col("h_finalized_ms")))
     )
 
@@ -79,11 +79,12 @@ def open_past_deadline(headers: DataFrame, *, now_ms: int, grace_ms: int) -> Dat
     )
 
 
-def gc_backlog(headers: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
-    """Terminal txns finalized longer than ``retention_ms`` ago: GC should have removed them (or is
-    waiting for their op records to go, see :func:`gc_backlog_ops`)."""
+def gc_backlog(headers: DataFrame, *, now_ms: int, gc_due_ms: int) -> DataFrame:
+    """Terminal txns finalized longer than ``gc_due_ms`` ago (the retention, one GC interval and the
+    grace: GC deletes a header on its first pass after the retention): GC should have removed them (or
+    is waiting for their op records to go, see :func:`gc_backlog_ops`)."""
     return headers.where(
-        _is_terminal(F.col("state")) & (F.col("finalized_ms") < F.lit(now_ms - retention_ms))
+        _is_terminal(F.col("state")) & (F.col("finalized_ms") < F.lit(now_ms - gc_due_ms))
     ).select(
         *TXN_ID,
         "coordinator_id",
@@ -94,13 +95,13 @@ def gc_backlog(headers: DataFrame, *, now_ms: int, retention_ms: int) -> DataFra
     )
 
 
-def gc_backlog_ops(annotated_ops: DataFrame, *, now_ms: int, retention_ms: int) -> DataFrame:
+def gc_backlog_ops(annotated_ops: DataFrame, *, now_ms: int, gc_due_ms: int) -> DataFrame:
     """Per segment, the op records of GC-backlog txns (what keeps GC from deleting their headers:
     docs/semantics.md §6 deletes a header only once no op records remain). Its violation count is the sum of
     ``op_records``."""
     return (
         annotated_ops.where(
-            _is_terminal(F.col("h_state")) & (F.col("h_finalized_ms") < F.lit(now_ms - retention_ms))
+            _is_terminal(F.col("h_state")) & (F.col("h_finalized_ms") < F.lit(now_ms - gc_due_ms))
         )
         .groupBy("segment")
         .agg(

@@ -48,6 +48,7 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
 
 DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (docs/semantics.md §6)
+DEFAULT_GC_INTERVAL_S = 300  # the coordinator's --gc-interval-s: GC deletes on its first pass after retention
 DEFAULT_GRACE_S = 60  # Pulsar's own sweep runs every 60 s; later than that is "behind"
 INFO_TABLES = ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput")
 _SAMPLE_ROWS = 20
@@ -63,6 +64,7 @@ class BadInputError(Exception):
 class AuditParams:
     now_ms: int | None = None  # None: the snapshot's taken_at_ms
     retention_s: int = DEFAULT_RETENTION_S
+    gc_interval_s: int = DEFAULT_GC_INTERVAL_S
     grace_s: int = DEFAULT_GRACE_S
 
 
@@ -252,7 +254,7 @@ def configure_for_master(spark: Any) -> None:
 # -- the job ------------------------------------------------------------------------------------
 
 
-def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, retention_ms: int) -> Any:
+def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, gc_due_ms: int) -> Any:
     """``findings.ops_of_interest(findings.annotate_ops(headers, ops))``, computed in two passes and
     persisted (memory, spilling to disk).
 
@@ -266,7 +268,7 @@ def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, retention_ms: int) 
 
     narrow_ops = ops.select(*fx.OP_KEY, "created_ms")
     keys = (
-        fx.ops_of_interest(fx.annotate_ops(headers, narrow_ops), now_ms=now_ms, retention_ms=retention_ms)
+        fx.ops_of_interest(fx.annotate_ops(headers, narrow_ops), now_ms=now_ms, gc_due_ms=gc_due_ms)
         .drop("created_ms")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
@@ -297,8 +299,10 @@ def run_audit(
     else:
         doc = _read_remote_snapshot_doc(spark, input_dir)
     now_ms = params.now_ms if params.now_ms is not None else int(doc["taken_at_ms"])
-    retention_ms = params.retention_s * 1000
     grace_ms = params.grace_s * 1000
+    # A terminal header is GC's to delete on its first pass after the retention: judged only once a
+    # whole GC interval (and the grace) has passed too, or every store with traffic shows a backlog.
+    gc_due_ms = (params.retention_s + params.gc_interval_s + params.grace_s) * 1000
 
     validated = local_in is not None
     headers, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
@@ -307,7 +311,7 @@ def run_audit(
     # Seconds per step, in the summary: where the time goes is the first question about a slow audit.
     timings: dict[str, float] = {}
     mark = time.monotonic()
-    annotated = _ops_of_interest(headers, ops, now_ms=now_ms, retention_ms=retention_ms)
+    annotated = _ops_of_interest(headers, ops, now_ms=now_ms, gc_due_ms=gc_due_ms)
     timings["ops_join"] = round(time.monotonic() - mark, 3)
 
     def write(name: str, df: Any) -> Any:
@@ -318,8 +322,8 @@ def run_audit(
 
     tables = {
         "open_past_deadline": fx.open_past_deadline(headers, now_ms=now_ms, grace_ms=grace_ms),
-        "gc_backlog": fx.gc_backlog(headers, now_ms=now_ms, retention_ms=retention_ms),
-        "gc_backlog_ops": fx.gc_backlog_ops(annotated, now_ms=now_ms, retention_ms=retention_ms),
+        "gc_backlog": fx.gc_backlog(headers, now_ms=now_ms, gc_due_ms=gc_due_ms),
+        "gc_backlog_ops": fx.gc_backlog_ops(annotated, now_ms=now_ms, gc_due_ms=gc_due_ms),
         "orphan_ops": fx.orphan_ops(annotated),
         "late_ops": fx.late_ops(annotated),
         "id_reuse_risk": fx.id_reuse_risk(headers, tc_seq),
@@ -377,6 +381,7 @@ def run_audit(
             "now_ms": now_ms,
             "now_from": "--now-ms" if params.now_ms is not None else "snapshot taken_at_ms",
             "retention_s": params.retention_s,
+            "gc_interval_s": params.gc_interval_s,
             "grace_s": params.grace_s,
             "master": spark.sparkContext.master,
         },
@@ -474,6 +479,8 @@ def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
         "--now-ms", type=int, default=None, help="audit as of this time (default: the snapshot's time)"
     )
     parser.add_argument("--retention-s", type=int, default=DEFAULT_RETENTION_S, help="GC retention (900)")
+    parser.add_argument("--gc-interval-s", type=int, default=DEFAULT_GC_INTERVAL_S,
+                        help="the coordinator's GC interval (300)")
     parser.add_argument("--grace-s", type=int, default=DEFAULT_GRACE_S, help="timeout sweep grace (60)")
     parser.add_argument("--verbose", action="store_true", help="Spark's warnings and full tracebacks on failure")
     return parser
@@ -481,10 +488,11 @@ def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
     args = build_parser(prog).parse_args(argv)
-    if args.retention_s < 0 or args.grace_s < 0:
-        print(f"{prog}: --retention-s and --grace-s must be >= 0", file=sys.stderr)
+    if args.retention_s < 0 or args.grace_s < 0 or args.gc_interval_s < 0:
+        print(f"{prog}: --retention-s, --gc-interval-s and --grace-s must be >= 0", file=sys.stderr)
         return EXIT_BAD_INPUT
-    params = AuditParams(now_ms=args.now_ms, retention_s=args.retention_s, grace_s=args.grace_s)
+    params = AuditParams(now_ms=args.now_ms, retention_s=args.retention_s, gc_interval_s=args.gc_interval_s,
+                         grace_s=args.grace_s)
     local_in = _local_path(args.input)
     spark = None
     owned = False

@@ -130,7 +130,8 @@ def render(data: ReportData) -> str:
         "<h1>Transaction audit</h1>",
         f"<p>Snapshot <code>{escape(str(s['snapshot']['path']))}</code> "
         f"(source {escape(str(s['snapshot']['source']))}), audited as of {escape(_utc(params['now_ms']))}; "
-        f"retention {params['retention_s']:,} s, grace {params['grace_s']:,} s. "
+        f"retention {params['retention_s']:,} s, GC every {params['gc_interval_s']:,} s, "
+        f"grace {params['grace_s']:,} s. "
         f"{s['total_txns']:,} transactions, {s['total_ops']:,} op records"
         + (f", {rejected:,} malformed records left out by the export" if rejected else "")
         + ".</p>",

@@ -79,7 +79,9 @@ def enc(name: str) -> str:
     return quote_plus(name.encode("utf-8", "replace"), safe="*").replace("~", "%7E")
 
 
-_TXN_KEY = re.compile(r"(-?[0-9]+)_(-?[0-9]+)", re.ASCII)
+# Canonical decimals only, as Java's Long.toString writes them: no leading zero, no "-0". Another
+# spelling would name the same txn under a second key (and partition key).
+_TXN_KEY = re.compile(r"(0|-?[1-9][0-9]*)_(0|-?[1-9][0-9]*)", re.ASCII)
 
 
 def txn_key(most: int, least: int) -> str:
@@ -90,9 +92,12 @@ def txn_key(most: int, least: int) -> str:
 def parse_txn_key(key: str) -> tuple[int, int]:
     """``<most>_<least>`` -> (most, least); ValueError for anything else (``1_0_0``, `` 1_0``, ``1_0x``)."""
     match = _TXN_KEY.fullmatch(key)
-    if match is None:
+    if match is None or len(key) > 41:  # two int64s and the "_": no int() of thousands of digits
         raise ValueError(f"not a txn key: {key!r}")
-    return int(match[1]), int(match[2])
+    most, least = int(match[1]), int(match[2])
+    if not (-_INT64_MAX - 1 <= most <= _INT64_MAX and -_INT64_MAX - 1 <= least <= _INT64_MAX):
+        raise ValueError(f"not a txn key: {key!r} (beyond 64 bits)")
+    return most, least
 
 
 def header_path(most: int, least: int) -> str:
@@ -431,11 +436,16 @@ def parse_header_times(doc: dict[str, Any]) -> tuple[int, int, int | None]:
             if doc.get(name) is None:
                 raise MalformedRecord(f"missing field {name!r}")
         finalized = doc.get("finalizedAt")
-        return (
+        times = (
             parse_instant_ms(doc["createdAt"], "field 'createdAt'"),
             parse_duration_ms(doc["timeout"], "field 'timeout'"),
             None if finalized is None else parse_instant_ms(finalized, "field 'finalizedAt'"),
         )
+        if times[0] < 0 or times[1] < 0:
+            # No coordinator writes either; a negative deadline's index key would sort outside every
+            # scan (padded digits), and the txn would never be recovered nor timed out.
+            raise MalformedRecord(f"field {'createdAt' if times[0] < 0 else 'timeout'!r} is negative")
+        return times
     created, timeout = _int_field(doc, "createdMs"), _int_field(doc, "timeoutMs")
     if created is None or timeout is None:
         raise MalformedRecord("missing field 'createdAt' and 'timeout' (or the earlier 'createdMs' and 'timeoutMs')")

@@ -200,3 +200,29 @@ def test_parsers_never_crash(key: str, value: bytes) -> None:
     # Whatever is accepted fits the Parquet schema.
     schema = HEADERS_SCHEMA if parser is parse_header else OPS_SCHEMA if parser is parse_op else TC_SEQ_SCHEMA
     pa.Table.from_pylist([row], schema=schema)
+
+
+async def test_records_that_crashed_the_export_are_exported_or_rejected(tmp_path: Path) -> None:
+    # Each of these stopped the whole export with an exception. Lone surrogates are valid in the JSON
+    # (an owner role may hold one): kept, as U+FFFD. The others are rejects with a reason. Header times
+    # beyond year 9999 are rejects too: the job's arithmetic on them overflowed under Spark's ANSI mode.
+    store = MemoryStore()
+    deadline = {layout.IDX_TXN_BY_DEADLINE: layout.deadline_index_key(1795447269230)}
+    await store.put("/txn/id/0_1", b'{"state":"OPEN","timeout":60.000000000,"createdAt":1795447209.230000000,'
+                    b'"owner":"\\uD800"}', partition_key="0_1", secondary_indexes=deadline)
+    await store.put("/txn/op/0_1-00000000000000000001", b'{"kind":"WRITE","segment":"seg\\udc00","ledgerId":1,'
+                    b'"entryId":2}', partition_key="0_1")
+    await store.put("/txn/id/0_2", b'{"state":"OPEN","timeout":9223372036854775.807,"createdAt":1.000000000}',
+                    partition_key="0_2", secondary_indexes=deadline)
+    await store.put("/txn/tc-seq/0", b'{"next":' + b"1" * 5000 + b"}")
+    await store.put("/txn/tc-seq/1", b"[" * 200_000)
+    await store.put("/txn/tc-seq/" + "1" * 5000, b'{"next":1}')
+    counts = await export_snapshot(store, tmp_path / "snap", source="memory", show_progress=False)
+    assert counts == {"headers": 1, "ops": 1, "tc_seq": 0, "rejects": 4}
+    assert pq.read_table(tmp_path / "snap" / "headers").to_pylist()[0]["owner"] == "\ufffd"
+    assert pq.read_table(tmp_path / "snap" / "ops").to_pylist()[0]["segment"] == "seg\ufffd"
+    reasons = {json.loads(line)["key"][:20]: json.loads(line)["reason"]
+               for line in (tmp_path / "snap" / "rejects.jsonl").read_text().splitlines()}
+    assert "out of range (0 to year 9999)" in reasons["/txn/id/0_2"]
+    assert "RecursionError" in reasons["/txn/tc-seq/1"]
+    await store.close()

@@ -69,6 +69,7 @@ def test_summary_contents(audited: tuple[int, Path, dict[str, Any]]) -> None:
         "now_ms": generate.DEFAULT_NOW_MS,
         "now_from": "snapshot taken_at_ms",
         "retention_s": 900,
+        "gc_interval_s": 300,
         "grace_s": 60,
         "master": "local[2]",
     }
@@ -157,6 +158,18 @@ def test_params_shift_findings(spark: Any, tmp_path: Path) -> None:
     assert summary["violations"]["gc_backlog"] == counts["COMMITTED"] + counts["ABORTED"]
 
 
+def test_terminal_headers_gc_has_not_had_its_pass_for_are_no_backlog(spark: Any, tmp_path: Path) -> None:
+    # 400 s later the generated terminal headers were finalized up to ~1,200 s before: past the 900 s
+    # retention, but GC deletes on its first pass after it (every 300 s) and the 60 s grace: a healthy
+    # store, where "finalized_ms < now - retention" alone reported a backlog on every audit.
+    generate.generate_snapshot(tmp_path / "snap", txns=200, seed=5)
+    later = generate.DEFAULT_NOW_MS + 400_000
+    cli.main(["--input", str(tmp_path / "snap"), "--output", str(tmp_path / "out"), "--now-ms", str(later)])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["violations"]["gc_backlog"] == 0
+    assert summary["params"]["gc_interval_s"] == 300
+
+
 def test_boundaries(spark: Any) -> None:
     """Strict inequalities at each threshold, and an unknown op create time is never "late"."""
     now, grace, retention = 1_000_000, 60_000, 900_000
@@ -181,7 +194,7 @@ def test_boundaries(spark: Any) -> None:
     tc_seq = spark.createDataFrame([(0, 4)], schema=_schema("tc_seq"))
     annotated = findings.annotate_ops(headers, ops)
     assert _ids(findings.open_past_deadline(headers, now_ms=now, grace_ms=grace)) == [(0, 2)]
-    assert _ids(findings.gc_backlog(headers, now_ms=now, retention_ms=retention)) == [(0, 4)]
+    assert _ids(findings.gc_backlog(headers, now_ms=now, gc_due_ms=retention)) == [(0, 4)]
     assert [(r["txn_least"], r["seq"]) for r in findings.late_ops(annotated).collect()] == [(4, 1)]
     assert _ids(findings.id_reuse_risk(headers, tc_seq)) == [(0, 4)]  # least == next
     assert findings.orphan_ops(annotated).count() == 0

@@ -114,6 +114,10 @@ def test_header_earlier_tc_server_form_is_read() -> None:
     (b'{"state":"OPEN","timeout":1.0,"createdAt":1e400}', "createdAt"),
     (b'{"version":1,"state":"OPEN"}', "createdAt"),
     (b'[1]', "not a JSON object"),
+    # A negative deadline's index key sorts outside every scan: such a txn would never be recovered.
+    (b'{"state":"OPEN","timeout":-1.0,"createdAt":1.0}', "'timeout' is negative"),
+    (b'{"state":"OPEN","timeout":"-PT1M","createdAt":1.0}', "'timeout' is negative"),
+    (b'{"state":"OPEN","timeout":1.0,"createdAt":-5.0}', "'createdAt' is negative"),
 ])
 def test_header_malformed_is_named(raw: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -132,7 +136,10 @@ def test_header_keys_and_index_keys() -> None:
         "idx:txn-by-final-state": "/txn/id/ABORTED:00000001795447270000"}
 
 
-@pytest.mark.parametrize("path", ["/txn/3_17", "/txn/id/3_17_1", "/txn/id/ 3_17", "/txn/id/3_17x", "/txn/id/"])
+@pytest.mark.parametrize("path", ["/txn/3_17", "/txn/id/3_17_1", "/txn/id/ 3_17", "/txn/id/3_17x", "/txn/id/",
+                                  # not as Java writes a long: a second key for txn (1,2), or beyond 64 bits
+                                  "/txn/id/01_2", "/txn/id/1_02", "/txn/id/-0_2", "/txn/id/1_9223372036854775808",
+                                  "/txn/id/1_" + "9" * 5000])
 def test_header_path_other_keys_are_refused(path: str) -> None:
     with pytest.raises(ValueError, match="not a txn"):
         layout.parse_header_path(path)
