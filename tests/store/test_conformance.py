@@ -534,6 +534,22 @@ async def _drain(stream: AsyncIterator[Notification]) -> list[Notification]:
     return [note async for note in stream]
 
 
+async def test_a_batch_makes_only_its_ephemeral_puts_ephemeral(open_session: OpenSession) -> None:
+    first = await open_session()
+    # One partition key: on Oxia all three go to one shard in one WriteRequest.
+    results = await first.write_batch([
+        Put("/c/durable-before", b"", partition_key="p"),
+        Put("/c/ephemeral", b"", partition_key="p", ephemeral=True),
+        Put("/c/durable-after", b"", partition_key="p"),
+    ])
+    assert [r.outcome for r in results] == [Outcome.OK] * 3
+    await first.close()
+    second = await open_session()
+    assert await second.get("/c/ephemeral", partition_key="p") is None
+    assert await second.get("/c/durable-before", partition_key="p") is not None
+    assert await second.get("/c/durable-after", partition_key="p") is not None
+
+
 async def test_ephemeral_index_entries_end_with_the_session(open_session: OpenSession) -> None:
     first = await open_session()
     await first.put("/c/e", b"", partition_key="p", ephemeral=True, secondary_indexes={"n": "1"})

@@ -8,7 +8,8 @@ How the Protocol maps onto Oxia (docs/oxia-client.md):
   delete is ``False`` / ``Outcome.NOT_FOUND``.
 * Sequential puts are ``sequence_key_delta=[1]`` with the partition key; the key comes back in
   ``PutResponse.key``.
-* Ephemeral puts carry the session id of their shard (:mod:`.sessions`).
+* Ephemeral puts carry the session id of their shard (:mod:`.sessions`); no other put does, also in
+  a batch that has both (Oxia would make it ephemeral).
 * ``created_ms``/``modified_ms`` are ``Version.created_timestamp``/``modified_timestamp`` (ms).
 * Every request is bounded by ``request_timeout_s``; running out of it, or any transport failure,
   raises :class:`StoreUnavailableError`.
@@ -209,7 +210,8 @@ class OxiaStore(StoreWrites):
         Raises :class:`StoreUnavailableError` if any of them failed or timed out (the others'
         outcomes are then reported through that error only: unknown)."""
         routed = [(op, self._route(op.key, op.partition_key)) for op in ops]
-        # Sessions first, so that no await separates the submissions below.
+        # Sessions first, so that no await separates the submissions below. They are per shard, but
+        # only an ephemeral put carries one: a durable put with a session id would be ephemeral too.
         sessions: dict[int, int] = {}
         for op, info in routed:
             if isinstance(op, Put) and op.ephemeral and info.shard not in sessions:
@@ -219,7 +221,8 @@ class OxiaStore(StoreWrites):
         for op, info in routed:
             writer = self._writer(info)
             if isinstance(op, Put):
-                futures.append(writer.put(self._put_request(op, sessions.get(info.shard))))
+                session_id = sessions[info.shard] if op.ephemeral else None
+                futures.append(writer.put(self._put_request(op, session_id)))
             else:
                 request = pb.DeleteRequest(key=op.key)
                 if op.expected_version is not None:
