@@ -23,8 +23,9 @@ from tc_server.store.api import (
     StoreUnavailableError,
 )
 from tc_server.store.oxia import OxiaStore, connect
-from tc_server.store.oxia.routing import key_hash
+from tc_server.store.oxia.routing import HASH_SPACE_MAX, ShardInfo, ShardMap, key_hash
 from tc_server.store.oxia.store import children_range, is_child
+from tests.oxia_standin import server as standin
 from tests.oxia_standin.server import StandinOxia, compare_with_slash
 
 # Only a bound so that a broken test fails instead of hanging; nothing asserts on durations.
@@ -271,3 +272,38 @@ def test_children_range_holds_children_under_every_order(prefix: str) -> None:
         else:
             # Hierarchical order leaves out deeper keys and other parents' children.
             assert not in_hierarchical, key
+
+
+async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # CreateSession is answered only after the move (patched before the servers bind their handlers).
+    moved = asyncio.Event()
+    asked: list[int] = []
+    create_session = standin._Servicer.CreateSession
+
+    async def create_after_the_move(self, request, context):  # type: ignore[no-untyped-def]
+        asked.append(request.shard)
+        await moved.wait()
+        return await create_session(self, request, context)
+
+    monkeypatch.setattr(standin._Servicer, "CreateSession", create_after_the_move)
+    old_leader, new_leader = StandinOxia(shards=1), StandinOxia(shards=1)
+    # The new leader takes over shard 0 with its state (Oxia replicates sessions and data).
+    new_leader.shards, new_leader.sessions = old_leader.shards, old_leader.sessions
+    new_leader._session_ids = old_leader._session_ids
+    await old_leader.start()
+    await new_leader.start()
+    store = await connect(old_leader.address)
+    try:
+        put = asyncio.ensure_future(store.put("/c/leader", b"me", ephemeral=True))
+        await eventually(lambda: bool(asked), "the put waits for its session")
+        store._assignments._install(ShardMap([ShardInfo(0, new_leader.address, 0, HASH_SPACE_MAX)]))
+        moved.set()
+        assert (await asyncio.wait_for(put, WAIT)).key == "/c/leader"
+        assert store.writers[0].leader == new_leader.address
+        await store.put("/c/after", b"")
+        assert (old_leader.write_requests, new_leader.write_requests) == (0, 2)
+    finally:
+        await store.close()
+        await new_leader.stop()
+        await old_leader.stop()

@@ -149,11 +149,15 @@ class OxiaStore(StoreWrites):
             return [self._route(partition_key, partition_key)]
         return self._assignments.current.shards
 
-    def _writer(self, info: ShardInfo) -> ShardWriter:
-        writer = self._writers.get(info.shard)
+    def _writer(self, shard: int) -> ShardWriter:
+        """The writer of ``shard`` on its current leader. It takes the shard, not a routed
+        :class:`ShardInfo`: one routed before an await (a session being created) may name a leader
+        that has moved meanwhile, and a writer made for it would stay, since :meth:`_on_assignments`
+        only drops writers that exist when the leader moves."""
+        writer = self._writers.get(shard)
         if writer is None:
-            writer = self._writers[info.shard] = ShardWriter(
-                self._pool, shard=info.shard, leader=info.leader, namespace=self.namespace,
+            writer = self._writers[shard] = ShardWriter(
+                self._pool, shard=shard, leader=self._leader_of(shard), namespace=self.namespace,
                 request_timeout_s=self._timeout, on_offset=self._pump.note_own_offset)
         return writer
 
@@ -217,9 +221,10 @@ class OxiaStore(StoreWrites):
             if isinstance(op, Put) and op.ephemeral and info.shard not in sessions:
                 sessions[info.shard] = await self._sessions.session_for(info.shard)
         self._check_open()
+        # Every writer before any submission: a shard gone meanwhile (split) fails the whole call.
+        writers = [self._writer(info.shard) for _, info in routed]
         futures = []
-        for op, info in routed:
-            writer = self._writer(info)
+        for (op, info), writer in zip(routed, writers, strict=True):
             if isinstance(op, Put):
                 session_id = sessions[info.shard] if op.ephemeral else None
                 futures.append(writer.put(self._put_request(op, session_id)))
