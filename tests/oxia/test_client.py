@@ -281,7 +281,7 @@ async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
     asked: list[int] = []
     create_session = standin._Servicer.CreateSession
 
-    async def create_after_the_move(self, request, context):  # type: ignore[no-untyped-def]
+    async def create_after_the_move(self, request, context):
         asked.append(request.shard)
         await moved.wait()
         return await create_session(self, request, context)
@@ -307,3 +307,74 @@ async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
         await store.close()
         await new_leader.stop()
         await old_leader.stop()
+
+
+class OxiaCode:
+    """A custom status code as Oxia's Go server sends it (codes above 16; constant/grpc_errors.go)."""
+
+    def __init__(self, code: int, name: str) -> None:
+        self.value = (code, name)
+        self.name = name
+
+
+async def serve_keepalives(monkeypatch: pytest.MonkeyPatch, answer) -> tuple[StandinOxia, list[int]]:
+    """A stand-in whose KeepAlive is ``answer(context, n)`` on the n-th heartbeat (from 0), the real
+    one when that returns; and the list of heartbeats received."""
+    beats: list[int] = []
+    keep_alive = standin._Servicer.KeepAlive
+
+    async def patched(self, request, context):
+        beats.append(request.session_id)
+        await answer(context, len(beats) - 1)
+        return await keep_alive(self, request, context)
+
+    # Before the server starts: it binds its handlers then.
+    monkeypatch.setattr(standin._Servicer, "KeepAlive", patched)
+    server = StandinOxia(shards=1)
+    await server.start()
+    return server, beats
+
+
+@pytest.mark.parametrize("error", [
+    (OxiaCode(106, "NODE_IS_NOT_LEADER"), "node is not leader for shard 0"),
+    (OxiaCode(104, "ALREADY_CLOSED"), "oxia: resource is already closed"),
+    (OxiaCode(102, "INVALID_STATUS"), "oxia: invalid status"),
+    (grpc.StatusCode.UNAVAILABLE, "stand-in"),
+    (grpc.StatusCode.FAILED_PRECONDITION, "stand-in"),
+], ids=lambda error: error[0].name)
+async def test_a_failed_heartbeat_keeps_the_session(monkeypatch: pytest.MonkeyPatch, error) -> None:
+    async def fail_the_first(context, n):
+        if n == 0:
+            await context.abort(*error)
+
+    server, beats = await serve_keepalives(monkeypatch, fail_the_first)
+    store = await connect(server.address, session_timeout_ms=2000)  # a heartbeat every 0.2 s
+    try:
+        await store.put("/c/leader", b"me", ephemeral=True)
+        await eventually(lambda: len(beats) >= 3, "heartbeats go on after the failed one")
+        assert len(server.sessions) == 1
+        assert await store.get("/c/leader") is not None
+    finally:
+        await store.close()
+        await server.stop()
+
+
+@pytest.mark.parametrize("error", [
+    (grpc.StatusCode.NOT_FOUND, "session not found"),
+    (OxiaCode(108, "SESSION_NOT_FOUND"), "oxia: session not found"),
+], ids=["v0.17", "v0.16"])
+async def test_a_session_the_server_does_not_know_is_forgotten(monkeypatch: pytest.MonkeyPatch, error) -> None:
+    async def not_found(context, n):
+        await context.abort(*error)
+
+    server, beats = await serve_keepalives(monkeypatch, not_found)
+    store = await connect(server.address, session_timeout_ms=2000)
+    try:
+        await store.put("/c/leader", b"me", ephemeral=True)
+        await eventually(lambda: beats and not store._sessions._sessions, "the session is forgotten")
+        # The next ephemeral put starts a new session.
+        await store.put("/c/again", b"", ephemeral=True)
+        assert store._sessions._sessions[0].session_id != beats[0]
+    finally:
+        await store.close()
+        await server.stop()

@@ -5,6 +5,7 @@ put, kept alive every ``timeout / 10`` (the Go client's period, docs/oxia-client
 :meth:`SessionManager.close`, which makes the server delete the session's records. A session the
 server no longer knows (it expired while this process was stalled or partitioned) is forgotten, so
 the next ephemeral put starts a new one; its records are gone, which is what "ephemeral" promises.
+Only that answer forgets a session (:func:`session_not_found`); any other failed heartbeat is retried.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ class _Session:
     shard: int
     session_id: int
     keepalive: asyncio.Task[None] | None = None
+
+
+def session_not_found(error: grpc.aio.AioRpcError) -> bool:
+    """Whether the server answered that it no longer has the session: ``NOT_FOUND`` from v0.17 (and
+    the stand-in); up to v0.16 the custom code 108 "oxia: session not found", which grpc-python
+    reports as ``UNKNOWN`` with the message kept (it maps every code above 16 to ``UNKNOWN``).
+
+    Oxia's other custom codes (106 node is not leader, 104 already closed, 102 invalid status, ...)
+    arrive as ``UNKNOWN`` too, during a leader move, for a session that lives on; the Go client
+    retries every error but session-not-found (``oxia/sessions.go``).
+    """
+    code = error.code()
+    return code is grpc.StatusCode.NOT_FOUND or (
+        code is grpc.StatusCode.UNKNOWN and "session not found" in (error.details() or ""))
 
 
 def default_client_identity() -> str:
@@ -133,13 +148,12 @@ class SessionManager:
                 async with asyncio.timeout(max(period, 0.1)):
                     await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
             except grpc.aio.AioRpcError as e:
-                # The server answers an unknown session with an error status (custom code up to
-                # v0.16, NOT_FOUND-like from v0.17); any answer of that kind means it is gone. A
-                # transport error is retried on the next beat: the session survives until its timeout.
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    grpc.StatusCode.CANCELLED):
+                if session_not_found(e):
                     self.forget(session.shard, session.session_id)
                     return
-                log.info("oxia_session_keepalive_failed", shard=session.shard, error=e.code().name)
+                # Anything else (a leader move's custom codes, a transport error) is retried on the
+                # next beat, as the Go client does: the session survives until its timeout.
+                log.info("oxia_session_keepalive_failed", shard=session.shard,
+                         error=f"{e.code().name}: {e.details()}")
             except (TimeoutError, StoreUnavailableError):
                 log.info("oxia_session_keepalive_timeout", shard=session.shard)
