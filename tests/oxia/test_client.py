@@ -378,3 +378,13 @@ async def test_a_session_the_server_does_not_know_is_forgotten(monkeypatch: pyte
     finally:
         await store.close()
         await server.stop()
+
+
+async def test_a_notification_of_an_unknown_type_is_skipped(store: OxiaStore, oxia: StandinOxia) -> None:
+    stream = store.notifications("/n/")
+    shard = oxia.shard(0)
+    # A type a newer server may send (this client knows 0 to 3).
+    shard._commit(shard.commit_offset + 1, {"/n/new-type": pb.Notification(type=7)})
+    await store.put("/n/after", b"")
+    note = await asyncio.wait_for(anext(stream), WAIT)
+    assert (note.type, note.key) == (NotificationType.CREATED, "/n/after")

@@ -43,13 +43,14 @@ _TYPES = {
 
 def convert(batch: pb.NotificationBatch) -> list[Notification]:
     """The Protocol's notifications for one batch. ``KEY_RANGE_DELETED`` has no equivalent (this
-    client never deletes ranges) and is dropped with a log line."""
+    client never deletes ranges) and is dropped with a log line, as is a type newer than this client."""
     out: list[Notification] = []
     for entry in batch.notifications:
         kind = _TYPES.get(entry.value.type)
         if kind is None:
+            # The number, not the enum's name: a newer server's type has none here.
             log.warning("oxia_notification_ignored", shard=batch.shard, key=entry.key,
-                        type=pb.NotificationType.Name(entry.value.type))
+                        type=entry.value.type)
             continue
         version = entry.value.version_id if entry.value.HasField("version_id") else -1
         out.append(Notification(kind, entry.key, version))
