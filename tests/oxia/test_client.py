@@ -388,3 +388,39 @@ async def test_a_notification_of_an_unknown_type_is_skipped(store: OxiaStore, ox
     await store.put("/n/after", b"")
     note = await asyncio.wait_for(anext(stream), WAIT)
     assert (note.type, note.key) == (NotificationType.CREATED, "/n/after")
+
+
+async def test_an_unexpected_write_status_leaves_the_outcome_unknown(
+        store: OxiaStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    await store.put("/u/d", b"")
+    apply = standin.Shard.apply
+
+    def odd_statuses(self, request, sessions):
+        response = apply(self, request, sessions)
+        for put in response.puts:
+            put.status = 7  # a code this client does not know
+        for delete in response.deletes:
+            delete.status = pb.SESSION_DOES_NOT_EXIST  # not a delete's answer
+        return response
+
+    monkeypatch.setattr(standin.Shard, "apply", odd_statuses)
+    with pytest.raises(StoreUnavailableError, match="status 7"):
+        await store.put("/u/p", b"")
+    with pytest.raises(StoreUnavailableError, match="SESSION_DOES_NOT_EXIST"):
+        await store.delete("/u/d")
+    with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
+        await store.write_batch([Put("/u/q", b""), Delete("/u/d")])
+
+
+async def test_a_get_answered_with_an_unknown_status_fails_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def odd_read(self, request, context):
+        yield pb.ReadResponse(gets=[pb.GetResponse(status=7)])
+
+    monkeypatch.setattr(standin._Servicer, "Read", odd_read)
+    async with standin.serve() as server:
+        store = await connect(server.address)
+        try:
+            with pytest.raises(StoreUnavailableError, match="status 7"):
+                await store.get("/u/k")
+        finally:
+            await store.close()

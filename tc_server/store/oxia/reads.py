@@ -30,6 +30,12 @@ def to_record(key: str, response: pb.GetResponse) -> Record:
     )
 
 
+def status_name(status: int) -> str:
+    """The name of an Oxia ``Status``, or its number when this client does not know it (a newer
+    server's: ``Status.Name`` would raise)."""
+    return pb.Status.Name(status) if status in pb.Status.values() else f"status {status}"
+
+
 def unavailable(what: str, error: BaseException) -> StoreUnavailableError:
     """The typed error for a failed or timed-out RPC."""
     if isinstance(error, grpc.aio.AioRpcError):
@@ -55,7 +61,7 @@ async def get(stub: pb_grpc.OxiaClientStub, shard: int, key: str, timeout_s: flo
                             return None
                         if got.status != pb.OK:
                             raise StoreUnavailableError(
-                                f"get {key!r} on shard {shard}: status {pb.Status.Name(got.status)}")
+                                f"get {key!r} on shard {shard}: {status_name(got.status)}")
                         return to_record(key, got)
             finally:
                 call.cancel()

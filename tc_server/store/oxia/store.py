@@ -5,7 +5,8 @@ How the Protocol maps onto Oxia (docs/oxia-client.md):
 * ``expected_version=EXPECT_ABSENT`` is Oxia's ``expected_version_id = -1``. ``UNEXPECTED_VERSION_ID``
   (also what Oxia answers for a version on a missing key) becomes :class:`BadVersionError` for single
   operations and ``Outcome.BAD_VERSION`` in :meth:`OxiaStore.write_batch`; ``KEY_NOT_FOUND`` on a
-  delete is ``False`` / ``Outcome.NOT_FOUND``.
+  delete is ``False`` / ``Outcome.NOT_FOUND``. Any other status leaves the outcome unknown:
+  :class:`StoreUnavailableError` naming it.
 * Sequential puts are ``sequence_key_delta=[1]`` with the partition key; the key comes back in
   ``PutResponse.key``.
 * Ephemeral puts carry the session id of their shard (:mod:`.sessions`); no other put does, also in
@@ -57,6 +58,12 @@ log = structlog.get_logger(__name__)
 
 # Above every character a key can continue with (see the module docstring).
 _MAX_CHAR = "\U0010ffff"
+
+
+# The answers a put and a delete can have. Any other status (an unknown code, SESSION_DOES_NOT_EXIST on
+# a delete) says nothing about what the server did: StoreUnavailableError, not a failed condition.
+_PUT_STATUSES = frozenset({pb.OK, pb.UNEXPECTED_VERSION_ID})
+_DELETE_STATUSES = frozenset({pb.OK, pb.KEY_NOT_FOUND, pb.UNEXPECTED_VERSION_ID})
 
 
 def children_range(prefix: str) -> tuple[str, str]:
@@ -198,21 +205,22 @@ class OxiaStore(StoreWrites):
                 if response.status == pb.OK:
                     record = self._record(op, response)
                     results.append(WriteResult(Outcome.OK, record.key, record.version))
-                else:
+                else:  # UNEXPECTED_VERSION_ID: _send raised for any other status
                     results.append(WriteResult(Outcome.BAD_VERSION, op.key))
             elif response.status == pb.OK:
                 results.append(WriteResult(Outcome.OK, op.key))
             elif response.status == pb.KEY_NOT_FOUND:
                 results.append(WriteResult(Outcome.NOT_FOUND, op.key))
-            else:
+            else:  # UNEXPECTED_VERSION_ID
                 results.append(WriteResult(Outcome.BAD_VERSION, op.key))
         return results
 
     async def _send(self, ops: Sequence[Put | Delete]) -> list[pb.PutResponse | pb.DeleteResponse]:
         """Route, submit all (one event-loop step, so they batch together), then wait for all.
 
-        Raises :class:`StoreUnavailableError` if any of them failed or timed out (the others'
-        outcomes are then reported through that error only: unknown)."""
+        Raises :class:`StoreUnavailableError` if any of them failed, timed out or was answered with
+        a status other than those in ``_PUT_STATUSES`` / ``_DELETE_STATUSES`` (the others' outcomes
+        are then reported through that error only: unknown)."""
         routed = [(op, self._route(op.key, op.partition_key)) for op in ops]
         # Sessions first, so that no await separates the submissions below. They are per shard, but
         # only an ephemeral put carries one: a durable put with a session id would be ephemeral too.
@@ -250,6 +258,10 @@ class OxiaStore(StoreWrites):
             if isinstance(result, pb.PutResponse) and result.status == pb.SESSION_DOES_NOT_EXIST:
                 self._sessions.forget(info.shard, sessions.get(info.shard, -1))
                 raise StoreUnavailableError(f"shard {info.shard}: the session expired; retry")
+            if result.status not in (_PUT_STATUSES if isinstance(op, Put) else _DELETE_STATUSES):
+                raise StoreUnavailableError(
+                    f"shard {info.shard}: {type(op).__name__.lower()} of {op.key!r} answered "
+                    f"{reads.status_name(result.status)}; its outcome is unknown")
             if isinstance(op, Put) and isinstance(result, pb.PutResponse) and result.status == pb.OK:
                 key = result.key if result.HasField("key") else op.key
                 if op.ephemeral:
