@@ -424,3 +424,34 @@ async def test_a_get_answered_with_an_unknown_status_fails_typed(monkeypatch: py
                 await store.get("/u/k")
         finally:
             await store.close()
+
+
+@pytest.mark.parametrize("gone", ["deleted by another client", "with its expired session"])
+async def test_close_does_not_wait_for_an_ephemeral_record_already_gone(
+        oxia: StandinOxia, monkeypatch: pytest.MonkeyPatch, gone: str) -> None:
+    owner = await connect(oxia.address, request_timeout_s=5.0)
+    other = await connect(oxia.address)
+    try:
+        await owner.put("/c/leader", b"", ephemeral=True)
+        stream = owner.notifications("/c/")
+        if gone == "deleted by another client":
+            await other.delete("/c/leader")
+        else:
+            (session_id,) = oxia.sessions
+            oxia.close_session(session_id)
+        deleted = await asyncio.wait_for(anext(stream), WAIT)
+        assert (deleted.type, deleted.key) == (NotificationType.DELETED, "/c/leader")
+        drained: list[bool] = []
+        drain = owner._pump.drain
+
+        async def recorded_drain(timeout_s: float) -> bool:
+            drained.append(await drain(timeout_s))
+            return drained[-1]
+
+        monkeypatch.setattr(owner._pump, "drain", recorded_drain)
+        await owner.close()
+        # False: close() waited its whole request timeout for a deletion that had come already.
+        assert drained == [True]
+    finally:
+        await owner.close()
+        await other.close()

@@ -89,8 +89,12 @@ class NotificationPump:
         self._subscribers: set[OxiaSubscription] = set()
         # Set after every batch, for drain() to re-check its condition.
         self._progress = asyncio.Event()
-        # Keys whose deletion drain() waits for.
-        self._awaited_deletes: set[str] = set()
+        # This client's ephemeral records still in place, key -> (shard, version id of the put), whose
+        # deletion drain() waits for (closing the session deletes them; the client never learns the
+        # commit offset of that). Any later change of the key on its shard, by anyone, ends the entry:
+        # deleted (by a client, or with an expired session) or overwritten, it will not be deleted
+        # with the session any more, and waiting for that would take drain()'s whole timeout.
+        self._own_ephemeral: dict[str, tuple[int, int]] = {}
         # Counted for tests: how many times a shard's stream was (re)opened with a start offset.
         self.resumed_from: list[tuple[int, int]] = []
 
@@ -131,18 +135,17 @@ class NotificationPump:
     def has_subscribers(self) -> bool:
         return bool(self._subscribers)
 
-    def expect_deletes(self, keys: set[str]) -> None:
-        """Make :meth:`drain` also wait for the deletion of ``keys`` (the ephemeral records of a
-        session about to close, whose commit offset the client never learns). Called before the
-        session is closed, so that a deletion arriving at once is not missed."""
-        self._awaited_deletes = set(keys)
+    def note_own_ephemeral(self, shard: int, key: str, version: int) -> None:
+        """Record an ephemeral put of this client, for :meth:`drain` to wait for its deletion."""
+        self._own_ephemeral[key] = (shard, version)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Wait until every shard's stream has passed this client's own last put and the deletions
-        named by :meth:`expect_deletes` were seen. False if that took longer than ``timeout_s``."""
+        """Wait until every shard's stream has passed this client's own last put and the deletion of
+        its ephemeral records (:meth:`note_own_ephemeral`) was seen. False if that took longer than
+        ``timeout_s``."""
 
         def caught_up() -> bool:
-            return not self._awaited_deletes and all(
+            return not self._own_ephemeral and all(
                 self._offsets.get(shard, -1) >= offset for shard, offset in self._own_offsets.items())
 
         try:
@@ -151,10 +154,8 @@ class NotificationPump:
                     self._progress.clear()
                     await self._progress.wait()
         except TimeoutError:
-            log.warning("oxia_notifications_drain_timeout", missing_deletes=len(self._awaited_deletes))
+            log.warning("oxia_notifications_drain_timeout", missing_deletes=len(self._own_ephemeral))
             return False
-        finally:
-            self._awaited_deletes = set()
         return True
 
     async def close(self) -> None:
@@ -166,6 +167,14 @@ class NotificationPump:
         await asyncio.gather(*tasks, return_exceptions=True)
         for sub in list(self._subscribers):
             sub.end(None)
+
+    def _end_own_ephemeral(self, shard: int, offset: int, items: list[Notification]) -> None:
+        """Drop the own ephemeral records that ``items`` (committed at ``offset``) changed. The put's
+        own notification (at its version) and older ones, still arriving, do not count."""
+        for note in items:
+            owned = self._own_ephemeral.get(note.key)
+            if owned is not None and owned[0] == shard and offset > owned[1]:
+                del self._own_ephemeral[note.key]
 
     async def _run(self, shard: int) -> None:
         backoff = Backoff()
@@ -189,9 +198,8 @@ class NotificationPump:
                     if items:
                         for sub in list(self._subscribers):
                             sub._push(shard, batch.offset, items)
-                        if self._awaited_deletes:
-                            self._awaited_deletes.difference_update(
-                                n.key for n in items if n.type is NotificationType.DELETED)
+                        if self._own_ephemeral:
+                            self._end_own_ephemeral(shard, batch.offset, items)
                     self._progress.set()
                 error = "stream ended"
             except grpc.aio.AioRpcError as e:

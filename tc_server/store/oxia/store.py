@@ -104,9 +104,6 @@ class OxiaStore(StoreWrites):
         self._pump = NotificationPump(self._pool, lambda: self._assignments.current)
         self._writers: dict[int, ShardWriter] = {}
         self._closing: set[asyncio.Task[None]] = set()  # writers of shards whose leader moved
-        # Ephemeral keys this session wrote and still owns, so that close() can wait for the
-        # notifications of their deletion (the Protocol: a closing stream ends after them).
-        self._ephemeral: set[str] = set()
         self._closed = False
 
     async def _start(self) -> None:
@@ -262,14 +259,12 @@ class OxiaStore(StoreWrites):
                 raise StoreUnavailableError(
                     f"shard {info.shard}: {type(op).__name__.lower()} of {op.key!r} answered "
                     f"{reads.status_name(result.status)}; its outcome is unknown")
-            if isinstance(op, Put) and isinstance(result, pb.PutResponse) and result.status == pb.OK:
+            if isinstance(op, Put) and op.ephemeral and isinstance(result, pb.PutResponse) and result.status == pb.OK:
+                # So that close() can wait for the notification of its deletion (the Protocol: a
+                # closing stream ends after it). A later delete or durable put ends that by its own
+                # notification, like anyone else's.
                 key = result.key if result.HasField("key") else op.key
-                if op.ephemeral:
-                    self._ephemeral.add(key)
-                else:
-                    self._ephemeral.discard(key)
-            elif isinstance(op, Delete) and result.status == pb.OK:
-                self._ephemeral.discard(op.key)
+                self._pump.note_own_ephemeral(info.shard, key, result.version.version_id)
             out.append(result)
         return out
 
@@ -340,11 +335,8 @@ class OxiaStore(StoreWrites):
         if self._closed:
             return
         self._closed = True
-        draining = self._pump.has_subscribers
-        if draining:
-            self._pump.expect_deletes(self._ephemeral)
         await self._sessions.close()
-        if draining:
+        if self._pump.has_subscribers:
             await self._pump.drain(self._timeout)
         for writer in list(self._writers.values()):
             await writer.close()
