@@ -455,3 +455,25 @@ async def test_close_does_not_wait_for_an_ephemeral_record_already_gone(
     finally:
         await owner.close()
         await other.close()
+
+
+async def test_a_scanned_record_with_an_error_status_fails_the_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def odd_scan(self, request, context):
+        response = pb.RangeScanResponse()
+        response.records.add(status=pb.OK, key="/s/a", value=b"")
+        # Deleted between its index entry and its read: skipped.
+        response.records.add(status=pb.KEY_NOT_FOUND, key="/s/gone")
+        response.records.add(status=7, key="/s/b")
+        yield response
+
+    monkeypatch.setattr(standin._Servicer, "RangeScan", odd_scan)
+    async with standin.serve() as server:
+        store = await connect(server.address)
+        try:
+            scanned: list[str] = []
+            with pytest.raises(StoreUnavailableError, match="'/s/b': status 7"):
+                async for record in store.scan_prefix("/s/"):
+                    scanned.append(record.key)
+            assert scanned == ["/s/a"]
+        finally:
+            await store.close()
