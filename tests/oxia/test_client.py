@@ -477,3 +477,19 @@ async def test_a_scanned_record_with_an_error_status_fails_the_scan(monkeypatch:
             assert scanned == ["/s/a"]
         finally:
             await store.close()
+
+
+async def test_a_sequential_put_answered_without_its_key_fails(
+        store: OxiaStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply = standin.Shard.apply
+
+    def without_keys(self, request, sessions):
+        response = apply(self, request, sessions)
+        for put in response.puts:
+            put.ClearField("key")
+        return response
+
+    monkeypatch.setattr(standin.Shard, "apply", without_keys)
+    # Not the prefix as if it were the record's key.
+    with pytest.raises(StoreUnavailableError, match="without its key"):
+        await store.put_sequential("/q/s", b"", partition_key="q")

@@ -8,7 +8,7 @@ How the Protocol maps onto Oxia (docs/oxia-client.md):
   delete is ``False`` / ``Outcome.NOT_FOUND``. Any other status leaves the outcome unknown:
   :class:`StoreUnavailableError` naming it.
 * Sequential puts are ``sequence_key_delta=[1]`` with the partition key; the key comes back in
-  ``PutResponse.key``.
+  ``PutResponse.key`` (an answer without it raises :class:`StoreUnavailableError`).
 * Ephemeral puts carry the session id of their shard (:mod:`.sessions`); no other put does, also in
   a batch that has both (Oxia would make it ephemeral).
 * ``created_ms``/``modified_ms`` are ``Version.created_timestamp``/``modified_timestamp`` (ms).
@@ -259,6 +259,10 @@ class OxiaStore(StoreWrites):
                 raise StoreUnavailableError(
                     f"shard {info.shard}: {type(op).__name__.lower()} of {op.key!r} answered "
                     f"{reads.status_name(result.status)}; its outcome is unknown")
+            if isinstance(op, Put) and op.sequential and result.status == pb.OK and not result.HasField("key"):
+                # Applied, but under a key only the server knows: the prefix is not the record's key.
+                raise StoreUnavailableError(
+                    f"shard {info.shard}: sequential put under {op.key!r} was answered without its key")
             if isinstance(op, Put) and op.ephemeral and isinstance(result, pb.PutResponse) and result.status == pb.OK:
                 # So that close() can wait for the notification of its deletion (the Protocol: a
                 # closing stream ends after it). A later delete or durable put ends that by its own
