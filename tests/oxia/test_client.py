@@ -493,3 +493,16 @@ async def test_a_sequential_put_answered_without_its_key_fails(
     # Not the prefix as if it were the record's key.
     with pytest.raises(StoreUnavailableError, match="without its key"):
         await store.put_sequential("/q/s", b"", partition_key="q")
+
+
+@pytest.mark.parametrize("bad", [Put("/h/bad", "not bytes"), Delete("/h/\ud800")],
+                         ids=["a value that is not bytes", "a key with a lone surrogate"])
+async def test_a_batch_with_an_operation_that_cannot_be_encoded_sends_nothing(
+        store: OxiaStore, oxia: StandinOxia, bad: Put | Delete) -> None:
+    before = oxia.write_requests
+    with pytest.raises(InvalidOperationError):
+        await store.write_batch([Put("/h/ok", b""), bad])
+    # Behind anything the failed call left queued on the shard's writer.
+    await store.put("/h/after", b"")
+    assert await store.get("/h/ok") is None
+    assert oxia.write_requests == before + 1

@@ -36,6 +36,7 @@ import structlog
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server.store.api import (
     Delete,
+    InvalidOperationError,
     Outcome,
     Put,
     Record,
@@ -213,33 +214,29 @@ class OxiaStore(StoreWrites):
         return results
 
     async def _send(self, ops: Sequence[Put | Delete]) -> list[pb.PutResponse | pb.DeleteResponse]:
-        """Route, submit all (one event-loop step, so they batch together), then wait for all.
+        """Encode, route, submit all (one event-loop step, so they batch together), then wait for all.
 
         Raises :class:`StoreUnavailableError` if any of them failed, timed out or was answered with
         a status other than those in ``_PUT_STATUSES`` / ``_DELETE_STATUSES`` (the others' outcomes
         are then reported through that error only: unknown)."""
+        # Every request is encoded before anything is queued: one that cannot be would otherwise
+        # leave the operations before it sent.
+        requests = [self._request(op) for op in ops]
         routed = [(op, self._route(op.key, op.partition_key)) for op in ops]
         # Sessions first, so that no await separates the submissions below. They are per shard, but
         # only an ephemeral put carries one: a durable put with a session id would be ephemeral too.
         sessions: dict[int, int] = {}
-        for op, info in routed:
-            if isinstance(op, Put) and op.ephemeral and info.shard not in sessions:
-                sessions[info.shard] = await self._sessions.session_for(info.shard)
+        for (op, info), request in zip(routed, requests, strict=True):
+            if isinstance(op, Put) and op.ephemeral and isinstance(request, pb.PutRequest):
+                if info.shard not in sessions:
+                    sessions[info.shard] = await self._sessions.session_for(info.shard)
+                request.session_id = sessions[info.shard]
+                request.client_identity = self._sessions.client_identity
         self._check_open()
         # Every writer before any submission: a shard gone meanwhile (split) fails the whole call.
         writers = [self._writer(info.shard) for _, info in routed]
-        futures = []
-        for (op, info), writer in zip(routed, writers, strict=True):
-            if isinstance(op, Put):
-                session_id = sessions[info.shard] if op.ephemeral else None
-                futures.append(writer.put(self._put_request(op, session_id)))
-            else:
-                request = pb.DeleteRequest(key=op.key)
-                if op.expected_version is not None:
-                    request.expected_version_id = op.expected_version
-                if op.partition_key is not None:
-                    request.partition_key = op.partition_key
-                futures.append(writer.delete(request))
+        futures = [writer.put(request) if isinstance(request, pb.PutRequest) else writer.delete(request)
+                   for writer, request in zip(writers, requests, strict=True)]
         try:
             async with asyncio.timeout(self._timeout):
                 done = await asyncio.gather(*futures, return_exceptions=True)
@@ -272,20 +269,31 @@ class OxiaStore(StoreWrites):
             out.append(result)
         return out
 
-    def _put_request(self, op: Put, session_id: int | None) -> pb.PutRequest:
-        request = pb.PutRequest(key=op.key, value=op.value)
-        if op.expected_version is not None:
-            request.expected_version_id = op.expected_version
-        if op.partition_key is not None:
-            request.partition_key = op.partition_key
-        if op.sequential:
-            request.sequence_key_delta.append(1)
-        if session_id is not None:
-            request.session_id = session_id
-            request.client_identity = self._sessions.client_identity
-        for name, secondary in op.secondary_indexes.items():
-            request.secondary_indexes.add(index_name=name, secondary_key=secondary)
-        return request
+    @staticmethod
+    def _request(op: Put | Delete) -> pb.PutRequest | pb.DeleteRequest:
+        """The request of ``op``, without a session (:meth:`_send` adds it). Raises
+        :class:`InvalidOperationError` for what protobuf cannot encode (a value that is not bytes,
+        a key with a lone surrogate)."""
+        try:
+            if isinstance(op, Delete):
+                delete = pb.DeleteRequest(key=op.key)
+                if op.expected_version is not None:
+                    delete.expected_version_id = op.expected_version
+                if op.partition_key is not None:
+                    delete.partition_key = op.partition_key
+                return delete
+            put = pb.PutRequest(key=op.key, value=op.value)
+            if op.expected_version is not None:
+                put.expected_version_id = op.expected_version
+            if op.partition_key is not None:
+                put.partition_key = op.partition_key
+            if op.sequential:
+                put.sequence_key_delta.append(1)
+            for name, secondary in op.secondary_indexes.items():
+                put.secondary_indexes.add(index_name=name, secondary_key=secondary)
+            return put
+        except (TypeError, ValueError) as e:
+            raise InvalidOperationError(f"{type(op).__name__} of {op.key!r} cannot be encoded: {e}") from e
 
     @staticmethod
     def _record(op: Put, response: pb.PutResponse) -> Record:
