@@ -9,8 +9,9 @@ chosen to keep concurrent activity from looking like a violation:
 
 * ops before headers: a participant writes an op only while its txn's header exists, and GC deletes a
   header only after its ops are gone, so an op seen first finds its header in the later scan (no
-  false ``orphan_ops``); participant records before headers for the same reason (GC keeps a header
-  while they remain, docs/participants.md);
+  false ``orphan_ops``, but for one race: the op deleted right after it was read and its header then
+  collected by GC before the headers scan, docs/audit.md); participant records before headers for the
+  same reason (GC keeps a header while they remain, docs/participants.md);
 * tc-seq last: ``next`` only grows and an id is handed out only after its block was reserved, so every
   header seen earlier is below the ``next`` read later (no false ``id_reuse_risk``);
 * ``taken_at_ms`` is the time the export *started*: a txn found overdue or past retention against
