@@ -64,7 +64,6 @@ async def follow_lookup(
     *,
     use_tls: bool,
     request_id_for: Callable[[PulsarConnection], int] | None = None,
-    client_frame: bytes | None = None,
 ) -> tuple[Command, bytes]:
     """Send LOOKUP on ``conn`` and follow REDIRECT answers to the brokers they name (at most
     MAX_LOOKUP_REDIRECTS, as a client does). Returns the last answer and its frame: CONNECT, FAILED,
@@ -73,17 +72,15 @@ async def follow_lookup(
     The one implementation of following lookups: client lookups forwarded by :class:`ForwardingSession`
     (the client's request id on the client's own connections) and tc-server's own lookups for
     delivering decisions (``request_id_for``: a fresh id on each pooled connection).
-    ``client_frame``, the client's own LOOKUP frame, goes to the first broker as it is: it carries fields
-    our Lookup does not model (advertised_listener_name, properties), and a re-encoded request would get
-    the default listener's URL for a client that asked for another. Redirects are re-encoded.
+    Every broker gets ``cmd`` with only ``request_id`` and ``authoritative`` changed: the client's
+    advertised_listener_name and properties go to the broker a redirect names as much as to the first
+    (without them it answers with the default listener's URL).
     Raises ClientError (ConnectionFailed, ConnectionClosed, HandshakeRefused)."""
     request = cmd
     for _ in range(MAX_LOOKUP_REDIRECTS + 1):
         if request_id_for is not None:
             request = replace(request, request_id=request_id_for(conn))
-        data = client_frame if client_frame is not None else encode_command(request)
-        client_frame = None  # the client's own frame serves the first broker only
-        answer, frame = await conn.request_frame(data, request.request_id)
+        answer, frame = await conn.request_frame(encode_command(request), request.request_id)
         if not isinstance(answer, LookupResponse) or answer.response is not LookupType.REDIRECT:
             return answer, frame
         target = answer.broker_service_url_tls if use_tls else answer.broker_service_url
@@ -187,7 +184,7 @@ class ForwardingSession:
                     (await self._primary_connection()).send_raw(frame)
                     return
                 if isinstance(cmd, Lookup):
-                    answer = await self._lookup(cmd, frame)
+                    answer = await self._lookup(cmd)
                 else:
                     _, answer = await (await self._primary_connection()).request_frame(frame, request_id)
         except (ClientError, TimeoutError) as exc:
@@ -203,12 +200,11 @@ class ForwardingSession:
             self._upstream.metrics.forwarded_total.labels(name, outcome).inc()
         self._reply(answer)
 
-    async def _lookup(self, cmd: Lookup, client_frame: bytes) -> bytes:
+    async def _lookup(self, cmd: Lookup) -> bytes:
         """LOOKUP, following redirects here (the client may not reach the broker a redirect names; a
         Pulsar proxy does the same), and answering in the configured connection mode."""
         answer, frame = await follow_lookup(await self._primary_connection(), cmd, self._connection_to,
-                                            use_tls=self._upstream.ssl_context is not None,
-                                            client_frame=client_frame)
+                                            use_tls=self._upstream.ssl_context is not None)
         if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
             return frame
         self._upstream.note_brokers(answer.broker_service_url, answer.broker_service_url_tls)

@@ -191,11 +191,15 @@ class PartitionedMetadataResponse:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """LOOKUP (23)."""
+    """LOOKUP (23). ``advertised_listener_name`` and ``properties`` are the client's (Java's
+    ``listenerName`` and ``lookupProperties``): a forwarded lookup must reach every broker it is
+    redirected to with them, or the answer names the default listener's URL."""
 
     topic: str
     request_id: int
     authoritative: bool = False
+    advertised_listener_name: str | None = None
+    properties: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

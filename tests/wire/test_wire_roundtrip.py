@@ -86,6 +86,7 @@ CASES: list[Command] = [
     PartitionedMetadataResponse(2, error=ServerError.ServiceNotReady, message="not yet"),
     Lookup("persistent://pulsar/system/transaction_coordinator_assign-partition-3", 4),
     Lookup("persistent://t/n/x", 5, authoritative=True),
+    Lookup("persistent://t/n/x", 6, advertised_listener_name="external", properties=(("region", "eu"), ("a", ""))),
     LookupResponse(4, LookupType.CONNECT, "pulsar://tc:6650"),
     LookupResponse(
         4,

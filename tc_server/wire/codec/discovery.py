@@ -71,7 +71,8 @@ def _decode_lookup(base: pb.BaseCommand) -> Command:
     request_id = checked_request_id(m, _Base.LOOKUP)
     if not m.HasField("topic"):
         raise missing(_Base.LOOKUP, "topic", request_id)
-    return Lookup(text(m.topic), request_id, m.authoritative)
+    return Lookup(text(m.topic), request_id, m.authoritative, opt_text(m, "advertised_listener_name"),
+                  tuple((text(p.key), text(p.value)) for p in m.properties))
 
 
 def _decode_lookup_response(base: pb.BaseCommand) -> Command:
@@ -188,6 +189,10 @@ def _encode_lookup(c: Lookup) -> pb.BaseCommand:
     m.topic = c.topic
     m.request_id = wire_request_id(c.request_id)
     m.authoritative = c.authoritative
+    if c.advertised_listener_name is not None:
+        m.advertised_listener_name = c.advertised_listener_name
+    for key, value in c.properties:
+        m.properties.add(key=key, value=value)
     return base
 
 

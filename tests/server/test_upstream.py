@@ -1,0 +1,154 @@
+"""The front door (tc_server/server/upstream.py) against broker stand-ins: what tc-server does with
+answers and failures a real broker cannot produce on cue (a REDIRECT to a chosen broker, a URL that
+does not parse, a broker that stops answering or reading).
+
+The stand-ins are in-process servers on real sockets speaking the Pulsar framing, so tc-server's own
+connections, timeouts and socket buffers are the ones under test. The real broker's side of the front
+door is tests/e2e/test_front_door.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+from tc_server._proto import pulsar_tc_pb2 as pb
+from tc_server.app import App, start_app
+from tc_server.client import TcClient, connect
+from tc_server.config import Settings
+from tc_server.wire import (
+    Connect,
+    Connected,
+    FrameDecoder,
+    Lookup,
+    LookupResponse,
+    LookupType,
+    Ping,
+    Pong,
+    decode_command,
+    encode_command,
+    encode_frame,
+)
+
+TOPIC = "persistent://public/default/orders"
+
+LookupAnswer = Callable[[Lookup], LookupResponse | None]
+
+
+class StandInBroker:
+    """Answers CONNECT with CONNECTED (after ``connect_delay_s``), PING with PONG, and each LOOKUP with
+    ``answer(lookup)`` after ``lookup_delay_s`` (None: never). ``lookup_frames`` holds every LOOKUP's
+    BaseCommand bytes as they arrived. ``answers = False``: after CONNECTED it answers nothing (a hung
+    broker); ``reads = False``: after CONNECTED it reads nothing either (a broker whose process stopped)."""
+
+    def __init__(self, answer: LookupAnswer | None = None, *, connect_delay_s: float = 0.0,
+                 lookup_delay_s: float = 0.0, answers: bool = True, reads: bool = True) -> None:
+        self.answer = answer
+        self.connect_delay_s = connect_delay_s
+        self.lookup_delay_s = lookup_delay_s
+        self.answers = answers
+        self.reads = reads
+        self.lookup_frames: list[bytes] = []
+        self.open: set[asyncio.StreamWriter] = set()
+        self.connections_total = 0
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    async def start(self) -> StandInBroker:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        for writer in self.open:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open.add(writer)
+        self.connections_total += 1
+        decoder = FrameDecoder()
+        try:
+            while data := await reader.read(65536):
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    await self._on_frame(frame, writer)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.open.discard(writer)
+            writer.close()
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        command = decode_command(frame)
+        if isinstance(command, Connect):
+            await asyncio.sleep(self.connect_delay_s)
+            writer.write(encode_command(Connected("stand-in", 21)))
+            if not self.reads:
+                await asyncio.Event().wait()
+        elif not self.answers:
+            return
+        elif isinstance(command, Ping):
+            writer.write(encode_command(Pong()))
+        elif isinstance(command, Lookup):
+            self.lookup_frames.append(frame)
+            await asyncio.sleep(self.lookup_delay_s)
+            answer = self.answer(command) if self.answer is not None else None
+            if answer is not None:
+                writer.write(encode_command(answer))
+
+
+def connect_to(url: str) -> LookupAnswer:
+    return lambda lookup: LookupResponse(lookup.request_id, LookupType.CONNECT, broker_service_url=url)
+
+
+def redirect_to(url: str) -> LookupAnswer:
+    return lambda lookup: LookupResponse(lookup.request_id, LookupType.REDIRECT, broker_service_url=url)
+
+
+@asynccontextmanager
+async def front_door(settings: Settings, upstream: list[StandInBroker], others: tuple[StandInBroker, ...] = (),
+                     request_timeout_s: float = 2.0) -> AsyncIterator[tuple[App, TcClient]]:
+    """A tc-server whose --upstream-url names the ``upstream`` brokers (in this order), ``others`` started
+    too (brokers that only answers name), and a client of it; all stopped after."""
+    brokers = [*upstream, *others]
+    for broker in brokers:
+        await broker.start()
+    app = await start_app(replace(settings, upstream_url=",".join(b.url for b in upstream),
+                                  request_timeout_s=request_timeout_s))
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        yield app, client
+    finally:
+        client.close()
+        await app.stop()
+        for broker in brokers:
+            broker.stop()
+
+
+async def test_a_followed_redirect_keeps_the_clients_listener_name_and_properties(settings):
+    # The broker a REDIRECT names must see the client's advertised_listener_name and properties as much
+    # as the first: without them it answers with the default listener's URL, which a client that asked
+    # for another listener may not reach. Before, redirects were re-encoded without both fields.
+    target = StandInBroker(connect_to("pulsar://internal:6650"))
+    first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup))
+    async with front_door(settings, [first], (target,)) as (_, client):
+        request_id = client.next_request_id()
+        base = pb.BaseCommand(type=pb.BaseCommand.LOOKUP)
+        base.lookupTopic.topic = TOPIC
+        base.lookupTopic.request_id = request_id
+        base.lookupTopic.advertised_listener_name = "external"
+        base.lookupTopic.properties.add(key="region", value="eu")
+        answer, _ = await client.request_frame(encode_frame(base.SerializeToString()), request_id, 5)
+        assert isinstance(answer, LookupResponse) and answer.response is LookupType.CONNECT, answer
+        seen = [pb.BaseCommand.FromString(frame).lookupTopic for frame in first.lookup_frames + target.lookup_frames]
+        assert [(m.advertised_listener_name, [(p.key, p.value) for p in m.properties]) for m in seen] == [
+            ("external", [("region", "eu")])] * 2
+        assert [m.request_id for m in seen] == [request_id] * 2
