@@ -67,7 +67,8 @@ async def follow_lookup(
 ) -> tuple[Command, bytes]:
     """Send LOOKUP on ``conn`` and follow REDIRECT answers to the brokers they name (at most
     MAX_LOOKUP_REDIRECTS, as a client does). Returns the last answer and its frame: CONNECT, FAILED,
-    an ERROR, a REDIRECT without a URL to follow, or a FAILED of our own past the limit.
+    an ERROR, a REDIRECT without a URL to follow, or a FAILED of our own past the limit or for an answer
+    naming a broker URL that does not parse.
 
     The one implementation of following lookups: client lookups forwarded by :class:`ForwardingSession`
     (the client's request id on the client's own connections) and tc-server's own lookups for
@@ -81,15 +82,31 @@ async def follow_lookup(
         if request_id_for is not None:
             request = replace(request, request_id=request_id_for(conn))
         answer, frame = await conn.request_frame(encode_command(request), request.request_id)
-        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.REDIRECT:
+        if not isinstance(answer, LookupResponse) or answer.response is LookupType.FAILED:
+            return answer, frame
+        # Neither tc-server nor the client could connect to a URL that does not parse: the lookup has
+        # failed, and the client is told why rather than left without an answer.
+        for url in (answer.broker_service_url, answer.broker_service_url_tls):
+            try:
+                if url:
+                    Endpoint.parse(url)
+            except ValueError as exc:
+                return _failed_lookup(cmd, ServerError.MetadataError,
+                                      f"{cmd.topic}: the broker's lookup answer names a broker URL that does "
+                                      f"not parse: {exc}")
+        if answer.response is not LookupType.REDIRECT:
             return answer, frame
         target = answer.broker_service_url_tls if use_tls else answer.broker_service_url
         if not target:
             return answer, frame
         conn = await connection_to(target)
         request = replace(request, authoritative=answer.authoritative)
-    failed = LookupResponse(cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
-                            message=f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} lookup redirects")
+    return _failed_lookup(cmd, ServerError.ServiceNotReady, f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} "
+                                                            "lookup redirects")
+
+
+def _failed_lookup(cmd: Lookup, error: ServerError, message: str) -> tuple[Command, bytes]:
+    failed = LookupResponse(cmd.request_id, LookupType.FAILED, error=error, message=message)
     return failed, encode_command(failed)
 
 

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
+import pytest
+
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
 from tc_server.client import TcClient, connect
@@ -27,6 +29,7 @@ from tc_server.wire import (
     LookupType,
     Ping,
     Pong,
+    ServerError,
     decode_command,
     encode_command,
     encode_frame,
@@ -152,3 +155,23 @@ async def test_a_followed_redirect_keeps_the_clients_listener_name_and_propertie
         assert [(m.advertised_listener_name, [(p.key, p.value) for p in m.properties]) for m in seen] == [
             ("external", [("region", "eu")])] * 2
         assert [m.request_id for m in seen] == [request_id] * 2
+
+
+@pytest.mark.parametrize("answer", [
+    LookupResponse(0, LookupType.CONNECT, broker_service_url="pulsar://broker-1"),  # no port
+    LookupResponse(0, LookupType.REDIRECT, broker_service_url="http://broker-1:8080"),
+    LookupResponse(0, LookupType.CONNECT, broker_service_url="pulsar://broker-1:6650",
+                   broker_service_url_tls="pulsar+ssl://broker-1:port"),
+], ids=["connect-without-port", "redirect-to-http", "connect-with-a-bad-tls-url"])
+async def test_a_broker_url_that_does_not_parse_fails_the_lookup_with_a_typed_answer(settings, answer):
+    # Before, Endpoint.parse's ValueError escaped the forward: the client got no answer at all and
+    # waited out its own operation timeout.
+    bad_url = answer.broker_service_url_tls or answer.broker_service_url
+    broker = StandInBroker(lambda lookup: replace(answer, request_id=lookup.request_id))
+    async with front_door(settings, [broker]) as (_, client):
+        async with asyncio.timeout(1.0):  # well inside tc-server's request timeout (2 s)
+            failed = await client.lookup(TOPIC)
+        assert failed.response is LookupType.FAILED and failed.error is ServerError.MetadataError, failed
+        assert bad_url in (failed.message or ""), failed
+        # The client's connection and its forwarding go on.
+        assert (await client.lookup(TOPIC)).response is LookupType.FAILED
