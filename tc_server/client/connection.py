@@ -341,7 +341,12 @@ async def open_connection(
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
         raise ConnectionFailed(url, f"cannot connect: {reason}") from None
     conn.url = url
-    await conn.handshake(connect or connect_command(), timeout_s)
+    try:
+        await conn.handshake(connect or connect_command(), timeout_s)
+    except asyncio.CancelledError:
+        # Whoever opened it gave up (its deadline, or it was closed): nobody else holds this connection.
+        conn.close()
+        raise
     return conn
 
 

@@ -23,6 +23,7 @@ import structlog
 
 from tc_server.client import (
     ClientError,
+    ConnectionClosed,
     ConnectionFailed,
     Endpoint,
     HandshakeRefused,
@@ -46,6 +47,10 @@ from tc_server.wire import (
 )
 
 log = structlog.get_logger("tc_server.upstream")
+
+# ForwardingSession's key for its connection to the upstream (whichever of its URLs answered); the
+# brokers that redirects name are keyed by URL.
+PRIMARY = "upstream"
 
 # A client follows at most this many LOOKUP redirects (ClientConfigurationData.maxLookupRedirects).
 MAX_LOOKUP_REDIRECTS = 20
@@ -183,9 +188,11 @@ class ForwardingSession:
         self._connect = replace(client_connect, proxy_to_broker_url=None, original_principal=None,
                                 original_auth_data=None, original_auth_method=None)
         self._reply = reply
-        self._primary: PulsarConnection | None = None
-        self._opening: asyncio.Task[PulsarConnection] | None = None
-        self._by_url: dict[str, PulsarConnection] = {}
+        # Open connections by broker URL, the primary (to whichever upstream URL answered) under
+        # PRIMARY, and the openings under way by the same keys: one at a time per key, however many
+        # forwards wait for it.
+        self._connections: dict[str, PulsarConnection] = {}
+        self._opening: dict[str, asyncio.Task[PulsarConnection]] = {}
         self._closed = False
 
     async def forward(self, cmd: Command, frame: bytes) -> None:
@@ -232,30 +239,34 @@ class ForwardingSession:
         return encode_command(replace(answer, proxy_through_service_url=proxied))
 
     async def _primary_connection(self) -> PulsarConnection:
-        if self._primary is not None and self._primary.is_usable:
-            return self._primary
-        if self._opening is None:
-            self._opening = asyncio.create_task(self._open_primary())
-        return await asyncio.shield(self._opening)
-
-    async def _open_primary(self) -> PulsarConnection:
-        try:
-            conn = await self._upstream.open(self._connect)
-            conn.set_listener(self._unsolicited)
-            conn.auth_data_source = self._client_auth_data
-            if self._closed:
-                conn.close()
-            self._primary = conn
-            return conn
-        finally:
-            self._opening = None
+        return await self._connection(PRIMARY, lambda: self._upstream.open(self._connect))
 
     async def _connection_to(self, url: str) -> PulsarConnection:
-        conn = self._by_url.get(url)
-        if conn is None or not conn.is_usable:
-            conn = await self._upstream.connect_to(url, self._connect)
-            conn.auth_data_source = self._client_auth_data
-            self._by_url[url] = conn
+        return await self._connection(url, lambda: self._upstream.connect_to(url, self._connect))
+
+    async def _connection(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
+        conn = self._connections.get(key)
+        if conn is not None and conn.is_usable:
+            return conn
+        if self._closed:
+            raise ConnectionClosed(key, "the client's connection is closed")
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = asyncio.create_task(self._open(key, open_))
+            # Retrieved here: the forwards that waited may all have given up (their deadline passed).
+            opening.add_done_callback(lambda task: task.cancelled() or task.exception())
+        # Shielded: a forward whose deadline passes stops waiting, but the opening goes on for the
+        # others (and is ended by close(): open_connection closes what it half-opened when cancelled).
+        return await asyncio.shield(opening)
+
+    async def _open(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
+        try:
+            conn = await open_()
+        finally:
+            del self._opening[key]
+        conn.set_listener(self._unsolicited)
+        conn.auth_data_source = self._client_auth_data
+        self._connections[key] = conn
         return conn
 
     def refresh_credentials(self, auth_data: bytes | None) -> None:
@@ -284,9 +295,10 @@ class ForwardingSession:
 
     def close(self) -> None:
         self._closed = True
-        for conn in (self._primary, *self._by_url.values()):
-            if conn is not None:
-                conn.close()
+        for opening in self._opening.values():
+            opening.cancel()
+        for conn in self._connections.values():
+            conn.close()
 
 
 def _error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:

@@ -175,3 +175,52 @@ async def test_a_broker_url_that_does_not_parse_fails_the_lookup_with_a_typed_an
         assert bad_url in (failed.message or ""), failed
         # The client's connection and its forwarding go on.
         assert (await client.lookup(TOPIC)).response is LookupType.FAILED
+
+
+async def eventually(condition: Callable[[], bool], within_s: float) -> bool:
+    """Whether ``condition`` holds within ``within_s`` (polled)."""
+    async with asyncio.timeout(within_s):
+        while not condition():
+            await asyncio.sleep(0.02)
+    return True
+
+
+async def test_concurrent_redirects_to_one_broker_share_one_connection(settings):
+    # Before, each lookup redirected while the connection to the target was still opening opened one
+    # more; only the last stored was closed when the client left, the others stayed open for good.
+    target = StandInBroker(connect_to("pulsar://broker-1:6650"), connect_delay_s=0.3)
+    first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup))
+    async with front_door(settings, [first], (target,)) as (_, client):
+        answers = await asyncio.gather(*(client.lookup(f"{TOPIC}-{i}") for i in range(5)))
+        assert all(a.response is LookupType.CONNECT for a in answers), answers
+        assert target.connections_total == 1
+        client.close()
+        assert await eventually(lambda: not target.open and not first.open, within_s=1.0)
+
+
+async def test_a_connection_still_opening_when_the_client_leaves_is_closed(settings):
+    # Before, the redirect target's connection finished opening after the client had left and was
+    # stored anyway, open for good.
+    target = StandInBroker(connect_to("pulsar://broker-1:6650"), connect_delay_s=1.0)
+    first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup))
+    async with front_door(settings, [first], (target,)) as (_, client):
+        client.send(Lookup(TOPIC, client.next_request_id()))
+        assert await eventually(lambda: target.connections_total == 1, within_s=1.0)
+        client.close()  # while tc-server waits for the target's CONNECTED
+        assert await eventually(lambda: not target.open and not first.open, within_s=3.0)
+
+
+async def test_a_connection_opening_past_a_forwards_deadline_is_kept_for_the_next_and_closed_with_the_client(
+        settings):
+    # The first lookup's deadline (2 s) passes while the redirect target's handshake is under way.
+    # Before, the deadline cancelled that opening and left the half-open connection to itself: neither
+    # closed nor remembered, it stayed open after the client left.
+    target = StandInBroker(connect_to("pulsar://broker-1:6650"), connect_delay_s=1.0)
+    first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup), lookup_delay_s=1.5)
+    async with front_door(settings, [first], (target,), request_timeout_s=2.0) as (_, client):
+        timed_out = await client.lookup(TOPIC)
+        assert timed_out.response is LookupType.FAILED and "did not answer" in (timed_out.message or ""), timed_out
+        assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
+        assert target.connections_total == 1  # the opening went on and served the second lookup
+        client.close()
+        assert await eventually(lambda: not target.open and not first.open, within_s=1.0)
