@@ -252,7 +252,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             max_connections_per_address=settings.max_connections_per_address,
             upstream=Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
                               connection_mode=settings.lookup_connections, metrics=metrics,
-                              ssl_context=forwarding_tls_context(settings))
+                              ssl_context=forwarding_tls_context(settings), keepalive_s=settings.keepalive_s)
             if settings.upstream_urls else None,
             own_addresses=frozenset(
                 host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url),

@@ -53,7 +53,8 @@ HELP = {
                                            "Default 5000: half of one coordinator's default cap, so one role cannot "
                                            "fill a coordinator and starve the others there",
     "id_block_size": "txn ids reserved per store round trip",
-    "keepalive_s": "PING idle clients this often; drop those that do not answer by the next tick",
+    "keepalive_s": "PING idle clients (and the brokers of forwarded requests) this often; drop those that do "
+                   "not answer by the next tick",
     "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",
     "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
     "max_requests_in_flight": "requests in flight on all connections before the server stops reading "

@@ -103,7 +103,7 @@ class PulsarConnection(asyncio.Protocol):
 
     def __init__(self, url: str = "", *, keepalive_s: float | None = None,
                  on_command: CommandListener | None = None, max_frame_size: int = MAX_FRAME_SIZE) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.url = url
         self._decoder = FrameDecoder(max_frame_size)
         self._transport: asyncio.Transport | None = None
@@ -118,6 +118,9 @@ class PulsarConnection(asyncio.Protocol):
         self._on_command = on_command
         self._keepalive_s = keepalive_s
         self._keepalive: asyncio.TimerHandle | None = None
+        # Loop time since when the peer has owed an answer without sending anything; None while it owes
+        # none (see owed_answer_for).
+        self._owed_since: float | None = None
         self._waiting_pong = False
         self._pong_waiters: list[asyncio.Future[Pong]] = []
         self.answer_pings = True
@@ -141,6 +144,8 @@ class PulsarConnection(asyncio.Protocol):
             # The peer's stream cannot be trusted past this point: fail what waits on it.
             log.warning("bad frame from peer; closing", url=self.url, error=str(exc))
             self.close()
+        # The peer is alive as of now: what it still owes, it owes from now on.
+        self._owed_since = self._loop.time() if self._pending else None
 
     def eof_received(self) -> bool | None:
         # The peer closed its sending side; what we queued this turn still goes before asyncio closes.
@@ -255,10 +260,12 @@ class PulsarConnection(asyncio.Protocol):
         Raises ConnectionClosed, RequestTimedOut."""
         if self.closed.done():
             raise ConnectionClosed(self.url, "connection is closed")
-        waiter: asyncio.Future[tuple[Command, bytes]] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[tuple[Command, bytes]] = self._loop.create_future()
         self._pending[request_id] = waiter
         try:
             self.send_raw(frame)
+            if self._owed_since is None:
+                self._owed_since = self._loop.time()
             if timeout_s is None:  # the caller bounds it, if anything does: no Timeout per request (issue 13)
                 return await waiter
             async with asyncio.timeout(timeout_s):
@@ -277,10 +284,30 @@ class PulsarConnection(asyncio.Protocol):
         async with asyncio.timeout(timeout_s):
             return await waiter
 
+    def owed_answer_for(self) -> float:
+        """Seconds the peer has owed an answer without sending anything: since the first request after the
+        last bytes it sent, also when whoever asked has given up waiting. 0.0 when it owes none."""
+        if self._owed_since is None:
+            return 0.0
+        return self._loop.time() - self._owed_since
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes written but not yet taken by the peer's socket (the transport's write buffer)."""
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
+
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._out.flush()  # what was sent before close() still goes
             self._transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Close now, dropping what is unsent, and fail what waits with ConnectionClosed(``reason``): for a
+        peer that stopped answering or reading, which a graceful close would wait on forever (asyncio
+        keeps a closing transport open until its write buffer drains)."""
+        self._fail_all(ConnectionClosed(self.url, reason))
+        if self._transport is not None:
+            self._transport.abort()
 
     def _fail_all(self, error: ClientError) -> None:
         pending, self._pending = self._pending, {}
@@ -298,7 +325,7 @@ class PulsarConnection(asyncio.Protocol):
         """PulsarHandler's tick: no PONG since the last PING → close; else PING again."""
         if self._waiting_pong:
             log.warning("peer did not answer PING; closing", url=self.url)
-            self.close()
+            self.abort(f"no answer to PING within {self._keepalive_s} s")
             return
         self._waiting_pong = True
         try:

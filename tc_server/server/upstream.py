@@ -32,6 +32,7 @@ from tc_server.client import (
     open_connection,
 )
 from tc_server.metrics import Metrics
+from tc_server.server.log_limit import LogLimiter
 from tc_server.wire import (
     Command,
     Connect,
@@ -51,6 +52,11 @@ log = structlog.get_logger("tc_server.upstream")
 # ForwardingSession's key for its connection to the upstream (whichever of its URLs answered); the
 # brokers that redirects name are keyed by URL.
 PRIMARY = "upstream"
+
+# An upstream connection holding more than this that its broker has not read is given up (the broker is
+# not reading; its forwards fail with a typed answer). Three of the largest frames a broker takes
+# (5 MiB + 10 KiB): a broker that reads at all keeps well below it.
+MAX_UNSENT_BYTES = 16 * 1024 * 1024
 
 # A client follows at most this many LOOKUP redirects (ClientConfigurationData.maxLookupRedirects).
 MAX_LOOKUP_REDIRECTS = 20
@@ -121,14 +127,18 @@ class Upstream:
     and the metrics."""
 
     def __init__(self, urls: list[str], *, request_timeout_s: float, connection_mode: str,
-                 metrics: Metrics, ssl_context: ssl.SSLContext | None = None) -> None:
+                 metrics: Metrics, keepalive_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         if not urls:
             raise ValueError("an upstream needs at least one URL")
         self.urls = list(urls)
         self.request_timeout_s = request_timeout_s
+        self.keepalive_s = keepalive_s
         self.connection_mode = connection_mode
         self.ssl_context = ssl_context
         self.metrics = metrics
+        # Failed forwards and given-up connections are logged at most once per kind and second: every
+        # client's requests fail together when a broker is down (tc_server_forwarded_total counts each).
+        self.log_limiter = LogLimiter(interval_s=1.0)
         self._preferred = 0
         # HOST:PORT -> URL of every broker a LOOKUP answer named (and of the upstream itself): clients
         # name the broker in CONNECT's proxy_to_broker_url as HOST:PORT, without a scheme.
@@ -173,9 +183,19 @@ class Upstream:
         assert last is not None
         raise last
 
+    def given_up(self, url: str) -> None:
+        """A connection to upstream ``url`` was given up (its broker stopped answering or reading): the
+        next :meth:`open` tries the other URLs first. A hung broker may still accept connections and
+        answer CONNECT, so "the first that answers" would pick it again."""
+        self.metrics.upstream_up.labels(url).set(0)
+        if self.urls[self._preferred] == url:
+            self._preferred = (self._preferred + 1) % len(self.urls)
+
     async def connect_to(self, url: str, connect: Connect) -> PulsarConnection:
+        # Keep-alive as a client's own connection has it: an idle connection to a broker that stopped
+        # answering is closed by the second tick, not kept for the next request to time out on.
         return await open_connection(url, connect, ssl_context=self.ssl_context,
-                                     timeout_s=self.request_timeout_s, keepalive_s=None)
+                                     timeout_s=self.request_timeout_s, keepalive_s=self.keepalive_s)
 
 
 class ForwardingSession:
@@ -214,8 +234,9 @@ class ForwardingSession:
         except (ClientError, TimeoutError) as exc:
             outcome = type(exc).__name__
             error, message = self._failure(exc)
-            log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
-                     message=message)
+            if (left_out := self._upstream.log_limiter.allow(f"forward {name}:{error.name}")) is not None:
+                log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
+                         message=message, left_out_since_last_line=left_out)
             if request_id is not None:
                 self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
             return
@@ -247,7 +268,10 @@ class ForwardingSession:
     async def _connection(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
         conn = self._connections.get(key)
         if conn is not None and conn.is_usable:
-            return conn
+            stalled = self._stalled(conn)
+            if stalled is None:
+                return conn
+            self._give_up(key, conn, stalled)
         if self._closed:
             raise ConnectionClosed(key, "the client's connection is closed")
         opening = self._opening.get(key)
@@ -268,6 +292,26 @@ class ForwardingSession:
         conn.auth_data_source = self._client_auth_data
         self._connections[key] = conn
         return conn
+
+    def _stalled(self, conn: PulsarConnection) -> str | None:
+        """Why ``conn``'s broker is taken for hung, or None. Timed-out forwards stop waiting but their
+        requests stay sent: without this, every later request would time out on the same connection, and
+        what a broker does not read would pile up in its write buffer for good."""
+        if conn.unsent_bytes > MAX_UNSENT_BYTES:
+            return f"the broker is not reading: {conn.unsent_bytes} bytes wait to be sent"
+        silent_s = conn.owed_answer_for()
+        if silent_s >= self._upstream.request_timeout_s:
+            return f"the broker has owed answers for {silent_s:.1f} s without sending anything"
+        return None
+
+    def _give_up(self, key: str, conn: PulsarConnection, why: str) -> None:
+        # Requests still waiting on it fail now, with a typed answer each (forward's ConnectionClosed).
+        del self._connections[key]
+        conn.abort(f"given up: {why}")
+        if key == PRIMARY:
+            self._upstream.given_up(conn.url)
+        if (left_out := self._upstream.log_limiter.allow("upstream connection given up")) is not None:
+            log.warning("upstream connection given up", url=conn.url, reason=why, left_out_since_last_line=left_out)
 
     def refresh_credentials(self, auth_data: bytes | None) -> None:
         """The client refreshed its credentials with tc-server: connections opened from now on carry
@@ -297,8 +341,10 @@ class ForwardingSession:
         self._closed = True
         for opening in self._opening.values():
             opening.cancel()
+        # Aborted, not closed: no answer can reach the client any more, and a broker that stopped
+        # reading would keep a closing connection open, with its unsent bytes, for good.
         for conn in self._connections.values():
-            conn.close()
+            conn.abort("the client's connection is closed")
 
 
 def _error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:

@@ -15,11 +15,13 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import pytest
+from structlog.testing import capture_logs
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
-from tc_server.client import TcClient, connect
+from tc_server.client import PulsarConnection, TcClient, connect
 from tc_server.config import Settings
+from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
 from tc_server.wire import (
     Connect,
     Connected,
@@ -224,3 +226,70 @@ async def test_a_connection_opening_past_a_forwards_deadline_is_kept_for_the_nex
         assert target.connections_total == 1  # the opening went on and served the second lookup
         client.close()
         assert await eventually(lambda: not target.open and not first.open, within_s=1.0)
+
+
+def sessions(app: App) -> list[ForwardingSession]:
+    return [c._forwarding for c in app.context.connections if c._forwarding is not None]
+
+
+async def test_a_hung_upstream_broker_is_given_up_for_the_next_url(settings):
+    # The first upstream URL answers CONNECT, then nothing (a hung broker); the second is healthy.
+    # Before, the connection whose requests timed out stayed "usable" for good: every forwarded request
+    # of the client timed out, and the second URL was never tried.
+    hung = StandInBroker(answers=False)
+    healthy = StandInBroker(connect_to("pulsar://broker-1:6650"))
+    async with front_door(settings, [hung, healthy], request_timeout_s=1.0) as (app, client):
+        answers = [await client.lookup(TOPIC) for _ in range(4)]
+        assert answers[0].response is LookupType.FAILED and "did not answer" in (answers[0].message or "")
+        # Given up once it has owed an answer for a whole request timeout: at the second lookup or the third.
+        assert [a.response for a in answers[2:]] == [LookupType.CONNECT] * 2, answers
+        assert healthy.connections_total == 1
+        assert await eventually(lambda: not hung.open, within_s=1.0)
+        assert app.metrics.upstream_up.labels(hung.url)._value.get() == 0
+
+
+async def test_a_broker_that_stops_reading_does_not_make_forwarded_bytes_pile_up(settings):
+    # After CONNECTED the broker reads nothing more. Before, every forwarded frame stayed in the upstream
+    # connection's write buffer after its forward had timed out: 100 MB more per 500 lookups of 200 KB,
+    # for as long as the client kept sending. Now the connection is given up past MAX_UNSENT_BYTES, its
+    # waiting forwards answered at once, and a fresh one takes the next.
+    broker = StandInBroker(reads=False)
+    async with front_door(settings, [broker], request_timeout_s=1.0) as (app, client):
+        topic = "persistent://public/default/" + "x" * (200 * 1024)
+        seen: set[PulsarConnection] = set()
+        for _ in range(3):
+            request_ids = [client.next_request_id() for _ in range(150)]  # 30 MB
+            answers = await asyncio.gather(*(client.request(Lookup(topic, request_id), 10.0)
+                                             for request_id in request_ids))
+            assert {a.response for a in answers} == {LookupType.FAILED}
+            assert {a.error for a in answers} == {ServerError.MetadataError}
+            assert any("given up: the broker is not reading" in (a.message or "") for a in answers), answers
+            current = {conn for session in sessions(app) for conn in session._connections.values()}
+            unsent = sum(conn.unsent_bytes for conn in current)
+            assert unsent <= MAX_UNSENT_BYTES + 2 * len(topic), unsent
+            seen |= current
+        # The connections given up are gone, their unsent bytes with them.
+        assert len(seen) >= 3 and all(conn.closed.done() for conn in seen - current)
+
+
+async def test_an_idle_upstream_connection_to_a_broker_that_stopped_answering_is_closed_by_keepalive(settings):
+    # Before, upstream connections had no keep-alive: an idle one to a hung broker stayed for good.
+    broker = StandInBroker(connect_to("pulsar://broker-1:6650"))
+    async with front_door(replace(settings, keepalive_s=0.2), [broker]) as (_, client):
+        assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
+        broker.answers = False
+        assert await eventually(lambda: not broker.open, within_s=2.0)
+        broker.answers = True
+        assert (await client.lookup(TOPIC)).response is LookupType.CONNECT  # on a fresh connection
+        assert broker.connections_total == 2
+
+
+async def test_failed_forwards_are_logged_once_per_interval(settings):
+    # Before, each failed forward wrote an info line: a client can make as many fail as it likes.
+    broker = StandInBroker(answers=False)
+    with capture_logs() as server_log:
+        async with front_door(settings, [broker], request_timeout_s=0.5) as (_, client):
+            answers = await asyncio.gather(*(client.lookup(TOPIC) for _ in range(200)))
+            assert {a.response for a in answers} == {LookupType.FAILED}
+    lines = [e for e in server_log if e["event"] == "forwarded request failed"]
+    assert len(lines) == 1, lines
