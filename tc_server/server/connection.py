@@ -510,8 +510,12 @@ class ClientConnection(asyncio.Protocol):
         peers = {host_port(url): url for url in self._ctx.dispatcher.coordinator.assignments().values()}
         url = peers.get(host_port(target)) or (upstream.proxy_target(target) if upstream is not None else None)
         if url is None:
-            why = ("it is not a broker the upstream named in a lookup" if upstream is not None
-                   else "no --upstream-url is set")
+            if upstream is None:
+                why = "no --upstream-url is set"
+            elif upstream.ssl_context is not None:
+                why = "it is not a broker the upstream named in a lookup with a pulsar+ssl:// URL"
+            else:
+                why = "it is not a broker the upstream named in a lookup"
             self._log.warning("refusing to proxy", target=target, reason=why)
             self.send(Error(NO_REQUEST_ID, ServerError.NotAllowedError, f"cannot proxy to {target}: {why}"))
             self.close()

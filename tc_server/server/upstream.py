@@ -140,23 +140,27 @@ class Upstream:
         # client's requests fail together when a broker is down (tc_server_forwarded_total counts each).
         self.log_limiter = LogLimiter(interval_s=1.0)
         self._preferred = 0
-        # HOST:PORT -> URL of every broker a LOOKUP answer named (and of the upstream itself): clients
-        # name the broker in CONNECT's proxy_to_broker_url as HOST:PORT, without a scheme.
-        self._brokers: dict[str, str] = {}
-        self.note_brokers(*self.urls)
+        # HOST:PORT -> the URL to carry a client's connection to, for every broker a LOOKUP answer named
+        # (and the upstream itself, as configured): clients name the broker in CONNECT's
+        # proxy_to_broker_url as HOST:PORT, without a scheme.
+        self._brokers: dict[str, str] = {host_port(url): url for url in self.urls}
         for url in self.urls:
             metrics.upstream_up.labels(url).set(0)
 
-    def note_brokers(self, *urls: str | None) -> None:
-        """Remember broker URLs a LOOKUP answer named: clients may then ask us to carry connections there.
-        With both a plain and a TLS URL for one broker, the TLS one wins when tc-server speaks TLS upstream."""
-        for url in urls:
-            if not url:
-                continue
-            endpoint = Endpoint.parse(url)
-            key = host_port(url)
-            if key not in self._brokers or endpoint.tls == (self.ssl_context is not None):
-                self._brokers[key] = url
+    def note_broker(self, url: str | None, url_tls: str | None) -> None:
+        """Remember a broker a LOOKUP answer named by its plain and TLS URLs: clients may then ask us to
+        carry connections there, naming either HOST:PORT. With a TLS upstream both lead to the TLS URL
+        (a client that speaks plain TCP to tc-server names the plain one), and a broker without one is
+        not remembered: its connections would carry the client's credentials in the clear."""
+        if self.ssl_context is not None:
+            if url_tls:
+                for named in (url, url_tls):
+                    if named:
+                        self._brokers[host_port(named)] = url_tls
+            return
+        for named in (url, url_tls):
+            if named:
+                self._brokers[host_port(named)] = named
 
     def proxy_target(self, proxy_to_broker_url: str) -> str | None:
         """The URL to carry a client's connection to, or None when no lookup answer named that broker."""
@@ -252,7 +256,7 @@ class ForwardingSession:
                                             use_tls=self._upstream.ssl_context is not None)
         if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
             return frame
-        self._upstream.note_brokers(answer.broker_service_url, answer.broker_service_url_tls)
+        self._upstream.note_broker(answer.broker_service_url, answer.broker_service_url_tls)
         mode = self._upstream.connection_mode
         proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
         if proxied == answer.proxy_through_service_url:

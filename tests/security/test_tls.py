@@ -9,11 +9,20 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from cryptography import x509
 
-from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, connect, connect_command
+from tc_server.client import (
+    ClientAuth,
+    ConnectionFailed,
+    HandshakeRefused,
+    TcClient,
+    connect,
+    connect_command,
+    open_connection,
+)
 from tc_server.wire import (
     Connect,
     Connected,
@@ -204,6 +213,61 @@ async def test_a_lookup_redirect_from_a_tls_upstream_is_followed_over_tls(start,
         assert answer.response is LookupType.CONNECT, answer
         assert plain_connects == []
         assert len(tls_connects) == 2 and all(c.auth_data == token.encode() for c in tls_connects)
+    finally:
+        alice.close()
+        plain.close()
+        tls.close()
+
+
+async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_over_tls(start, ca, secret):
+    # With a pulsar+ssl:// upstream, a client that speaks plain TCP to tc-server names the broker of its
+    # LOOKUP answer by the plain URL's HOST:PORT. Before, tc-server carried that connection, the client's
+    # token in its CONNECT, to the broker's plain port: the brokers' plain and TLS ports differ, so "the
+    # TLS URL wins" never applied. Now it goes to the same broker's TLS URL, and a broker named without
+    # a TLS URL is refused.
+    broker_cert = ca.issue("localhost", "broker", server=True)
+    plain_connects: list[Connect] = []
+    tls_connects: list[Connect] = []
+    plain = await asyncio.start_server(lambda r, w: _stand_in_broker(r, w, plain_connects, lambda c: None),
+                                       "127.0.0.1", 0)
+    plain_port = plain.sockets[0].getsockname()[1]
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(broker_cert.cert_file, broker_cert.key_file)
+    ports: dict[str, int] = {}
+    plain_only = "127.0.0.1:1"  # a broker whose answer names no TLS URL
+
+    def lookup_answer(c: Lookup) -> LookupResponse:
+        if c.topic.endswith("plain-only"):
+            return LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=f"pulsar://{plain_only}")
+        return LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=f"pulsar://127.0.0.1:{plain_port}",
+                              broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}")
+
+    tls = await asyncio.start_server(lambda r, w: _stand_in_broker(r, w, tls_connects, lookup_answer),
+                                     "127.0.0.1", 0, ssl=server_context)
+    ports["tls"] = tls.sockets[0].getsockname()[1]
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      upstream_url=f"pulsar+ssl://localhost:{ports['tls']}",
+                      broker_client_tls_trust_certs=str(ca.cert_file), lookup_connections="proxy")
+    token = make_token(secret, "HS256", "alice")
+    alice = await connect("127.0.0.1", app.listener.port, auth=token_auth(token))
+    try:
+        for topic in ("persistent://public/default/orders", "persistent://public/default/plain-only"):
+            assert (await alice.lookup(topic)).response is LookupType.CONNECT
+        url = f"pulsar://127.0.0.1:{app.listener.port}"
+
+        async def proxied_to(broker: str) -> TcClient:
+            conn = await open_connection(url, replace(connect_command(token_auth(token)), proxy_to_broker_url=broker),
+                                         timeout_s=WAIT_S, factory=lambda: TcClient(url))
+            assert isinstance(conn, TcClient)
+            return conn
+
+        proxied = await proxied_to(f"127.0.0.1:{plain_port}")  # CONNECTED: the TLS broker's, relayed
+        proxied.close()
+        assert plain_connects == []
+        assert len(tls_connects) == 2 and all(c.auth_data == token.encode() for c in tls_connects)
+        with pytest.raises(HandshakeRefused) as refused:
+            await proxied_to(plain_only)
+        assert refused.value.error is ServerError.NotAllowedError
     finally:
         alice.close()
         plain.close()
