@@ -62,8 +62,9 @@ HELP = {
     "max_connections": "client connections at once; past it a new one is closed at once (logged, counted in "
                        "tc_server_connections_refused_total)",
     "max_connections_per_address": "client connections at once from one remote address; past it as --max-connections",
-    "max_frame_size": "largest frame a client may send, in bytes (TC commands are small; producers' payloads "
-                      "never pass the frame decoder); a larger one closes the connection",
+    "max_frame_size": "largest frame a client may send, in bytes, its 4-byte size field included as brokers "
+                      "count it (TC commands are small; producers' payloads never pass the frame decoder); a "
+                      "larger one closes the connection",
     "max_buffered_input_bytes": "input all connections may buffer together; past it a connection growing a "
                                 "large unfinished frame is closed",
     "upstream_url": "pulsar://HOST:PORT[,HOST:PORT...] of brokers that get every request that is not the "

@@ -24,12 +24,13 @@ __all__ = [
 DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 # Room for the command and metadata around a maximum-size payload (Commands.MESSAGE_SIZE_FRAME_PADDING).
 MESSAGE_SIZE_FRAME_PADDING: Final = 10 * 1024
-# The broker's frame limit: maxMessageSize + padding = 5253120 (docs/pulsar-protocol.md §1).
+# The broker's frame limit: maxMessageSize + padding = 5253120 bytes, the 4-byte size field included
+# (so totalSize is at most 5253116; docs/pulsar-protocol.md §1).
 DEFAULT_MAX_FRAME_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE + MESSAGE_SIZE_FRAME_PADDING
 
 _HEADER: Final = struct.Struct(">II")  # totalSize, cmdSize
 _U32: Final = struct.Struct(">I")
-_SIZE_FIELD: Final = 4  # the totalSize field itself, not counted in totalSize
+_SIZE_FIELD: Final = 4  # the totalSize field itself: not counted in totalSize, counted against the limit
 
 # Consumed bytes are dropped from the front of the buffer only once this many have piled up (or the
 # buffer runs empty), so a burst of small frames costs one copy, not one per frame.
@@ -39,7 +40,9 @@ _COMPACT_AT: Final = 64 * 1024
 class FrameDecoder:
     """Turns a byte stream, fed in chunks of any size, into the BaseCommand bytes of each frame.
 
-    ``max_frame_size`` bounds ``totalSize`` (the frame without its own 4-byte size field). It is a
+    ``max_frame_size`` bounds the whole frame, its own 4-byte size field included, as a broker's
+    ``LengthFieldBasedFrameDecoder(max, 0, 4, 0, 4)`` does: Netty's frame length is the field's value
+    plus the field's end offset (4), so ``totalSize`` may be at most ``max_frame_size - 4``. It is a
     public attribute because a peer may replace its limit after the handshake, as the Java client does
     with CONNECTED's ``max_message_size`` (``FrameDecoderUtil.replaceFrameDecoder``).
     """
@@ -79,7 +82,7 @@ class FrameDecoder:
         make us buffer a frame we will reject anyway.
 
         Raises:
-            FrameError: ``totalSize`` exceeds ``max_frame_size`` or is too small to hold a command,
+            FrameError: the frame exceeds ``max_frame_size`` or is too small to hold a command,
                 ``cmdSize`` is 0, or ``cmdSize`` does not fit in ``totalSize``. The stream cannot be
                 resynchronized after this; close the connection. The decoder stays failed: later calls
                 raise again.
@@ -93,8 +96,9 @@ class FrameDecoder:
             total, cmd_size = _U32.unpack_from(buf, pos)[0], None
         else:
             return None
-        if total > self.max_frame_size:
-            raise FrameError(f"frame of {total} bytes exceeds the limit of {self.max_frame_size}")
+        if total > self.max_frame_size - _SIZE_FIELD:
+            raise FrameError(f"frame of {total + _SIZE_FIELD} bytes (totalSize {total}) exceeds the limit of "
+                             f"{self.max_frame_size}")
         if total <= 4:
             # Not even room for cmdSize and one command byte: reject now rather than read the next
             # frame's bytes as this one's cmdSize.

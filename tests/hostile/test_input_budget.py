@@ -61,7 +61,8 @@ async def test_stalled_large_frames_cannot_take_more_than_the_budget(
     stallers = [await connect("127.0.0.1", app.listener.port) for _ in range(12)]
     body = 48 * 1024  # of a frame announced at the limit: 12 of them are more than the budget
     for staller in stallers:
-        staller.send_raw(struct.pack(">II", FRAME_LIMIT, FRAME_LIMIT - 4) + b"\x00" * body)
+        # totalSize FRAME_LIMIT - 4: the limit counts the 4-byte size field, as a broker does
+        staller.send_raw(struct.pack(">II", FRAME_LIMIT - 4, FRAME_LIMIT - 8) + b"\x00" * body)
         await asyncio.sleep(0.01)
         # A connection whose input does not fit the budget is closed, so the total stays within it
         # (plus the one read that found it over).

@@ -77,16 +77,22 @@ def test_payload_is_dropped() -> None:
 
 def test_oversize_rejected_from_the_header_alone() -> None:
     decoder = FrameDecoder(100)
-    decoder.feed(struct.pack(">I", 101))  # no cmdSize, no body: the size alone is enough
+    decoder.feed(struct.pack(">I", 97))  # no cmdSize, no body: the size alone is enough
     with pytest.raises(FrameError, match="101"):
         decoder.next_frame()
 
 
-def test_limit_is_inclusive() -> None:
-    cmd = b"c" * 96
+def test_limit_counts_the_size_field_as_a_broker_does() -> None:
+    # A broker's LengthFieldBasedFrameDecoder(max, 0, 4, 0, 4) takes the frame length as totalSize + 4
+    # (the length field's end offset) and refuses it above max. Before, totalSize = max passed here,
+    # 4 bytes more than any broker takes.
+    cmd = b"c" * 92
     decoder = FrameDecoder(100)
-    decoder.feed(frame(cmd))  # totalSize = 100
+    decoder.feed(frame(cmd))  # totalSize = 96: 100 bytes with the size field, the limit itself
     assert decoder.next_frame() == cmd
+    decoder.feed(frame(cmd + b"c"))  # totalSize = 97
+    with pytest.raises(FrameError, match="101 bytes"):
+        decoder.next_frame()
 
 
 def test_limit_can_be_changed_after_handshake() -> None:
