@@ -140,6 +140,10 @@ class PulsarConnection(asyncio.Protocol):
         try:
             while (frame := self._decoder.next_frame()) is not None:
                 self._on_frame(frame)
+                if self._transport is not None and self._transport.is_closing():
+                    # Closed by that frame (an ERROR refusing the handshake): the rest of the read is
+                    # moot, and a PING or AUTH_CHALLENGE in it could not be answered any more.
+                    break
         except (FrameError, MalformedCommand) as exc:
             # The peer's stream cannot be trusted past this point: fail what waits on it.
             log.warning("bad frame from peer; closing", url=self.url, error=str(exc))

@@ -19,12 +19,15 @@ from structlog.testing import capture_logs
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
-from tc_server.client import PulsarConnection, TcClient, connect
+from tc_server.client import HandshakeRefused, PulsarConnection, TcClient, connect, open_connection
 from tc_server.config import Settings
+from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
 from tc_server.wire import (
+    AuthChallenge,
     Connect,
     Connected,
+    Error,
     FrameDecoder,
     Lookup,
     LookupResponse,
@@ -293,3 +296,38 @@ async def test_failed_forwards_are_logged_once_per_interval(settings):
             assert {a.response for a in answers} == {LookupType.FAILED}
     lines = [e for e in server_log if e["event"] == "forwarded request failed"]
     assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize("then", [Ping(), AuthChallenge("stand-in", "token", b"refresh", 21)],
+                         ids=["ping", "auth-challenge"])
+async def test_a_refused_handshake_with_more_in_the_same_read_fails_cleanly(then):
+    # A broker answers CONNECT with ERROR and, in the same segment, a PING (or AUTH_CHALLENGE). The ERROR
+    # closes tc-server's side; before, answering the next frame raised ConnectionClosed out of
+    # data_received (asyncio then force-closes the transport; being an OSError, it is logged at debug
+    # level only, so the test records what data_received raised).
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(encode_command(Error(NO_REQUEST_ID, ServerError.AuthenticationError, "no"))
+                     + encode_command(then))
+        await reader.read(65536)
+        writer.close()
+
+    raised: list[BaseException] = []
+
+    class Recording(PulsarConnection):
+        def data_received(self, data: bytes) -> None:
+            try:
+                super().data_received(data)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    url = f"pulsar://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(HandshakeRefused):
+            await open_connection(url, timeout_s=2.0, factory=lambda: Recording(url))
+        await asyncio.sleep(0.1)
+        assert raised == []
+    finally:
+        server.close()
