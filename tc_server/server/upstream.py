@@ -137,7 +137,7 @@ class Upstream:
         self.ssl_context = ssl_context
         self.metrics = metrics
         # Failed forwards and given-up connections are logged at most once per kind and second: every
-        # client's requests fail together when a broker is down (tc_server_forwarded_total counts each).
+        # client's requests fail together when a broker is down (tc_server_forwarded_requests_total counts each).
         self.log_limiter = LogLimiter(interval_s=1.0)
         self._preferred = 0
         # HOST:PORT -> the URL to carry a client's connection to, for every broker a LOOKUP answer named

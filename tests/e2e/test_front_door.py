@@ -328,8 +328,8 @@ def test_hung_broker_answers_within_the_request_timeout(pulsar_broker: PulsarBro
 
 
 async def lookup_with_listener(host: str, port: int, topic: str, listener: str) -> Any:
-    """LOOKUP naming an advertised listener: a field our codec does not model, so the frame is built from
-    the generated protobuf class."""
+    """LOOKUP naming an advertised listener, the frame built from the generated protobuf class: what a
+    client sends, not what our codec makes of it."""
     client = await connect(host, port)
     try:
         request_id = client.next_request_id()
