@@ -228,7 +228,8 @@ async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_
     broker_cert = ca.issue("localhost", "broker", server=True)
     plain_connects: list[Connect] = []
     tls_connects: list[Connect] = []
-    plain = await asyncio.start_server(lambda r, w: _stand_in_broker(r, w, plain_connects, lambda c: None),
+    plain = await asyncio.start_server(lambda r, w: _stand_in_broker(
+        r, w, plain_connects, lambda c: LookupResponse(c.request_id, LookupType.FAILED)),
                                        "127.0.0.1", 0)
     plain_port = plain.sockets[0].getsockname()[1]
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
