@@ -9,6 +9,7 @@ fails or a timeout that finds the txn already ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import heapq
 import time
@@ -50,6 +51,8 @@ MAX_CAS_ATTEMPTS = 8
 TIMEOUT_TICK_S = 0.2
 # After a failed timeout abort (store unavailable), try again this much later.
 TIMEOUT_RETRY_MS = 1000
+# How long a stopping partition tries to write the events it still owes (see stop()).
+STOP_PUBLISH_TIMEOUT_S = 5.0
 # Timeouts aborted concurrently per tick, so that a burst of expiries does not flood the store.
 TIMEOUT_CONCURRENCY = 64
 
@@ -228,6 +231,16 @@ class CoordinatorPartition:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
+        # Decisions whose events are not all written (a failed write, or the sweeper's timeout abort
+        # cancelled just now between its CAS and its events): this list lives only here, and no next
+        # leader looks for such txns (GC re-publishes only past the retention). One more try now.
+        if self._unpublished:
+            with contextlib.suppress(StoreError, TimeoutError):
+                await asyncio.wait_for(self.publish_pending(), STOP_PUBLISH_TIMEOUT_S)
+            if self._unpublished:
+                self._log.warning("decisions whose events could not be written before stepping down; GC "
+                                  "writes them once past the retention", txns=sorted(self._unpublished)[:20],
+                                  count=len(self._unpublished))
         # Deliveries stop with leadership; the records stay and the next leader re-drives them.
         tasks = [task for outbox in self._undelivered.values() for task in outbox.tasks]
         for task in tasks:
@@ -451,7 +464,11 @@ class CoordinatorPartition:
                 # A retry after a reconnect: the events may not all have been written the first
                 # time (the store failed after the CAS), so write them again. Participants treat
                 # a repeated decision as a no-op.
-                await self._publish(least, header.state)
+                try:
+                    await self._publish(least, header.state)
+                except BaseException:
+                    self._unpublished[least] = header.state  # the sweeper writes them again
+                    raise
             if header.state.terminal:
                 self._forget(least)
             return decision, header

@@ -112,18 +112,22 @@ async def _collect_page(store: MetadataStore, metrics: Metrics, page: list[_Cand
     ops_anywhere = await _any_op_record(store)
     deletes = []
     for candidate in page:
-        if (candidate.most, candidate.least) in with_participants:
-            # The header plus its participant records are the outbox (docs/participants.md):
-            # deleting the header would leave brokers that were never told the decision.
-            result.undelivered += 1
-            continue
+        # The events first, also for a txn whose participant records keep its header below: its v5
+        # participants must not wait for today's brokers (one down, or refusing tc-server's role).
+        ops = 0
         if ops_anywhere:
             ops = await publish_decision(store, metrics, candidate.most, candidate.least, candidate.state,
                                          by_key_range=True)
             if ops:
                 result.republished += 1
                 result.outstanding_ops += ops
-                continue
+        if (candidate.most, candidate.least) in with_participants:
+            # The header plus its participant records are the outbox (docs/participants.md):
+            # deleting the header would leave brokers that were never told the decision.
+            result.undelivered += 1
+            continue
+        if ops:
+            continue
         # Conditional on the version scanned: a header changed since the scan stays for the next pass.
         # An op record written after the check above does not change the header's version: only the
         # short time from that check to this page's batch separates them (as it separated the

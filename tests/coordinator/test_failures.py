@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, NotAllowed
 from tc_server.coordinator.ids import IdAllocator
-from tc_server.coordinator.layout import Participant, TxnState
+from tc_server.coordinator.layout import OpKind, Participant, TxnOp, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.api import Record, StoreUnavailableError
@@ -401,3 +402,114 @@ async def test_an_id_reservation_that_failed_earlier_fails_no_request_after_one_
     # Two requests now: one reservation serves them both (a block of 2), the old failure neither.
     assert sorted(await asyncio.gather(ids.next_id(), ids.next_id())) == [2, 3]
     await ids.close()
+
+
+class FailEvents(MemoryStore):
+    """Decision events (the sequential puts under a segment's events) fail while ``failing``, after
+    waiting for ``gate``: a store that cannot write them, or writes them slowly."""
+
+    failing = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def write_batch(self, ops: Any) -> Any:
+        if any(getattr(op, "sequential", False) and "-events/" in op.key for op in ops):
+            await self.gate.wait()
+            if self.failing:
+                raise StoreUnavailableError("event write failed")
+        return await super().write_batch(ops)
+
+
+async def write_v5_op(store: MemoryStore, least: int) -> None:
+    """What a Pulsar 5 participant writes when a txn sends to its segment: an op record."""
+    op = TxnOp(OpKind.WRITE, "segment://public/default/orders/0", 1, 1)
+    await store.put_sequential(layout.op_prefix(0, least), op.to_json(), partition_key=layout.txn_key(0, least),
+                               secondary_indexes=op.index_entries(0, least))
+
+
+async def decision_events(store: MemoryStore) -> list[bytes]:
+    return [record.value async for record in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
+
+
+async def test_events_a_stepping_down_partition_still_owes_are_written_as_it_stops():
+    # The list of decisions whose events failed lives in the partition, and no next leader looks for
+    # such txns: they are written once more as the partition stops, or a v5 participant waits for GC.
+    store = FailEvents()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    least = await old.new_txn(60_000, None)
+    await write_v5_op(store, least)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await old.end_txn(least, commit=True, principal=None)
+    store.failing = False
+    await stepped_down_and_led_again(tc, old)
+    assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
+    await tc.stop()
+
+
+async def test_a_timeout_abort_cancelled_between_its_cas_and_its_events_still_writes_them():
+    store = FailEvents()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    least = await old.new_txn(300, None)
+    await write_v5_op(store, least)
+    store.gate.clear()  # the events are slow: the sweeper's abort waits on them after its CAS
+    assert await eventually(lambda: least not in old.open_txns())
+    stopping = asyncio.create_task(stepped_down_and_led_again(tc, old))  # cancels the sweeper mid-publish
+    await asyncio.sleep(0.1)
+    store.gate.set()
+    await stopping
+    assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"ABORTED"}}'.encode()]
+    await tc.stop()
+
+
+async def test_a_repeated_end_txn_whose_events_fail_is_retried_by_the_sweeper():
+    store = FailEvents()
+    tc = coordinator(store, "pulsar://a:1", partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    partition = tc.partition(0)
+    least = await partition.new_txn(60_000, None)
+    await write_v5_op(store, least)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await partition.end_txn(least, commit=True, principal=None)
+    partition._unpublished.clear()  # as at a next leader, which never saw the first failure
+    with pytest.raises(StoreUnavailableError):
+        await partition.end_txn(least, commit=True, principal=None)  # the client's retry fails too
+    store.failing = False
+    assert await eventually(lambda: not partition._unpublished)
+    assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
+    await tc.stop()
+
+
+async def test_gc_writes_the_events_of_a_txn_whose_todays_brokers_have_not_all_heard():
+    # A txn with a classic participant (no upstream here: its records stay) and a v5 op: GC keeps its
+    # header for the records, but writes the v5 events all the same.
+    store = FailEvents()
+    clock = FakeClock()
+    tc = make(store, clock, partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    partition = tc.partition(0)
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC)])
+    await write_v5_op(store, least)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await partition.end_txn(least, commit=True, principal=None)
+    store.failing = False
+    partition._unpublished.clear()  # as after a crash: only GC is left
+    clock.now += 901_000
+    await tc.collect_garbage_now()
+    assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
+    assert (await header(store, 0, least)).state is TxnState.COMMITTED  # kept for its participant records
+    await tc.stop()
