@@ -223,13 +223,24 @@ def _txn_id(cmd: TxnRequest) -> tuple[int, int]:
     return (cmd.tc_id, 0) if isinstance(cmd, NewTxn) else (cmd.most, cmd.least)
 
 
+# The topics of Pulsar 5's metadata-backed transaction buffer: their brokers read the decision from the
+# store (PIP-473), nobody tells them. persistent:// and non-persistent:// topics keep the legacy buffer in
+# 5.x too, which waits for END_TXN_ON_PARTITION / _SUBSCRIPTION.
+_SCALABLE_TOPIC_SCHEMES = ("segment://", "topic://")
+
+
 def _participants(cmd: AddPartitionToTxn | AddSubscriptionToTxn) -> tuple[Participant, ...]:
-    """What an ADD_* records: v5 participants (scalable) read the decision from the store, so none."""
-    if cmd.scalable:
-        return ()
+    """What an ADD_* records: the participants that must be told the decision. A scalable command
+    (the v5 SDK, or a 4.x client with scalableTransactions) records only its legacy topics: its
+    segment:// and topic:// participants read the decision from the store. Not by the flag alone: a
+    persistent:// partition added by such a client would never be told, and stay pinned."""
     if isinstance(cmd, AddPartitionToTxn):
-        return tuple(Participant(topic) for topic in cmd.partitions)
-    return tuple(Participant(s.topic, s.subscription) for s in cmd.subscriptions)
+        found = tuple(Participant(topic) for topic in cmd.partitions)
+    else:
+        found = tuple(Participant(s.topic, s.subscription) for s in cmd.subscriptions)
+    if cmd.scalable:
+        return tuple(p for p in found if not p.topic.startswith(_SCALABLE_TOPIC_SCHEMES))
+    return found
 
 
 # Each txn request type's metric label and response type, looked up once per request.

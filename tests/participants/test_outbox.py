@@ -259,20 +259,28 @@ async def test_gc_keeps_a_header_while_participant_records_remain(store: Metadat
         assert result.deleted == 1
 
 
-async def test_scalable_add_records_nothing_and_classic_add_does(tmp_path: Path) -> None:
+async def test_scalable_add_records_its_legacy_topics_only_and_classic_add_all(tmp_path: Path) -> None:
     settings = replace(Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
                                 log_format="json"), data_dir=str(tmp_path / "data"))
     app = await start_app(settings)
     client = await connect("127.0.0.1", app.listener.port if app.listener else 0)
     try:
         opened = await client.new_txn(tc_id=0)
-        v5 = await client.request(AddPartitionToTxn(client.next_request_id(), 0, opened.least, (TOPIC,), True))
+        segment = "segment://public/default/orders/0"
+        v5 = await client.request(AddPartitionToTxn(client.next_request_id(), 0, opened.least, (segment,), True))
         assert v5.error is None
-        assert await records(app.store, 0, opened.least) == {}
+        assert await records(app.store, 0, opened.least) == {}  # its broker reads the decision itself
         classic = await client.add_partition(0, opened.least, TOPIC)
         assert classic.error is None
         recorded = await records(app.store, 0, opened.least)
         assert recorded == {Participant(TOPIC).path(0, opened.least): Participant(TOPIC)}
+        # A scalable command adding a persistent:// partition: that broker keeps the legacy buffer and
+        # must be told, so it is recorded whatever the flag says.
+        other = await client.new_txn(tc_id=0)
+        mixed = await client.request(AddPartitionToTxn(client.next_request_id(), 0, other.least,
+                                                       (segment, OTHER), True))
+        assert mixed.error is None
+        assert await records(app.store, 0, other.least) == {Participant(OTHER).path(0, other.least): Participant(OTHER)}
     finally:
         client.close()
         await app.stop()
