@@ -16,9 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from tc_server.client.connection import Endpoint
 from tc_server.store import STORE_KINDS
 
 # How producers and consumers reach the broker a forwarded LOOKUP names (tc_server/server/upstream.py).
@@ -51,6 +49,45 @@ def parse_hostport(text: str) -> tuple[str, int]:
     elif len(host) > 253 or not _HOST_NAME.fullmatch(host):
         raise ValueError(f"{host[:64]!r} is not a host name (in {text!r})")
     return host, int(port)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT of a server to connect to or to hand to clients. Stricter than parse_hostport, which also
+    reads listening addresses: the host must be given, an IPv6 address in brackets as URLs write it
+    (clients cannot split ``fd00::5:6650``), and the port must not be 0 (only a listener can ask for
+    "any free port")."""
+    host, port = parse_hostport(text)
+    bracketed = text.startswith("[")
+    if not text.rpartition(":")[0]:
+        raise ValueError(f"no host in {text!r}")
+    if ":" in host and not bracketed:
+        raise ValueError(f"an IPv6 address must be in brackets, as in [{host}]:{port} (got {text!r})")
+    if bracketed and ":" not in host:
+        raise ValueError(f"brackets are for IPv6 addresses only (got {text!r})")
+    if port == 0:
+        raise ValueError(f"port 0 in {text!r}: name the port the server listens on")
+    return host, port
+
+
+def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``SCHEME://HOST:PORT``, one of ``schemes``. Raises ValueError saying what is
+    wrong; a URL with credentials in it is not quoted."""
+    scheme, sep, address = url.partition("://")
+    forms = " or ".join(f"{name}://HOST:PORT" for name in schemes)
+    if not sep or scheme not in schemes:
+        raise ValueError(f"must be {forms} (got {url!r})")
+    if "@" in address:
+        # Nothing reads credentials there (tc-server's own go in broker_client_auth_params), and the URL
+        # is logged as it is.
+        raise ValueError(f"user:password@ is not supported in a {scheme}:// URL: give the credentials in "
+                         "broker_client_auth_params")
+    if any(char in address for char in "/?#"):
+        raise ValueError(f"must be {forms}, without a path, query or fragment (got {url!r})")
+    try:
+        host, port = parse_address(address)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in {url!r})") from None
+    return scheme, host, port
 
 
 def ephemeral_port_range() -> tuple[int, int]:
@@ -183,23 +220,20 @@ class Settings:
             if not ok:
                 raise ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
 
-        for name in ("listen", "admin_listen", "oxia_address", "tls_listen"):
+        for name in ("listen", "admin_listen", "tls_listen"):
             if name in ("listen", "tls_listen") and not getattr(self, name):
                 continue  # that listener is off
             try:
                 parse_hostport(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
-        if self.advertised_url:
-            parts = urlsplit(self.advertised_url)
-            check(parts.scheme == "pulsar" and bool(parts.hostname) and parts.port is not None,
-                  "advertised_url", "must be pulsar://HOST:PORT")
+        try:
+            parse_address(self.oxia_address)
+        except ValueError as exc:
+            raise ConfigError(f"oxia_address: {exc}") from None
+        self._validate_url("advertised_url", [self.advertised_url] if self.advertised_url else [], ("pulsar",))
         check(self.store in STORE_KINDS, "store", f"must be one of {', '.join(STORE_KINDS)}")
-        for url in self.upstream_urls:
-            try:
-                Endpoint.parse(url)
-            except ValueError as exc:
-                raise ConfigError(f"upstream_url: {exc}") from None
+        self._validate_url("upstream_url", self.upstream_urls, ("pulsar", "pulsar+ssl"))
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")
@@ -251,6 +285,14 @@ class Settings:
         self._validate_security()
         return self
 
+    @staticmethod
+    def _validate_url(name: str, urls: list[str], schemes: tuple[str, ...]) -> None:
+        for url in urls:
+            try:
+                parse_pulsar_url(url, schemes)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+
     def _validate_workers(self, check: Callable[[bool, str, str], None]) -> None:
         """--workers N > 1 derives each worker's ports from --listen and --admin-listen (port + 1 + k), so
         those must be fixed ports; TLS listeners and HTTPS admin ports per worker are not built (README,
@@ -296,10 +338,7 @@ class Settings:
         if self.tls_require_trusted_client_cert and not self.tls_trust_certs_file:
             raise ConfigError("tls_require_trusted_client_cert: needs tls_trust_certs_file")
         if self.advertised_url_tls:
-            parts = urlsplit(self.advertised_url_tls)
-            if not (parts.scheme == "pulsar+ssl" and parts.hostname and parts.port is not None):
-                raise ConfigError(
-                    f"advertised_url_tls: must be pulsar+ssl://HOST:PORT (got {self.advertised_url_tls!r})")
+            self._validate_url("advertised_url_tls", [self.advertised_url_tls], ("pulsar+ssl",))
             if not self.tls_listen:
                 raise ConfigError("advertised_url_tls: needs tls_listen")
         if self.authentication_refresh_check_s <= 0 or self.tls_cert_refresh_check_s <= 0:

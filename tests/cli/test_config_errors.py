@@ -1,0 +1,60 @@
+"""Settings a person can get wrong are refused at start with one line naming the setting (tc_server/config.py),
+never a traceback and never accepted to fail later."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tc_server.cli import main
+from tc_server.config import ConfigError, load_settings
+
+
+def settings_from(**env: str):
+    return load_settings(environ={f"TC_SERVER_{name.upper()}": value for name, value in env.items()})
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("advertised_url", "pulsar://h:99999", "expected HOST:PORT"),
+    # What pulsar://$(POD_IP):6660 becomes on an IPv6 cluster.
+    ("advertised_url", "pulsar://fd00::5:6660", "an IPv6 address must be in brackets, as in [fd00::5]:6660"),
+    ("advertised_url", "pulsar://h:0", "port 0"),
+    ("advertised_url", "pulsar://h:6650/path", "without a path"),
+    ("advertised_url", "pulsar://h:6650?x=1", "without a path"),
+    ("advertised_url", "pulsar+ssl://h:6651", "must be pulsar://HOST:PORT"),
+    ("advertised_url_tls", "pulsar+ssl://h:99999", "expected HOST:PORT"),
+    ("advertised_url_tls", "pulsar+ssl://fd00::5:6661", "an IPv6 address must be in brackets"),
+    ("advertised_url_tls", "pulsar+ssl://h:0", "port 0"),
+    ("upstream_url", "pulsar://b:0", "port 0"),
+    ("upstream_url", "pulsar://b:6650/", "without a path"),
+    ("upstream_url", "pulsar://b", "expected HOST:PORT"),
+    ("upstream_url", "http://b:8080", "must be pulsar://HOST:PORT or pulsar+ssl://HOST:PORT"),
+    ("oxia_address", "oxia:0", "port 0"),
+    ("oxia_address", ":6648", "no host"),
+    ("oxia_address", "fd00::7:6648", "an IPv6 address must be in brackets"),
+])
+def test_a_bad_address_is_a_configuration_error(name: str, value: str, message: str) -> None:
+    env = {name: value}
+    if name == "advertised_url_tls":  # it needs a TLS listener, which needs its files
+        env |= {"tls_listen": "127.0.0.1:6651", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"}
+    with pytest.raises(ConfigError, match=f"^{name}: .*{re.escape(message)}"):
+        settings_from(**env)
+
+
+@pytest.mark.parametrize("name", ["advertised_url", "upstream_url"])
+def test_credentials_in_a_url_are_refused_without_quoting_them(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name}: user:password@ is not supported") as raised:
+        settings_from(**{name: "pulsar://tc:s3cr3t@b:6650"})
+    assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["pulsar://[fd00::5]:6660", "pulsar://10.1.2.3:6660", "pulsar://tc-server-0:6650"])
+def test_good_advertised_urls_are_accepted(value: str) -> None:
+    assert settings_from(advertised_url=value).advertised_url == value
+
+
+def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--advertised-url", "pulsar://h:99999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tc-server: configuration error: advertised_url: ") and err.count("\n") == 1, err
