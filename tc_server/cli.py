@@ -67,8 +67,9 @@ HELP = {
                       "larger one closes the connection",
     "max_buffered_input_bytes": "input all connections may buffer together; past it a connection growing a "
                                 "large unfinished frame is closed",
-    "upstream_url": "pulsar://HOST:PORT[,HOST:PORT...] of brokers that get every request that is not the "
-                    "coordinator's (lookups, partition metadata, schemas); the first that answers is used",
+    "upstream_url": "pulsar://HOST:PORT[,HOST:PORT...] (or pulsar://HOST:PORT,pulsar://HOST:PORT; pulsar+ssl:// "
+                    "alike) of brokers that get every request that is not the coordinator's (lookups, partition "
+                    "metadata, schemas); the first that answers is used",
     "lookup_connections": "how producers/consumers reach the broker a forwarded lookup names: upstream (as "
                           "the broker says), direct (clients connect to brokers), proxy (always through tc-server)",
     "participant_wait_s": "END_TXN answers once every participant broker acknowledged the decision, or after "

@@ -168,7 +168,7 @@ class Settings:
     # Input buffered by all connections together (frames not yet complete or not yet served).
     max_buffered_input_bytes: int = 64 * 1024 * 1024
     # The front door (README "One service URL"): brokers that get every request that is not the
-    # coordinator's, comma-separated; the first that answers is used, the next on failure.
+    # coordinator's, comma-separated (see upstream_urls); the first that answers is used, the next on failure.
     upstream_url: str = ""
     # How producers and consumers reach the broker a forwarded LOOKUP names: upstream | direct | proxy.
     lookup_connections: str = "upstream"
@@ -213,7 +213,15 @@ class Settings:
 
     @property
     def upstream_urls(self) -> list[str]:
-        return [url.strip() for url in self.upstream_url.split(",") if url.strip()]
+        """One URL per broker. Both ``pulsar://b1:6650,b2:6650`` (Pulsar's serviceUrl form: a host
+        without a scheme takes the one before it) and ``pulsar://b1:6650,pulsar://b2:6650`` are read."""
+        urls: list[str] = []
+        for item in (part.strip() for part in self.upstream_url.split(",")):
+            if item and urls and "://" not in item:
+                item = f"{urls[-1].partition('://')[0]}://{item}"
+            if item:
+                urls.append(item)
+        return urls
 
     def validate(self) -> Settings:
         def check(ok: bool, name: str, why: str) -> None:

@@ -58,3 +58,20 @@ def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixt
     assert main(["run", "--advertised-url", "pulsar://h:99999"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tc-server: configuration error: advertised_url: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("value", "urls"), [
+    # Pulsar's serviceUrl form: one scheme, several hosts (what the --upstream-url help shows).
+    ("pulsar://b1:6650,b2:6650", ["pulsar://b1:6650", "pulsar://b2:6650"]),
+    ("pulsar://b1:6650,pulsar://b2:6650", ["pulsar://b1:6650", "pulsar://b2:6650"]),
+    ("pulsar+ssl://b1:6651, b2:6651", ["pulsar+ssl://b1:6651", "pulsar+ssl://b2:6651"]),
+    ("pulsar://127.0.0.1:6650,pulsar-broker:6650,[fd00::9]:6650",
+     ["pulsar://127.0.0.1:6650", "pulsar://pulsar-broker:6650", "pulsar://[fd00::9]:6650"]),
+])
+def test_upstream_url_takes_both_multi_host_forms(value: str, urls: list[str]) -> None:
+    assert settings_from(upstream_url=value).upstream_urls == urls
+
+
+def test_upstream_url_needs_a_scheme_first() -> None:
+    with pytest.raises(ConfigError, match=r"^upstream_url: must be pulsar://HOST:PORT or pulsar\+ssl://HOST:PORT"):
+        settings_from(upstream_url="b1:6650,pulsar://b2:6650")
