@@ -75,3 +75,17 @@ def test_upstream_url_takes_both_multi_host_forms(value: str, urls: list[str]) -
 def test_upstream_url_needs_a_scheme_first() -> None:
     with pytest.raises(ConfigError, match=r"^upstream_url: must be pulsar://HOST:PORT or pulsar\+ssl://HOST:PORT"):
         settings_from(upstream_url="b1:6650,pulsar://b2:6650")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("keepalive_s", "1e-9"), ("request_timeout_s", "0.0001"), ("keepalive_s", "0.09"),
+    ("gc_interval_s", "0"), ("authentication_refresh_check_s", "0.01"), ("tls_cert_refresh_check_s", "0.001"),
+])
+def test_timers_below_a_tenth_of_a_second_are_refused(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name}: must be a number of seconds of at least 0.1 "):
+        settings_from(**{name: value})
+
+
+def test_a_tenth_of_a_second_is_accepted() -> None:
+    assert settings_from(keepalive_s="0.1", request_timeout_s="0.1").request_timeout_s == 0.1
+
