@@ -245,6 +245,10 @@ class Settings:
             raise ConfigError(f"oxia_address: {exc}") from None
         self._validate_url("advertised_url", [self.advertised_url] if self.advertised_url else [], ("pulsar",))
         check(self.store in STORE_KINDS, "store", f"must be one of {', '.join(STORE_KINDS)}")
+        # An empty cluster is an absent `cluster` label (dashboards filter on it), an empty data_dir the
+        # working directory, an empty namespace not the brokers' one.
+        for name in ("cluster", "data_dir", "oxia_namespace"):
+            check(bool(getattr(self, name)), name, "must not be empty")
         self._validate_url("upstream_url", self.upstream_urls, ("pulsar", "pulsar+ssl"))
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")

@@ -89,3 +89,8 @@ def test_timers_below_a_tenth_of_a_second_are_refused(name: str, value: str) -> 
 def test_a_tenth_of_a_second_is_accepted() -> None:
     assert settings_from(keepalive_s="0.1", request_timeout_s="0.1").request_timeout_s == 0.1
 
+
+@pytest.mark.parametrize("name", ["cluster", "data_dir", "oxia_namespace"])
+def test_empty_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name}: must not be empty"):
+        settings_from(**{name: ""})
