@@ -7,6 +7,7 @@ from, so a typo in a compose file is found at start, not at the first request.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import os
@@ -358,6 +359,35 @@ class Settings:
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
 ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}
+# TC_SERVER_* variables that are not settings, yet not typos: the configuration file, and the test
+# suite's knobs (tests/store/oxia_backends.py, tests/v5), which every server a test starts inherits.
+OTHER_ENV_NAMES = frozenset({CONFIG_ENV, "TC_SERVER_TEST_OXIA_BIN", "TC_SERVER_JAVA21", "TC_SERVER_V5_OXIA_ADDRESS"})
+# Kubernetes service links: the kubelet gives every pod of a namespace with a Service named tc-server
+# (both manifests in deploy/kubernetes define one) TC_SERVER_SERVICE_HOST, TC_SERVER_PORT_6650_TCP, ...
+_SERVICE_LINK = re.compile(
+    ENV_PREFIX + r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+# ... and TC_SERVER_PORT=tcp://IP:PORT, whose name alone could be a misspelled setting, so its value decides.
+_SERVICE_LINK_URL = (re.compile(ENV_PREFIX + r"(\w+_)?PORT"), re.compile(r"(tcp|udp|sctp)://\S+"))
+
+
+def _is_service_link(env_name: str, value: str) -> bool:
+    if _SERVICE_LINK.fullmatch(env_name):
+        return True
+    name_form, value_form = _SERVICE_LINK_URL
+    return bool(name_form.fullmatch(env_name) and value_form.fullmatch(value))
+
+
+def _unknown_setting(where: str, name: str) -> ConfigError:
+    """A name that is no setting, with the closest one: a typo must stop the start, not be ignored.
+    ``name`` is a TOML key or an environment variable; the closest setting is given in the same form."""
+    env = name.startswith(ENV_PREFIX)
+    bare = (name[len(ENV_PREFIX):] if env else name).lower().replace("-", "_")
+    closest = difflib.get_close_matches(bare, [*SETTING_NAMES, *(["config"] if env else [])], n=1)
+    if closest:
+        hint = f"did you mean {ENV_PREFIX + closest[0].upper() if env else closest[0]}?"
+    else:
+        hint = "tc-server run --help lists the settings"
+    return ConfigError(f"{where}: unknown setting {name if env else repr(name)} ({hint})")
 
 
 def _coerce(name: str, raw: Any, source: str) -> Any:
@@ -401,11 +431,14 @@ def load_settings(
         for key, raw in doc.items():
             name = key.replace("-", "_")
             if name not in SETTING_NAMES:
-                raise ConfigError(f"config file {path}: unknown setting {key!r}")
+                raise _unknown_setting(f"config file {path}", key)
             values[name] = _coerce(name, raw, f"config file {path}")
-    for env_name, name in ENV_NAMES.items():
-        if env_name in environ:
-            values[name] = _coerce(name, environ[env_name], f"environment {env_name}")
+    for env_name, raw in environ.items():
+        if env_name in ENV_NAMES:
+            values[ENV_NAMES[env_name]] = _coerce(ENV_NAMES[env_name], raw, f"environment {env_name}")
+        elif env_name.startswith(ENV_PREFIX) and env_name not in OTHER_ENV_NAMES \
+                and not _is_service_link(env_name, raw):
+            raise _unknown_setting("environment", env_name)
     for key, raw in (flags or {}).items():
         if raw is not None:
             values[key] = _coerce(key, raw, f"--{key.replace('_', '-')}")

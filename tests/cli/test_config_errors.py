@@ -94,3 +94,40 @@ def test_a_tenth_of_a_second_is_accepted() -> None:
 def test_empty_names_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=f"^{name}: must not be empty"):
         settings_from(**{name: ""})
+
+
+def test_a_misspelled_environment_variable_is_named_with_the_closest_setting() -> None:
+    with pytest.raises(ConfigError, match=r"^environment: unknown setting TC_SERVER_LISTN \(did you mean "
+                                          r"TC_SERVER_LISTEN\?\)"):
+        load_settings(environ={"TC_SERVER_LISTN": "0.0.0.0:6651"})
+    with pytest.raises(ConfigError, match=r"unknown setting TC_SERVER_NONSENSE \(tc-server run --help"):
+        load_settings(environ={"TC_SERVER_NONSENSE": "1"})
+
+
+def test_a_misspelled_toml_key_is_named_with_the_closest_setting(tmp_path) -> None:
+    config = tmp_path / "tc-server.toml"
+    config.write_text('advertized_url = "pulsar://h:6650"\n')
+    with pytest.raises(ConfigError, match=r"unknown setting 'advertized_url' \(did you mean advertised_url\?\)"):
+        load_settings(environ={}, config_file=str(config))
+
+
+@pytest.mark.parametrize("name", [
+    # The test suite's knobs, which a server a test starts inherits (tests/store/oxia_backends.py, tests/v5).
+    "TC_SERVER_TEST_OXIA_BIN", "TC_SERVER_JAVA21", "TC_SERVER_V5_OXIA_ADDRESS",
+])
+def test_variables_read_by_others_are_not_settings_and_not_refused(name: str) -> None:
+    assert load_settings(environ={name: "/somewhere"}) == load_settings(environ={})
+
+
+def test_kubernetes_service_links_are_not_refused() -> None:
+    # What the kubelet puts in every pod of a namespace holding a Service named tc-server (both manifests
+    # define one) or tc-server-headless.
+    links = {"TC_SERVER_SERVICE_HOST": "10.96.0.10", "TC_SERVER_SERVICE_PORT": "6650",
+             "TC_SERVER_SERVICE_PORT_PULSAR": "6650", "TC_SERVER_SERVICE_PORT_TC_HTTP": "8080",
+             "TC_SERVER_PORT": "tcp://10.96.0.10:6650", "TC_SERVER_PORT_6650_TCP": "tcp://10.96.0.10:6650",
+             "TC_SERVER_PORT_6650_TCP_PROTO": "tcp", "TC_SERVER_PORT_6650_TCP_PORT": "6650",
+             "TC_SERVER_PORT_6650_TCP_ADDR": "10.96.0.10", "TC_SERVER_HEADLESS_PORT": "tcp://10.96.0.11:6650"}
+    assert load_settings(environ=links) == load_settings(environ={})
+    # The shape of a service link is not a loophole for a misspelled setting.
+    with pytest.raises(ConfigError, match="unknown setting TC_SERVER_ADMIN_PORT"):
+        load_settings(environ={"TC_SERVER_ADMIN_PORT": "8081"})

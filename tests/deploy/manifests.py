@@ -160,6 +160,23 @@ def container_env(container: Mapping[str, Any], maps: Mapping[str, Mapping[str, 
     return env
 
 
+def service_link_env(service: Mapping[str, Any], cluster_ip: str = "10.96.0.10") -> dict[str, str]:
+    """The variables the kubelet gives every pod of the namespace for this Service (enableServiceLinks,
+    on by default): a Service named tc-server makes TC_SERVER_SERVICE_HOST, TC_SERVER_PORT, ..."""
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    ports = service["spec"]["ports"]
+    env = {f"{name}_SERVICE_HOST": cluster_ip, f"{name}_SERVICE_PORT": str(ports[0]["port"]),
+           f"{name}_PORT": f"{ports[0].get('protocol', 'TCP').lower()}://{cluster_ip}:{ports[0]['port']}"}
+    for port in ports:
+        number, protocol = port["port"], port.get("protocol", "TCP")
+        if "name" in port:
+            env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(number)
+        link = f"{name}_PORT_{number}_{protocol}"
+        env |= {link: f"{protocol.lower()}://{cluster_ip}:{number}", f"{link}_PROTO": protocol.lower(),
+                f"{link}_PORT": str(number), f"{link}_ADDR": cluster_ip}
+    return env
+
+
 def named_ports(container: Mapping[str, Any]) -> dict[str, int]:
     return {p["name"]: int(p["containerPort"]) for p in container.get("ports", [])}
 

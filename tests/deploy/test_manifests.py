@@ -34,6 +34,7 @@ from .manifests import (
     named_ports,
     port_of,
     resolve_port,
+    service_link_env,
     settings_from_env,
     tc_server_containers,
 )
@@ -99,6 +100,19 @@ def test_env_names_are_settings_and_values_load(where: str, env: dict[str, str])
     unknown = tc_env_names(env) - set(ENV_NAMES) - {CONFIG_ENV}
     assert not unknown, f"{where}: not settings: {sorted(unknown)}"
     settings_from_env(env)  # raises ConfigError naming the setting
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_service_links_of_the_manifests_services_do_not_stop_the_start(variant: str) -> None:
+    """An unknown TC_SERVER_* variable stops the start; the kubelet's service links for the Service
+    tc-server (and any other Service of these manifests) must not."""
+    links: dict[str, str] = {}
+    for service in (doc for doc in k8s_docs(variant) if doc["kind"] == "Service"):
+        links |= service_link_env(service)
+    assert "TC_SERVER_SERVICE_HOST" in links
+    maps = config_maps(variant)
+    for _, container in tc_server_containers(variant):
+        settings_from_env({**links, **image_env(), **container_env(container, maps)})
 
 
 def test_config_maps_hold_only_settings() -> None:
