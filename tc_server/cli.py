@@ -217,8 +217,18 @@ def _export(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    try:
+        from tc_server.audit.export import export_snapshot
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "pyarrow":
+            raise
+        # The image and a plain `pip install tc-server` have the runtime dependencies only.
+        print("tc-server: export needs pyarrow, which is not installed: install the audit extra "
+              "(pip install 'tc-server[audit]') or export from a machine that has it", file=sys.stderr)
+        return 2
     from tc_server.app import open_configured_store
-    from tc_server.audit.export import export_snapshot
+    from tc_server.store.api import StoreError
+    from tc_server.store.embedded import StoreInUseError
     from tc_server.workers import WORKERS_FILE
 
     if settings.store == "embedded" and (Path(settings.data_dir) / WORKERS_FILE).exists():
@@ -235,7 +245,14 @@ def _export(args: argparse.Namespace) -> int:
         finally:
             await store.close()
 
-    counts = _run_loop(go())
+    try:
+        counts = _run_loop(go())
+    except StoreError as exc:
+        # The embedded store has one user at a time (its file lock): a server running on it keeps it.
+        hint = (f": stop the tc-server using {settings.data_dir} and export again (on --store oxia an export runs "
+                "beside the servers)" if isinstance(exc, StoreInUseError) else "")
+        print(f"tc-server: cannot export: {exc}{hint}", file=sys.stderr)
+        return 2
     print(", ".join(f"{name}: {count}" for name, count in counts.items()))
     return 0
 

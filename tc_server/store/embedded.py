@@ -153,6 +153,10 @@ def _record(row: _Row) -> Record:
     return Record(key, bytes(value), version, created_ms=created_ms, modified_ms=modified_ms)
 
 
+class StoreInUseError(StoreUnavailableError):
+    """Another process (a running tc-server) holds the database file's lock: one user at a time."""
+
+
 def _unavailable(what: str, exc: BaseException) -> StoreUnavailableError:
     return StoreUnavailableError(f"embedded store: {what} failed: {type(exc).__name__}: {exc}")
 
@@ -736,7 +740,7 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         raise _unavailable(f"opening {path}", exc) from exc
     if not _lock(lock_fd):
         os.close(lock_fd)
-        raise StoreUnavailableError(f"embedded store: {path} is in use by another tc-server process (or store)")
+        raise StoreInUseError(f"embedded store: {path} is in use by another tc-server process (or store)")
     opened: list[sqlite3.Connection] = []
     try:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves. Closed before the writer starts.
