@@ -51,10 +51,11 @@ VOLUME ["/var/lib/tc-server"]
 # 6650: Pulsar binary protocol (--listen). 8080: admin HTTP, /metrics, /healthz, /readyz (--admin-listen).
 EXPOSE 6650 8080
 
-# slim has no curl. The port follows TC_SERVER_ADMIN_LISTEN when that is set; a port set only in the
-# TOML file or a flag needs a matching --health-cmd.
+# GET /healthz where the settings put the admin port (TC_SERVER_* and the TC_SERVER_CONFIG file:
+# TC_SERVER_ADMIN_LISTEN on [::] is asked at [::1], TC_SERVER_ADMIN_TLS over HTTPS; tc_server/healthcheck.py).
+# Settings given as flags after `run` are not seen by it: such a container needs a matching --health-cmd.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('TC_SERVER_ADMIN_LISTEN', ':8080').rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+    CMD ["tc-server", "healthcheck"]
 
 ENTRYPOINT ["tc-server"]
 CMD ["run"]

@@ -1,4 +1,5 @@
-"""``tc-server``: ``run`` the coordinator, ``export`` a snapshot of the store for the audit job.
+"""``tc-server``: ``run`` the coordinator, ``export`` a snapshot of the store for the audit job,
+``healthcheck`` the image's HEALTHCHECK.
 
 Every setting of tc_server.config.Settings is a flag of ``run`` (``--data-dir``), an environment
 variable (``TC_SERVER_DATA_DIR``) and a key of the TOML file given by ``--config``.
@@ -140,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, type=Path, help="output directory of the snapshot")
     export.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress line on stderr (default: when stderr is a TTY)")
+    health = sub.add_parser("healthcheck", help="exit 0 if /healthz answers 200 at the admin address the "
+                            f"settings of the environment ({ENV_PREFIX}*, {ENV_PREFIX}CONFIG) give, else 1 "
+                            "(the image's HEALTHCHECK; flags of run are not seen)")
+    health.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
     return parser
 
 
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args, list(sys.argv[1:] if argv is None else argv))
+    if args.command == "healthcheck":
+        return _healthcheck(args)
     return _export(args)
 
 
@@ -209,6 +216,20 @@ def _run_loop(coro: Any) -> Any:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    """Exit code 1 on any failure: Docker reads 1 as unhealthy and reserves 2."""
+    from tc_server.healthcheck import check_health
+
+    try:
+        problem = check_health(load_settings(config_file=args.config))
+    except ConfigError as exc:
+        problem = f"configuration error: {exc}"
+    if problem is not None:
+        print(f"tc-server healthcheck: {problem}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -12,11 +12,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tc_server.bench.process import READY_TIMEOUT_S
+from tests.security.pki import TestCa
 
 from .manifests import ROOT, dashboard, dashboard_exprs, dockerfile_stages, metric_names
 
@@ -35,11 +39,14 @@ def tc_server_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from tc_server.cli import main; sys.exit(main())"]
 
 
+def this_checkout_env() -> dict[str, str]:
+    """This environment, with this checkout's tc_server first (the console script may be another's)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[object]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    with smoke.run_server(tc_server_command(), env=env) as running:
+    with smoke.run_server(tc_server_command(), env=this_checkout_env()) as running:
         try:
             running.wait_ready()
         except RuntimeError as exc:  # its message holds the server's log tail
@@ -82,14 +89,56 @@ def test_coordinator_series_carry_cluster_and_coordinator_id(server: object) -> 
         assert {"cluster", "coordinator_id"} <= seen[name], name
 
 
-def test_the_image_healthcheck_command_passes(server: object) -> None:
-    """The Dockerfile's HEALTHCHECK, run as Docker would (exec form), with the admin port from the env."""
+def image_healthcheck(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The Dockerfile's HEALTHCHECK, run as Docker would (exec form), in a container whose settings are
+    these TC_SERVER_* variables (and nothing from the caller's shell)."""
     (check,) = dockerfile_stages()[-1].args("HEALTHCHECK")
     argv = json.loads(check[check.index("CMD") + len("CMD"):].strip())
-    assert argv[0] == "python"
+    # The image's PATH finds these two in its venv; here they are this environment's.
+    program = {"python": [sys.executable], "tc-server": tc_server_command()}[argv[0]]
+    env = {k: v for k, v in this_checkout_env().items() if not k.startswith("TC_SERVER_")}
+    env |= {"TC_SERVER_" + name.upper(): value for name, value in settings.items()}
+    return subprocess.run([*program, *argv[1:]], env=env, timeout=30, capture_output=True, text=True)
+
+
+def test_the_image_healthcheck_command_passes(server: object) -> None:
     admin_listen = f"127.0.0.1:{server.admin_port}"  # type: ignore[attr-defined]
-    env = {**os.environ, "TC_SERVER_ADMIN_LISTEN": admin_listen}
-    assert subprocess.run([sys.executable, *argv[1:]], env=env, timeout=10).returncode == 0
-    env["TC_SERVER_ADMIN_LISTEN"] = f"127.0.0.1:{smoke.free_port()}"  # nothing listens there
-    assert subprocess.run([sys.executable, *argv[1:]], env=env, timeout=10,
-                          capture_output=True).returncode != 0
+    done = image_healthcheck({"admin_listen": admin_listen})
+    assert done.returncode == 0, done.stderr
+    done = image_healthcheck({"admin_listen": f"127.0.0.1:{smoke.free_port()}"})  # nothing listens there
+    # 1 is "unhealthy" to Docker; 2 is reserved.
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def wait_started(server: object) -> None:
+    """Until the server logged "started" (its admin port is then open); the probes cannot tell, as
+    /readyz is on the address under test."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if '"event": "started"' in server.log_path.read_text():  # type: ignore[attr-defined]
+            return
+        if not server.running():  # type: ignore[attr-defined]
+            break
+        time.sleep(0.1)
+    pytest.fail(f"tc-server did not start:\n{server.log_tail()}")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("admin", ["ipv6", "tls", "mtls"])
+def test_the_image_healthcheck_follows_the_admin_settings(tmp_path: Path, admin: str) -> None:
+    """HEALTHCHECK used to ask http://127.0.0.1:<port> whatever the settings: it failed with the admin port
+    on [::] (asyncio binds it IPv6-only) and with --admin-tls."""
+    port = smoke.free_port()
+    settings = {"admin_listen": f"[::]:{port}" if admin == "ipv6" else f"127.0.0.1:{port}"}
+    if admin != "ipv6":
+        ca = TestCa(tmp_path)
+        cert = ca.issue("tc-server", "server", server=True)
+        settings |= {"admin_tls": "true", "tls_cert_file": str(cert.cert_file), "tls_key_file": str(cert.key_file)}
+    if admin == "mtls":  # the admin port then refuses a handshake without a trusted client certificate
+        settings |= {"tls_trust_certs_file": str(ca.cert_file), "tls_require_trusted_client_cert": "true"}
+    flags: list[str] = []
+    for name, value in settings.items():  # the same settings as flags of `run`, as a CMD would give them
+        flags += [f"--{name.replace('_', '-')}"] + ([] if value == "true" else [value])
+    with smoke.run_server(tc_server_command(), extra_args=flags, env=this_checkout_env()) as running:
+        wait_started(running)
+        done = image_healthcheck(settings)
+        assert done.returncode == 0, done.stderr

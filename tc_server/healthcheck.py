@@ -1,0 +1,58 @@
+"""``tc-server healthcheck``: GET /healthz of the tc-server these settings describe, for the image's
+HEALTHCHECK (exit code 0: healthy, 1: not).
+
+It reads the settings as ``run`` does, from the environment and the file ``TC_SERVER_CONFIG`` names, so
+the check follows --admin-listen (a wildcard address is asked on the loopback address of its family)
+and --admin-tls. Flags given after ``run`` are not seen: a container configured by flags needs its own
+health command.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.error
+import urllib.request
+
+from tc_server.config import Settings, parse_hostport
+
+# Docker's HEALTHCHECK --timeout in the Dockerfile is 3 s; the interpreter's start takes part of it.
+HEALTH_TIMEOUT_S = 2.0
+
+# asyncio binds "::" IPv6-only, so a server on [::] is not reachable at 127.0.0.1.
+_LOOPBACK_OF_WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def health_url(settings: Settings) -> str:
+    host, port = parse_hostport(settings.admin_listen)
+    host = _LOOPBACK_OF_WILDCARD.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if settings.admin_tls else 'http'}://{host}:{port}/healthz"
+
+
+def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if not settings.admin_tls:
+        return None
+    # The certificate names the service, not the loopback address asked here, and nothing but this
+    # server's liveness is read (no credentials are sent): its certificate is not verified.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if settings.tls_require_trusted_client_cert:
+        # The admin port then refuses a handshake without a trusted client certificate: the server's own
+        # is presented, so it must be one the trusted CAs accept as a client certificate.
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return context
+
+
+def check_health(settings: Settings, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+    """None when /healthz answers 200; otherwise why not, in one line."""
+    url = health_url(settings)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=_tls_context(settings)) as response:  # noqa: S310
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (OSError, ssl.SSLError) as exc:  # URLError is an OSError
+        return f"{url}: {getattr(exc, 'reason', exc)}"
+    return None if status == 200 else f"{url} answered {status}"
