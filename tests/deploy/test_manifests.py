@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tc_server.config import CONFIG_ENV, ENV_NAMES, ENV_PREFIX, Settings
+from tc_server.client.connection import Endpoint
+from tc_server.config import CONFIG_ENV, ENV_NAMES, ENV_PREFIX, Settings, parse_hostport
 
 from .manifests import (
     COMPOSE,
@@ -296,6 +297,41 @@ def test_pods_run_as_the_image_user_with_limits() -> None:
         assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert image_env()["TC_SERVER_DATA_DIR"] in mounts and "/tmp" in mounts  # read-only root
+
+
+# The Pulsar Helm chart's names for a release called "pulsar": its broker Service and its Oxia.
+BROKER_SERVICE = "pulsar-broker"
+CHART_OXIA = "pulsar-oxia-svc"
+
+
+def test_every_kubernetes_layout_names_its_brokers() -> None:
+    """Without an upstream, lookups of ordinary topics get TopicNotFound and decisions never reach a broker."""
+    for variant, _, _, settings in k8s_containers():
+        endpoints = [Endpoint.parse(url) for url in settings.upstream_urls]
+        assert endpoints, f"{variant}: no TC_SERVER_UPSTREAM_URL"
+        assert BROKER_SERVICE in {e.host for e in endpoints}, variant
+        assert all(e.port == 6650 and not e.tls for e in endpoints), variant  # the chart's plain broker port
+        if variant == "sidecar":
+            # The broker of the same pod first: the containers share the pod's network.
+            assert (endpoints[0].host, endpoints[0].port) == ("127.0.0.1", 6650)
+            assert parse_hostport(settings.oxia_address)[0] == CHART_OXIA  # the same release
+
+
+# A commented-out broker credential: "# KEY: value" (ConfigMap) or "# - name: KEY" + "#   value: value" (env).
+COMMENTED_SETTING = re.compile(
+    r"^\s*#\s*(?:- name: )?(TC_SERVER_BROKER_CLIENT_AUTH_\w+)(?::\s*|\n\s*#\s*value:\s*)(\S+)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_broker_credentials_are_marked_placeholders_that_load(variant: str) -> None:
+    """Left commented out (the token Secret is the operator's), but they must be settings that load."""
+    text = "\n".join(path.read_text() for path in sorted((K8S / variant).glob("*.yaml")))
+    assert "PLACEHOLDERS" in text and "superUserRoles" in text
+    placeholders = dict(COMMENTED_SETTING.findall(text))
+    assert set(placeholders) == {"TC_SERVER_BROKER_CLIENT_AUTH_PLUGIN", "TC_SERVER_BROKER_CLIENT_AUTH_PARAMS"}
+    (_, container), *_ = tc_server_containers(variant)
+    settings = settings_from_env({**image_env(), **container_env(container, config_maps(variant)), **placeholders})
+    assert settings.broker_client_auth_params.startswith("file:///var/run/secrets/tc-server/")
 
 
 def test_standalone_deployment_and_service() -> None:
