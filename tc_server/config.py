@@ -114,7 +114,7 @@ MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
 MAX_INTERVAL_S = 24 * 3600.0
 # And a tenth of a second bounds them below: a shorter keepalive drops clients whose PONG is a round trip
 # late, a shorter request timeout fails requests before a store write (an fsync, an Oxia round trip) can
-# finish, and a shorter check loop wakes tens of times a second for nothing. 1e-9 used to be accepted.
+# finish, and a shorter check loop wakes tens of times a second for nothing.
 MIN_INTERVAL_S = 0.1
 MAX_RETENTION_S = 10 * 365 * 24 * 3600
 # A request in flight holds a task of a few KiB: ten million would be tens of GiB.
@@ -221,11 +221,10 @@ class Settings:
         """One URL per broker. Both ``pulsar://b1:6650,b2:6650`` (Pulsar's serviceUrl form: a host
         without a scheme takes the one before it) and ``pulsar://b1:6650,pulsar://b2:6650`` are read."""
         urls: list[str] = []
-        for item in (part.strip() for part in self.upstream_url.split(",")):
-            if item and urls and "://" not in item:
+        for item in filter(None, (part.strip() for part in self.upstream_url.split(","))):
+            if urls and "://" not in item:
                 item = f"{urls[-1].partition('://')[0]}://{item}"
-            if item:
-                urls.append(item)
+            urls.append(item)
         return urls
 
     def validate(self) -> Settings:
