@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
     # Set by the supervisor of --workers N on the processes it starts (tc_server/supervisor.py).
     run.add_argument("--worker-index", dest="worker_index", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--supervisor-pid", dest="supervisor_pid", type=int, default=None, help=argparse.SUPPRESS)
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
     export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")
@@ -182,7 +183,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.worker_index is not None:
             from tc_server.supervisor import follow_supervisor
 
-            follow_supervisor()
+            follow_supervisor(args.supervisor_pid)
             worker = WorkerRole.of(settings, args.worker_index)
             settings = worker.settings
             structlog.contextvars.bind_contextvars(worker=worker.index)  # on every log line

@@ -58,15 +58,20 @@ STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
 
 
-def follow_supervisor() -> None:
+def follow_supervisor(supervisor_pid: int) -> None:
     """In a worker: be killed (SIGKILL) when the supervisor dies, by whatever means, so no worker outlives
     it holding the ports and the store locks; exit at once if it is already gone (Linux prctl). SIGKILL,
     not SIGTERM: a supervisor started again at once (systemd, Kubernetes) must find the ports and the
     stores free, not held by workers still draining; a kill loses nothing acknowledged (the embedded store
-    fsyncs before it answers), as a single process's kill -9."""
+    fsyncs before it answers), as a single process's kill -9.
+
+    ``supervisor_pid``: the supervisor's own pid (it passes ``--supervisor-pid``). A parent with another pid
+    means the supervisor is gone and this process was handed to init or to a subreaper. Compared with that
+    pid, not with 1: a supervisor that is a container's first process (the Docker image's entrypoint) is
+    PID 1 itself."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
+    if os.getppid() != supervisor_pid:
         sys.exit(1)
 
 
@@ -106,7 +111,8 @@ class Supervisor:
     # -- workers ------------------------------------------------------------------------------------
 
     def _command(self, index: int) -> list[str]:
-        return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index)]
+        return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index),
+                "--supervisor-pid", str(os.getpid())]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
         """Pass the worker's output on to our stderr as it comes (in chunks: a log line of any length
