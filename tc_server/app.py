@@ -57,11 +57,13 @@ class App:
 
     async def stop(self) -> None:
         """Stop accepting, drain requests in flight, step down, close the store; one log line."""
-        await self.admin.stop()
-        if self.tls_reload is not None:
-            self.tls_reload.cancel()
+        # The Pulsar ports first, before anything is awaited: a client connecting from now on is refused
+        # and goes to another instance at once, whatever holds up the rest of the stop.
         for listener in self.listeners:
             listener.stop_accepting()
+        if self.tls_reload is not None:
+            self.tls_reload.cancel()
+        await self.admin.stop()
         for listener in self.listeners:
             await listener.stop()
         await self.coordinator.stop()

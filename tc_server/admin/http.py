@@ -38,6 +38,10 @@ MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
 # Idle keep-alive connections are closed after this.
 KEEPALIVE_TIMEOUT_S = 75.0
+# How long a stop waits for admin requests still open (aiohttp's default: 60 s). Every endpoint answers
+# within the request timeout or far sooner; a client that sends its headers and never the body it
+# announced must not hold up the stop of the whole process.
+SHUTDOWN_TIMEOUT_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -88,6 +92,7 @@ class AdminServer:
     async def start(self) -> None:
         # access_log=None: no per-request lines (probes and scrapes would flood the log).
         self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                                      max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
                                      max_headers=MAX_HEADERS, logger=_aiohttp_log)
         await self._runner.setup()
