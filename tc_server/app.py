@@ -34,6 +34,10 @@ from tc_server.workers import WorkerRole
 
 log = structlog.get_logger("tc_server")
 
+# A request in flight is answered within --request-timeout-s (its deadline fires up to a tick late,
+# tc_server/server/deadlines.py): a stop waits that long for the answers, and this much more.
+DRAIN_MARGIN_S = 0.5
+
 
 @dataclass
 class App:
@@ -56,16 +60,20 @@ class App:
                 if listener is not None]
 
     async def stop(self) -> None:
-        """Stop accepting, drain requests in flight, step down, close the store; one log line."""
+        """Stop accepting, answer the requests in flight (bounded), step down, close the store; one log line."""
         # The Pulsar ports first, before anything is awaited: a client connecting from now on is refused
         # and goes to another instance at once, whatever holds up the rest of the stop.
         for listener in self.listeners:
             listener.stop_accepting()
         if self.tls_reload is not None:
             self.tls_reload.cancel()
+        # An END_TXN waiting for its participants' acknowledgements would outlast the drain's bound and be
+        # closed unanswered: it answers now (its decision is durable; delivery goes on until the coordinator
+        # steps down below).
+        self.context.dispatcher.stop_waiting_for_participants()
         await self.admin.stop()
         for listener in self.listeners:
-            await listener.stop()
+            await listener.stop(drain_timeout_s=self.settings.request_timeout_s + DRAIN_MARGIN_S)
         await self.coordinator.stop()
         if self.broker_pool is not None:
             await self.broker_pool.close()
@@ -273,7 +281,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     except BaseException:
         for opened in (listener, tls_listener, shared_listener):
             if opened is not None:  # release the ports (a listener that started drains nothing yet)
-                await opened.stop()
+                await opened.stop(drain_timeout_s=0)
         if coordinator is not None:  # it campaigns in the background: stop it before its store goes
             await coordinator.stop()
         if broker_pool is not None:

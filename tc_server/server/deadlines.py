@@ -59,6 +59,12 @@ class RequestDeadlines:
         with self.bound(what):
             await waiter
 
+    def expire_all(self) -> None:
+        """Every deadline is reached now: each task inside one sees its TimeoutError (a stop that cannot
+        wait for them)."""
+        for tick in list(self._buckets):
+            self._expire(tick)
+
     def _enter(self, task: asyncio.Task[Any]) -> set[asyncio.Task[Any]]:
         assert self._loop is not None
         tick = int(self._loop.time() / self._tick_s)

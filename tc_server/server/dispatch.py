@@ -96,6 +96,7 @@ class Dispatcher:
         # (the decision is durable either way; docs/participants.md).
         self.participant_wait_s = participant_wait_s
         self._participant_deadlines = RequestDeadlines(participant_wait_s)
+        self._stopping = False  # the server stops: END_TXN no longer waits for the participants
         commands = ("NEW_TXN", "ADD_PARTITION_TO_TXN", "ADD_SUBSCRIPTION_TO_TXN", "END_TXN")
         self._observe = {name: metrics.request_seconds.labels(name).observe for name in commands}
         for name in commands:
@@ -200,22 +201,29 @@ class Dispatcher:
         """``cmd``'s typed response carrying ``error`` (txnid_most_bits set: the Java client routes on it)."""
         return _KINDS[type(cmd)][1](cmd.request_id, *_txn_id(cmd), error, message)
 
+    def stop_waiting_for_participants(self) -> None:
+        """The server stops: END_TXN answers without waiting for the participants' acknowledgements, those
+        waiting now at once (see :meth:`_wait_delivered`), so that draining the connections answers them."""
+        self._stopping = True
+        self._participant_deadlines.expire_all()
+
     async def _wait_delivered(self, delivery: asyncio.Future[None], most: int, least: int) -> None:
         """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
         so that consumers see a commit once commit() returns; outside the request timeout, which
         bounds the decision only. Past participant_wait_s (below the Java client's 30 s operation
-        timeout; a shared deadline tick, so up to 0.1 s more) answer anyway: the decision is durable and
-        delivery goes on."""
+        timeout; a shared deadline tick, so up to 0.1 s more), or once the server stops, answer anyway:
+        the decision is durable and delivery goes on."""
         if delivery.done():
             return
-        if self.participant_wait_s > 0:
+        if self.participant_wait_s > 0 and not self._stopping:
             try:
                 await self._participant_deadlines.wait(delivery, "the participants' acknowledgements")
                 return
             except TimeoutError:
                 pass
         log.info("answering END_TXN before every participant acknowledged; delivery continues",
-                 txn=f"({most},{least})", waited_s=self.participant_wait_s)
+                 txn=f"({most},{least})",
+                 reason="stopping" if self._stopping else f"waited participant_wait_s={self.participant_wait_s}")
 
 
 def _txn_id(cmd: TxnRequest) -> tuple[int, int]:

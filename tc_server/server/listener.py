@@ -73,7 +73,7 @@ class PulsarListener:
         if self._server is not None:
             self._server.close()
 
-    async def stop(self, drain_timeout_s: float = 5.0) -> None:
+    async def stop(self, drain_timeout_s: float) -> None:
         """Stop accepting, then drain every connection of the shared context (both listeners'). A listener
         bound but never started (the start failed later) just releases its port."""
         if self._server is None or self.context is None:

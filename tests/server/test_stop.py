@@ -5,11 +5,15 @@ in-process server on real sockets."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from tc_server.app import start_app
+from tc_server.client import connect
 from tc_server.config import Settings
+from tc_server.wire import ServerError
+from tests.support.gated_store import GatedStore
 
 # Keeps a stop that hangs from hanging the test; a stop takes a fraction of it.
 STOP_BOUND_S = 60.0
@@ -31,3 +35,52 @@ async def test_new_clients_are_refused_first_and_an_admin_client_does_not_hold_u
     finally:
         await asyncio.wait_for(stopping, STOP_BOUND_S)
         writer.close()
+
+
+async def test_an_end_txn_waiting_for_its_participants_is_answered_by_the_stop(settings: Settings) -> None:
+    # A broker that takes connections and never answers: the decision's delivery never completes.
+    delivering = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        delivering.set()
+        await reader.read()
+        writer.close()
+
+    broker = await asyncio.start_server(silent, "127.0.0.1", 0)
+    broker_port = broker.sockets[0].getsockname()[1]
+    app = await start_app(replace(settings, upstream_url=f"pulsar://127.0.0.1:{broker_port}", participant_wait_s=600))
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        opened = await client.new_txn(tc_id=1, ttl_ms=600_000)
+        assert (await client.add_partition(1, opened.least, "persistent://public/default/t")).error is None
+        ending = asyncio.create_task(client.end_txn(1, opened.least, commit=True))
+        await asyncio.wait_for(delivering.wait(), STOP_BOUND_S)  # decided; its delivery is under way
+        assert not ending.done()
+        await asyncio.wait_for(app.stop(), STOP_BOUND_S)
+        ended = await asyncio.wait_for(ending, STOP_BOUND_S)
+        assert ended.error is None, ended  # the decision is durable: answered, not cut off
+    finally:
+        client.close()
+        broker.close()
+
+
+async def test_a_request_the_store_holds_is_answered_by_its_deadline_before_the_stop_closes_it(
+        settings: Settings) -> None:
+    # A request timeout above the drain's former fixed bound (5 s): the stop waits for the request's own.
+    store = GatedStore()
+    app = await start_app(replace(settings, request_timeout_s=6.0), store=store)
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        store.gate.clear()
+        stalled = asyncio.create_task(client.new_txn(tc_id=3, ttl_ms=60_000))
+        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds it
+            if app.context.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert app.context.in_flight == 1
+        await asyncio.wait_for(app.stop(), STOP_BOUND_S)
+        answered = await asyncio.wait_for(stalled, STOP_BOUND_S)
+        assert answered.error is ServerError.TransactionCoordinatorNotFound, answered
+        assert "--request-timeout-s" in (answered.message or "")
+    finally:
+        client.close()
