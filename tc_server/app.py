@@ -297,11 +297,27 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
 
 
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
-    app = await start_app(settings, worker=worker)
+    """Run until SIGTERM or SIGINT, then stop gracefully.
+
+    The handlers come before the start, which can take a while (the store's lock, an Oxia cluster not
+    answering yet): a signal meanwhile ends the start, closing what it opened, instead of killing the
+    process with nothing logged or, as PID 1 (which has no default action for SIGTERM), being ignored."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    starting = asyncio.create_task(start_app(settings, worker=worker), name="start")
+    stop_asked = asyncio.create_task(stop.wait(), name="stop-asked")
+    try:
+        await asyncio.wait((starting, stop_asked), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()  # start_app closes what it opened
+            await asyncio.wait((starting,))
+            if starting.cancelled():
+                log.info("stopped during the start")
+                return
+        app = starting.result()  # a failed start raises here
+        await stop_asked
+    finally:
+        stop_asked.cancel()
     await app.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -165,6 +166,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    # Until the event loop's handlers take over (tc_server/app.py serve, tc_server/supervisor.py supervise),
+    # SIGTERM ends the start as Ctrl-C does, with a KeyboardInterrupt, rather than killing the process with
+    # nothing logged or, as PID 1 (which has no default action for it), being ignored.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _start(args, argv)
+    except KeyboardInterrupt:
+        structlog.get_logger("tc_server").info("stopped during the start")
+        return 0
+
+
+def _start(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         settings = _settings(args, [f.name for f in fields(Settings)])
     except ConfigError as exc:
@@ -207,8 +220,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except (OSError, StoreError) as exc:  # ports, the data directory, the database file, the store
         print(f"tc-server: cannot start: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -1,15 +1,20 @@
 """The graceful stop (App.stop, README "Operations"): the Pulsar ports refuse new clients first, whatever
 holds up the rest; the requests in flight are answered; the admin port cannot hold the stop up. Against an
-in-process server on real sockets."""
+in-process server on real sockets; a SIGTERM during the start, against a real process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import socket
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tc_server.app import start_app
+from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
@@ -84,3 +89,25 @@ async def test_a_request_the_store_holds_is_answered_by_its_deadline_before_the_
         assert "--request-timeout-s" in (answered.message or "")
     finally:
         client.close()
+
+
+def test_sigterm_during_the_start_ends_it_with_exit_code_0(tmp_path: Path) -> None:
+    # An Oxia server that takes connections and never answers: the start waits for its shard assignments.
+    with socket.socket() as oxia:
+        oxia.bind(("127.0.0.1", 0))
+        oxia.listen()
+        oxia.settimeout(STOP_BOUND_S)
+        server = TcServerProcess(tmp_path / "data", "--oxia-address", f"127.0.0.1:{oxia.getsockname()[1]}",
+                                 "--request-timeout-s", "60", store="oxia", log_path=tmp_path / "tc-server.log")
+        server.start(wait=False)
+        assert server.proc is not None
+        try:
+            held, _ = oxia.accept()  # it is inside the start, connecting to the store
+            server.proc.send_signal(signal.SIGTERM)
+            code = server.proc.wait(STOP_BOUND_S)
+            held.close()
+        finally:
+            server.kill()
+    assert code == 0, server.log_tail()
+    events = [json.loads(line)["event"] for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    assert events[-1] == "stopped during the start", server.log_tail()
