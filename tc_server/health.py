@@ -2,10 +2,11 @@
 stayed 200 while every write failed on a full disk, and while recovery failed forever on a damaged
 database).
 
-Each component reports its failures and its successes here. A failure the component keeps retrying by
-itself (the recovery scan) stands until it succeeds; a failure seen by requests (store writes) stands
-while it keeps happening and for FRESH_S after, so an instance taken out of service, which then gets no
-requests, is tried again instead of staying out for good."""
+Each component reports its failures here. A failure the component keeps retrying by itself (the recovery
+scan) stands until it reports its success; a failure seen by requests (store writes failing or not finishing
+within the request timeout) stands while it keeps happening and for FRESH_S after, whatever succeeds
+meanwhile (requests that write nothing succeed while every write fails), so an instance taken out of
+service, which then gets no requests, is tried again instead of staying out for good."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Health:
         self._failures[component] = _Failure(since, now, message[:300], until_recovered)
 
     def recovered(self, component: str) -> None:
+        """``component``'s failure that stands until recovered (``until_recovered``) is over."""
         if self._failures:  # the common case costs one check
             self._failures.pop(component, None)
 

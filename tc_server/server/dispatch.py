@@ -187,10 +187,13 @@ class Dispatcher:
             if (left_out := self._log_limiter.allow(f"{name}:{error.name}")) is not None:
                 log.info("request failed", command=name, request_id=cmd.request_id, txn=f"({most},{least})",
                          error=error.name, message=message, left_out_since_last_line=left_out)
-            if isinstance(exc, StoreUnavailableError):  # a fact for /readyz (tc_server/health.py)
+            # A fact for /readyz (tc_server/health.py), and a deadline passed is one too: a store whose
+            # writes never complete (a stalled disk, a hung writer process) raises nothing, requests just
+            # run out of time. No success clears it: a request that writes nothing (a repeated ADD, a read)
+            # succeeds while every write hangs; it stands for health.FRESH_S after the last one.
+            if isinstance(exc, StoreUnavailableError | TimeoutError):
                 self.coordinator.health.failed("metadata store", message)
         else:
-            self.coordinator.health.recovered("metadata store")
             if delivery is not None:
                 await self._wait_delivered(delivery, most, least)
         self._observe[name](time.perf_counter() - started)

@@ -1,14 +1,17 @@
-"""/readyz from facts (issue 15, "/readyz lies"): store writes that fail and a recovery scan that fails
-make it 503 with a reason naming them; it turns 200 again once they work.
+"""/readyz from facts (issue 15, "/readyz lies"): store writes that fail or never finish and a recovery scan
+that fails make it 503 with a reason naming them; it turns 200 again once they work (a scan: once it
+succeeds; writes: once none failed for health.FRESH_S).
 
 The failing disk and the damaged index are stand-ins: a memory store that raises the error the
 embedded store raises for a full disk or a corrupt file, on cue (neither can be produced on cue
-on this machine without root)."""
+on this machine without root). The stalled writer is the embedded store's own, stopped with SIGSTOP."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -16,8 +19,11 @@ from typing import Any
 from tc_server.app import App, start_app
 from tc_server.client import connect
 from tc_server.config import Settings
+from tc_server.health import FRESH_S
 from tc_server.store.api import Record, StoreUnavailableError
+from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryStore
+from tc_server.wire import ServerError
 
 BOUND_S = 30.0
 
@@ -51,6 +57,16 @@ async def readyz(app: App) -> tuple[int, dict[str, Any]]:
     return int(head.split(b" ")[1]), json.loads(body)
 
 
+class ManualClock:
+    """health.Health's clock, moved by the test: how long a failure stands is read from it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def until_status(app: App, status: int) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     for _ in range(int(BOUND_S / 0.05)):
@@ -64,6 +80,8 @@ async def until_status(app: App, status: int) -> dict[str, Any]:
 async def test_failing_writes_make_readyz_fail_with_a_reason(settings: Settings) -> None:
     store = FailingStore()
     app = await start_app(settings, store=store)
+    clock = ManualClock()
+    app.coordinator.health._clock = clock
     try:
         await until_status(app, 200)
         client = await connect("127.0.0.1", app.listeners[0].port)
@@ -73,7 +91,33 @@ async def test_failing_writes_make_readyz_fail_with_a_reason(settings: Settings)
         assert any("metadata store failing" in p and "disk is full" in p for p in doc["problems"]), doc
         store.disk_full = False
         assert (await client.new_txn(tc_id=1)).error is None
+        # One success does not clear it (a request that writes nothing succeeds while every write fails):
+        # it stands until none failed for FRESH_S.
+        assert (await readyz(app))[0] == 503
+        clock.now += FRESH_S + 1
         await until_status(app, 200)
+        client.close()
+    finally:
+        await app.stop()
+
+
+async def test_writes_that_never_finish_make_readyz_fail(settings: Settings) -> None:
+    # The embedded store's writer process stopped (as by a hung fsync): writes raise nothing, they never
+    # finish, and requests run out of their deadline; reads, the probe's own included, still work.
+    app = await start_app(replace(settings, store="embedded", request_timeout_s=1.0))
+    try:
+        await until_status(app, 200)
+        client = await connect("127.0.0.1", app.listeners[0].port)
+        assert isinstance(app.store, EmbeddedStore) and app.store._writer is not None
+        writer_pid = app.store._writer.pid
+        os.kill(writer_pid, signal.SIGSTOP)
+        try:
+            stalled = await client.new_txn(tc_id=1)
+            assert stalled.error is ServerError.TransactionCoordinatorNotFound, stalled
+            doc = await until_status(app, 503)
+            assert any("metadata store failing" in p and "--request-timeout-s" in p for p in doc["problems"]), doc
+        finally:
+            os.kill(writer_pid, signal.SIGCONT)
         client.close()
     finally:
         await app.stop()
