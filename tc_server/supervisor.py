@@ -4,7 +4,8 @@ Each worker is ``tc-server run`` with the same flags, environment and configurat
 ``--worker-index k``; it serves coordinators i with i mod N = k on its own port and shares the service
 port with the others (tc_server/workers.py). The supervisor
 
-* restarts a worker that exits, after a backoff (tc_server/backoff.py), and logs it; a worker that
+* restarts a worker that exits, or whose process could not be started (the fork failed), after a backoff
+  (tc_server/backoff.py), and logs it; a worker that
   exits MAX_START_FAILURES times in a row before it was ever ready stops everything: the supervisor
   prints that worker's one-line error and exits non-zero (a port taken, a bad store: retrying will
   not help);
@@ -130,11 +131,20 @@ class Supervisor:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         while not self._stopping.is_set():
             worker.ready = worker.ready_since_start = False
-            # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
-            # in order (a worker that stopped on its own would look like one to restart).
-            worker.proc = await asyncio.create_subprocess_exec(
-                *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True)
+            try:
+                # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
+                # in order (a worker that stopped on its own would look like one to restart).
+                worker.proc = await asyncio.create_subprocess_exec(
+                    *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            except OSError as exc:
+                # fork or exec failed (EAGAIN, ENOMEM, EMFILE: the machine, not the worker): no worker ran,
+                # so no start failure is counted, and a later try may work.
+                delay = backoff.next_delay()
+                log.warning("cannot start a worker process; retrying", worker=worker.index, error=repr(exc),
+                            retry_in_s=round(delay, 2))
+                await self._pause(delay)
+                continue
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
             if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
                 worker.proc.send_signal(signal.SIGTERM)
@@ -162,8 +172,12 @@ class Supervisor:
             log.warning("worker exited; restarting", worker=worker.index, exit_code=code, pid=worker.proc.pid,
                         restart_in_s=round(delay, 2), failed_starts_in_a_row=worker.start_failures)
             self._restarts.labels(str(worker.index)).inc()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+            await self._pause(delay)
+
+    async def _pause(self, delay_s: float) -> None:
+        """Wait ``delay_s`` before the next start, or until the supervisor stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay_s)
 
     async def _stop_workers(self) -> None:
         running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]

@@ -5,12 +5,95 @@ tests/server/test_workers.py runs the real thing."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any, cast
 
-# Bound on a stand-in process's run (interpreter start on a loaded machine).
+import pytest
+import structlog
+
+from tc_server.bench.process import free_ports_in_a_row
+from tc_server.config import Settings
+from tc_server.supervisor import Supervisor
+
+# Bound on a stand-in process's run and on waiting for what the supervisor does (interpreter starts on a
+# loaded machine); it only keeps a test that fails from hanging.
 PROCESS_BOUND_S = 60.0
+
+# A stand-in worker: answers GET (the supervisor's /readyz probe) with 200 on the port argv[1]; argv[2] says
+# how it behaves: "serve" runs until a signal ends it, "crash" exits 1 a second after its first answer (a
+# crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM.
+STAND_IN_WORKER = """
+import signal, sys, threading, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port, behaviour = int(sys.argv[1]), sys.argv[2]
+answered = threading.Event()
+
+class Ready(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+        answered.set()
+
+    def log_message(self, *args):
+        pass
+
+if behaviour == "ignore-sigterm":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+HTTPServer.allow_reuse_address = True
+server = HTTPServer(("127.0.0.1", port), Ready)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+if behaviour == "crash":
+    answered.wait()
+    time.sleep(1)
+    sys.exit(1)
+while True:
+    signal.pause()
+"""
+
+
+class StandInSupervisor(Supervisor):
+    """The supervisor, starting the stand-in above as worker k on k's admin port, behaving as
+    ``behaviours[k]``."""
+
+    def __init__(self, behaviours: list[str]) -> None:
+        settings = replace(Settings(), store="memory", workers=len(behaviours),
+                           listen=f"127.0.0.1:{free_ports_in_a_row(1 + len(behaviours))}",
+                           admin_listen=f"127.0.0.1:{free_ports_in_a_row(1 + len(behaviours))}")
+        super().__init__(settings, [])
+        self.behaviours = behaviours
+
+    def _command(self, index: int) -> list[str]:
+        port = self.workers[index].admin_url.rsplit(":", 1)[1]
+        return [sys.executable, "-c", STAND_IN_WORKER, port, self.behaviours[index]]
+
+
+@pytest.fixture
+def logged() -> Iterator[list[dict[str, Any]]]:
+    """Every event logged during the test (structlog's capture)."""
+    with structlog.testing.capture_logs() as captured:
+        yield cast(list[dict[str, Any]], captured)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until ``condition()`` holds; a bound that keeps a failing test from hanging, not a timing check."""
+    for _ in range(int(PROCESS_BOUND_S / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {PROCESS_BOUND_S:.0f} s: {what}")
+
+
+def events(logged: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [event for event in logged if event["event"] == name]
 
 
 def test_a_worker_follows_the_supervisor_that_started_it_whatever_its_pid() -> None:
@@ -32,3 +115,30 @@ def test_a_worker_follows_the_supervisor_that_started_it_whatever_its_pid() -> N
     supervisor_gone = subprocess.run([sys.executable, "-c", follow, str(os.getppid())],
                                      capture_output=True, text=True, timeout=PROCESS_BOUND_S, check=False)
     assert (supervisor_gone.returncode, supervisor_gone.stdout) == (1, ""), supervisor_gone.stderr
+
+
+async def test_a_worker_whose_process_cannot_be_started_is_tried_again(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first fork fails (EAGAIN: too many processes; ENOMEM, EMFILE alike). Injected: a failing fork
+    cannot be had on cue without starving this test process too (RLIMIT_NPROC does not bind root)."""
+    start_process = asyncio.create_subprocess_exec
+    forks = []
+
+    async def first_fork_fails(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        forks.append(args)
+        if len(forks) == 1:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return await start_process(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", first_fork_fails)
+    supervisor = StandInSupervisor(["serve", "serve"])
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await until(lambda: all(worker.ready for worker in supervisor.workers) or running.done(),
+                    "both workers ready")
+    finally:
+        supervisor.stop()
+        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
+    assert code == 0
+    assert [(event["worker"], event["error"]) for event in events(logged, "cannot start a worker process; retrying")] \
+        == [(0, "BlockingIOError(11, 'Resource temporarily unavailable')")]
