@@ -5,10 +5,10 @@ Each worker is ``tc-server run`` with the same flags, environment and configurat
 port with the others (tc_server/workers.py). The supervisor
 
 * restarts a worker that exits, or whose process could not be started (the fork failed), after a backoff
-  (tc_server/backoff.py), and logs it; a worker that
-  exits MAX_START_FAILURES times in a row before it was ever ready stops everything: the supervisor
-  prints that worker's one-line error and exits non-zero (a port taken, a bad store: retrying will
-  not help);
+  (tc_server/backoff.py) that starts again from its shortest only once a worker stayed up STABLE_S, and
+  logs it; a worker that exits MAX_START_FAILURES times in a row before it was ever ready stops
+  everything: the supervisor prints that worker's one-line error and exits non-zero (a port taken, a bad
+  store: retrying will not help);
 * stops every worker with SIGTERM on SIGTERM/SIGINT (each drains as a single process does), and
   SIGKILLs one still running after WORKER_STOP_S;
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
@@ -45,6 +45,9 @@ MAX_START_FAILURES = 3
 # First restart after half a second (a kill -9 is back at once), at most one every 10 s.
 RESTART_INITIAL_S = 0.5
 RESTART_MAX_S = 10.0
+# A worker that stayed up this long after it got ready is restarted after the shortest backoff again. Not
+# as soon as it was ready: one that crashes a second later each time would be restarted twice a second.
+STABLE_S = 30.0
 # How often each worker's /readyz is asked (readiness tracking, the restart-failure count, metrics).
 POLL_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 2.0
@@ -83,7 +86,7 @@ class _Worker:
     admin_url: str
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False  # its /readyz said 200 at the last poll
-    ready_since_start: bool = False
+    ready_at: float | None = None  # when its /readyz first said 200 since it was started (loop time)
     start_failures: int = 0  # exits in a row before ever being ready
     last_error: str = ""  # its last "tc-server: ..." stderr line
 
@@ -129,8 +132,9 @@ class Supervisor:
 
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            worker.ready = worker.ready_since_start = False
+            worker.ready, worker.ready_at = False, None
             try:
                 # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
                 # in order (a worker that stopped on its own would look like one to restart).
@@ -156,11 +160,12 @@ class Supervisor:
             self._up.labels(str(worker.index)).set(0)
             if self._stopping.is_set():
                 return
-            if worker.ready_since_start:
-                worker.start_failures = 0
-                backoff.reset()
-            else:
+            if worker.ready_at is None:
                 worker.start_failures += 1
+            else:
+                worker.start_failures = 0
+                if loop.time() - worker.ready_at >= STABLE_S:
+                    backoff.reset()
             if worker.start_failures >= MAX_START_FAILURES:
                 error = worker.last_error.removeprefix(ERROR_PREFIX.decode()) or f"exit code {code}"
                 self.failure = (code if code > 0 else 1,
@@ -212,9 +217,9 @@ class Supervisor:
         while True:
             results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
             for worker, (ready, _) in zip(self.workers, results, strict=True):
-                if ready and not worker.ready_since_start:
+                if ready and worker.ready_at is None:
                     log.info("worker ready", worker=worker.index, pid=worker.proc.pid if worker.proc else None)
-                    worker.ready_since_start = True
+                    worker.ready_at = asyncio.get_running_loop().time()
                 worker.ready = ready
                 self._up.labels(str(worker.index)).set(1 if ready else 0)
             await asyncio.sleep(POLL_INTERVAL_S)

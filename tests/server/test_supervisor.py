@@ -19,7 +19,7 @@ import structlog
 
 from tc_server.bench.process import free_ports_in_a_row
 from tc_server.config import Settings
-from tc_server.supervisor import Supervisor
+from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
 
 # Bound on a stand-in process's run and on waiting for what the supervisor does (interpreter starts on a
 # loaded machine); it only keeps a test that fails from hanging.
@@ -142,3 +142,23 @@ async def test_a_worker_whose_process_cannot_be_started_is_tried_again(
     assert code == 0
     assert [(event["worker"], event["error"]) for event in events(logged, "cannot start a worker process; retrying")] \
         == [(0, "BlockingIOError(11, 'Resource temporarily unavailable')")]
+
+
+async def test_a_worker_that_crashes_soon_after_it_got_ready_is_restarted_ever_more_slowly(
+        logged: list[dict[str, Any]]) -> None:
+    supervisor = StandInSupervisor(["crash", "serve"])
+    running = asyncio.create_task(supervisor.run())
+
+    def restarts() -> list[dict[str, Any]]:
+        return [event for event in events(logged, "worker exited; restarting") if event["worker"] == 0]
+
+    try:
+        await until(lambda: len(restarts()) >= 3 or running.done(), "worker 0 restarted three times")
+    finally:
+        supervisor.stop()
+        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
+    assert code == 0
+    assert [event["failed_starts_in_a_row"] for event in restarts()[:3]] == [0, 0, 0]  # it was ready each time
+    # The backoff doubles from RESTART_INITIAL_S (each delay cut by up to half at random), as it does for a
+    # worker that never gets ready: the third delay is at least twice the first's longest.
+    assert restarts()[2]["restart_in_s"] > RESTART_INITIAL_S, restarts()
