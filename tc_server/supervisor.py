@@ -10,7 +10,7 @@ port with the others (tc_server/workers.py). The supervisor
   everything: the supervisor prints that worker's one-line error and exits non-zero (a port taken, a bad
   store: retrying will not help);
 * stops every worker with SIGTERM on SIGTERM/SIGINT (each drains as a single process does), and
-  SIGKILLs one still running after WORKER_STOP_S;
+  SIGKILLs those still running WORKER_STOP_S later;
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
   worker's own ``/readyz`` says 200: the body lists each worker and its problems) and ``/metrics``
   (the supervisor's own series: worker readiness and restarts). Each worker's series, and its
@@ -185,18 +185,23 @@ class Supervisor:
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
     async def _stop_workers(self) -> None:
+        """SIGTERM to every worker; those still running WORKER_STOP_S later are killed. One bound for all,
+        waited for together: a bound per worker, one after the other, added up past any stop timeout."""
         running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-        for proc in running:
-            try:
-                await asyncio.wait_for(proc.wait(), WORKER_STOP_S)
-            except TimeoutError:
-                log.warning("worker ignored SIGTERM; killing it", pid=proc.pid)
+        if not running:
+            return
+        exits = {asyncio.create_task(proc.wait()): proc for proc in running}
+        _, late = await asyncio.wait(exits, timeout=WORKER_STOP_S)
+        if late:
+            log.warning("workers ignored SIGTERM; killing them", pids=sorted(exits[task].pid for task in late),
+                        waited_s=WORKER_STOP_S)
+            for task in late:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+                    exits[task].kill()
+            await asyncio.wait(late)
 
     # -- readiness ----------------------------------------------------------------------------------
 

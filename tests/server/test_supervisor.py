@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any, cast
 import pytest
 import structlog
 
+from tc_server import supervisor as supervisor_module
 from tc_server.bench.process import free_ports_in_a_row
 from tc_server.config import Settings
 from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
@@ -162,3 +164,22 @@ async def test_a_worker_that_crashes_soon_after_it_got_ready_is_restarted_ever_m
     # The backoff doubles from RESTART_INITIAL_S (each delay cut by up to half at random), as it does for a
     # worker that never gets ready: the third delay is at least twice the first's longest.
     assert restarts()[2]["restart_in_s"] > RESTART_INITIAL_S, restarts()
+
+
+async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # One bound for all: waited for one after another, N workers that ignore SIGTERM took N bounds.
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
+    supervisor = StandInSupervisor(["ignore-sigterm", "ignore-sigterm"])
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await until(lambda: all(worker.ready for worker in supervisor.workers) or running.done(),
+                    "both workers ready")
+    finally:
+        supervisor.stop()
+        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
+    assert code == 0
+    procs = [worker.proc for worker in supervisor.workers]
+    assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
+    assert [event["pids"] for event in events(logged, "workers ignored SIGTERM; killing them")] == [
+        sorted(proc.pid for proc in procs if proc)]
