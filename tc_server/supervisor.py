@@ -11,6 +11,8 @@ port with the others (tc_server/workers.py). The supervisor
   store: retrying will not help);
 * stops every worker with SIGTERM on SIGTERM/SIGINT (each drains as a single process does), and
   SIGKILLs those still running WORKER_STOP_S later;
+* reaps the exited children it did not start (a killed worker's store writer, handed to the supervisor
+  when it is PID 1 or a subreaper);
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
   worker's own ``/readyz`` says 200: the body lists each worker and its problems) and ``/metrics``
   (the supervisor's own series: worker readiness and restarts). Each worker's series, and its
@@ -27,6 +29,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import structlog
@@ -50,6 +53,8 @@ RESTART_MAX_S = 10.0
 STABLE_S = 30.0
 # How often each worker's /readyz is asked (readiness tracking, the restart-failure count, metrics).
 POLL_INTERVAL_S = 0.5
+# How often exited children that are not workers are looked for (Supervisor._reap_adopted).
+REAP_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 # A worker drains requests for up to --request-timeout-s (10 s by default) on SIGTERM; the launcher's
 # stop bound is 15 s (tc_server/bench/process.py).
@@ -79,6 +84,16 @@ def follow_supervisor(supervisor_pid: int) -> None:
         sys.exit(1)
 
 
+def children() -> set[int]:
+    """The pids of this process's children (Linux: a child is listed under the thread that is its parent,
+    /proc/self/task/<tid>/children)."""
+    found: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+    return found
+
+
 @dataclass
 class _Worker:
     index: int
@@ -98,6 +113,7 @@ class Supervisor:
         self.workers = [_Worker(k, worker_url(settings, k), worker_admin_url(settings, k))
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
+        self._spawning = 0  # worker processes being started: forked, maybe not in self.workers yet
         self.failure: tuple[int, str] | None = None  # (exit code, message) that stopped everything
         self._registry = CollectorRegistry()
         self._up = Gauge("tc_server_worker_ready", "1 when the worker's /readyz said 200 at the last check",
@@ -135,6 +151,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             worker.ready, worker.ready_at = False, None
+            self._spawning += 1
             try:
                 # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
                 # in order (a worker that stopped on its own would look like one to restart).
@@ -149,6 +166,8 @@ class Supervisor:
                             retry_in_s=round(delay, 2))
                 await self._pause(delay)
                 continue
+            finally:
+                self._spawning -= 1
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
             if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
                 worker.proc.send_signal(signal.SIGTERM)
@@ -202,6 +221,23 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     exits[task].kill()
             await asyncio.wait(late)
+
+    def _reap_adopted(self) -> None:
+        """Reap the exited children this process did not start. Where the supervisor is PID 1 (a container's
+        first process) or a subreaper, the kernel hands it the processes of a worker that died before them
+        (the embedded store's writer of a worker killed with -9); asyncio waits for the workers only, so
+        each would stay a zombie. A running child is left alone (WNOHANG)."""
+        if self._spawning:
+            return  # a worker forked just now may not be in self.workers yet: its exit status is asyncio's
+        workers = {worker.proc.pid for worker in self.workers if worker.proc is not None}
+        for pid in children() - workers:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            self._reap_adopted()
+            await asyncio.sleep(REAP_INTERVAL_S)
 
     # -- readiness ----------------------------------------------------------------------------------
 
@@ -267,14 +303,16 @@ class Supervisor:
                  worker_urls=[worker.url for worker in self.workers])
         keepers = [asyncio.create_task(self._keep_running(worker), name=f"worker-{worker.index}")
                    for worker in self.workers]
-        poll = asyncio.create_task(self._poll(), name="worker-readiness")
+        background = [asyncio.create_task(self._poll(), name="worker-readiness"),
+                      asyncio.create_task(self._reap_forever(), name="reaper")]
         try:
             await self._stopping.wait()
         finally:
             await self._stop_workers()
             await asyncio.gather(*keepers, return_exceptions=True)
-            poll.cancel()
-            await asyncio.gather(poll, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await self._http.close()
             await admin.stop()
         if self.failure is not None:

@@ -12,13 +12,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tc_server.bench.process import TcServerProcess, free_port, free_ports_in_a_row
+from tc_server.bench.process import TcServerProcess, descendants_of, free_port, free_ports_in_a_row
 from tc_server.client import TcClient, connect, connect_coordinators
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
 from tc_server.wire import ServerError
@@ -177,12 +178,63 @@ async def test_a_killed_supervisor_takes_its_workers_along_and_starts_again(tmp_
         assert server.stop() == 0
 
 
-def _alive(pid: int) -> bool:
+# Runs the command after it as a child subreaper (prctl PR_SET_CHILD_SUBREAPER, kept across exec): what a
+# container's PID 1 is, without the PID namespace that needs privileges. Orphans below it come to it.
+SUBREAPER = "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def _zombie_children(pid: int) -> list[int]:
+    return [child for child in descendants_of(pid) if _state(child) == "Z" and _parent(child) == pid]
+
+
+def test_a_supervisor_that_is_a_subreaper_reaps_what_a_killed_worker_leaves(tmp_path: Path) -> None:
+    """A worker killed with -9 leaves its store's writer process, which the kernel hands to the nearest
+    subreaper: the supervisor where it is PID 1 (the Docker image) or runs under ``systemd --user`` or
+    ``tini -s``. It must not pile up as zombies, one per kill."""
+    server = started(TcServerProcess(tmp_path / "data", "--workers", str(WORKERS), "--coordinators",
+                                     str(COORDINATORS), command=[sys.executable, "-c", SUBREAPER, TC_SERVER],
+                                     log_path=tmp_path / "server.log"))
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        assert server.proc is not None
+        for _ in range(2):
+            _, ready = server.get_json("/readyz")
+            killed = ready["workers"][0]["pid"]
+            os.kill(killed, signal.SIGKILL)
+            deadline = time.monotonic() + RESTART_BOUND_S
+            while True:
+                code, ready = server.get_json("/readyz")
+                if code == 200 and ready["workers"][0]["pid"] != killed:
+                    break
+                assert time.monotonic() < deadline, f"worker 0 not back: {ready}\n{server.log_tail()}"
+                time.sleep(0.2)
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while zombies := _zombie_children(server.proc.pid):
+            assert time.monotonic() < deadline, f"zombies left under the supervisor: {zombies}"
+            time.sleep(0.2)
+    finally:
+        assert server.stop() == 0
+
+
+def _stat_fields(pid: int) -> list[str]:
+    # After the command name, which is in parentheses and may itself hold spaces.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def _parent(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z")
 
 
 def _run(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
