@@ -56,8 +56,9 @@ POLL_INTERVAL_S = 0.5
 # How often exited children that are not workers are looked for (Supervisor._reap_adopted).
 REAP_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
-# A worker drains requests for up to --request-timeout-s (10 s by default) on SIGTERM; the launcher's
-# stop bound is 15 s (tc_server/bench/process.py).
+# A worker's stop on SIGTERM waits up to 1 s for its admin port (admin/http.py SHUTDOWN_TIMEOUT_S), then up
+# to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
+# DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
 WORKER_STOP_S = 12.0
 # The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
 ERROR_PREFIX = b"tc-server: "
