@@ -1,8 +1,9 @@
 """``tc-server run --workers N``: the process started supervises N worker processes of itself.
 
-Each worker is ``tc-server run`` with the same flags, environment and configuration file plus a hidden
-``--worker-index k``; it serves coordinators i with i mod N = k on its own port and shares the service
-port with the others (tc_server/workers.py). The supervisor
+Each worker is ``tc-server run`` with the same flags, environment and configuration file plus the hidden
+``--worker-index k`` and ``--supervisor-pid`` (follow_supervisor); it serves coordinators i with
+i mod N = k on its own port and shares the service port with the others (tc_server/workers.py). The
+supervisor
 
 * restarts a worker that exits, or whose process could not be started (the fork failed), after a backoff
   (tc_server/backoff.py) that starts again from its shortest only once a worker stayed up STABLE_S, and
@@ -147,18 +148,25 @@ class Supervisor:
         if errors:
             worker.last_error = errors[-1].decode(errors="replace").strip()
 
+    async def _start_process(self, index: int) -> asyncio.subprocess.Process:
+        """Worker ``index``'s process, started. Raises OSError when it cannot be (fork or exec failed)."""
+        self._spawning += 1
+        try:
+            # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
+            # in order (a worker that stopped on its own would look like one to restart).
+            return await asyncio.create_subprocess_exec(
+                *self._command(index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
+        finally:
+            self._spawning -= 1
+
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             worker.ready, worker.ready_at = False, None
-            self._spawning += 1
             try:
-                # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
-                # in order (a worker that stopped on its own would look like one to restart).
-                worker.proc = await asyncio.create_subprocess_exec(
-                    *self._command(worker.index), stdin=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                worker.proc = await self._start_process(worker.index)
             except OSError as exc:
                 # fork or exec failed (EAGAIN, ENOMEM, EMFILE: the machine, not the worker): no worker ran,
                 # so no start failure is counted, and a later try may work.
@@ -167,8 +175,6 @@ class Supervisor:
                             retry_in_s=round(delay, 2))
                 await self._pause(delay)
                 continue
-            finally:
-                self._spawning -= 1
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
             if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
                 worker.proc.send_signal(signal.SIGTERM)
