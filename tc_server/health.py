@@ -4,9 +4,9 @@ database).
 
 Each component reports its failures here. A failure the component keeps retrying by itself (the recovery
 scan) stands until it reports its success; a failure seen by requests (store writes failing or not finishing
-within the request timeout) stands while it keeps happening and for FRESH_S after, whatever succeeds
-meanwhile (requests that write nothing succeed while every write fails), so an instance taken out of
-service, which then gets no requests, is tried again instead of staying out for good."""
+within the request timeout) stands until a request that surely wrote succeeds (a NEW_TXN: requests that
+write nothing succeed while every write fails), and at most FRESH_S after the last one, so an instance
+taken out of service, which then gets no requests, is tried again instead of staying out for good."""
 
 from __future__ import annotations
 

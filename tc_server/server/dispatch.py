@@ -189,11 +189,16 @@ class Dispatcher:
                          error=error.name, message=message, left_out_since_last_line=left_out)
             # A fact for /readyz (tc_server/health.py), and a deadline passed is one too: a store whose
             # writes never complete (a stalled disk, a hung writer process) raises nothing, requests just
-            # run out of time. No success clears it: a request that writes nothing (a repeated ADD, a read)
-            # succeeds while every write hangs; it stands for health.FRESH_S after the last one.
+            # run out of time.
             if isinstance(exc, StoreUnavailableError | TimeoutError):
                 self.coordinator.health.failed("metadata store", message)
         else:
+            # Only a NEW_TXN, which always writes its header, clears it: a request that writes nothing
+            # (a repeated ADD) succeeds while every write hangs. Cleared at once, not after a window: a
+            # sidecar's readiness is its broker pod's, which one transient store error must not take out
+            # of its Service for long.
+            if type(cmd) is NewTxn:
+                self.coordinator.health.recovered("metadata store")
             if delivery is not None:
                 await self._wait_delivered(delivery, most, least)
         self._observe[name](time.perf_counter() - started)

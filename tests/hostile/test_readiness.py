@@ -90,10 +90,16 @@ async def test_failing_writes_make_readyz_fail_with_a_reason(settings: Settings)
         doc = await until_status(app, 503)
         assert any("metadata store failing" in p and "disk is full" in p for p in doc["problems"]), doc
         store.disk_full = False
-        assert (await client.new_txn(tc_id=1)).error is None
-        # One success does not clear it (a request that writes nothing succeeds while every write fails):
-        # it stands until none failed for FRESH_S.
         assert (await readyz(app))[0] == 503
+        # A NEW_TXN, which always writes its header, clears it at once (only a request that surely wrote
+        # does: a repeated ADD, which writes nothing, succeeds while every write fails).
+        assert (await client.new_txn(tc_id=1)).error is None
+        await until_status(app, 200)
+        # Without a request that wrote, it stands for FRESH_S after the last failure.
+        store.disk_full = True
+        assert (await client.new_txn(tc_id=1)).error is not None
+        await until_status(app, 503)
+        store.disk_full = False
         clock.now += FRESH_S + 1
         await until_status(app, 200)
         client.close()
