@@ -15,9 +15,9 @@ from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoor
 from tc_server.coordinator.errors import CoordinatorNotFound, NotAllowed
 from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import OpKind, Participant, TxnOp, TxnState
-from tc_server.coordinator.partition import PartitionConfig
+from tc_server.coordinator.partition import CoordinatorPartition, PartitionConfig
 from tc_server.metrics import Metrics
-from tc_server.store.api import Record, StoreUnavailableError
+from tc_server.store.api import MetadataStore, Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.coordinator.test_partition import FakeClock, eventually, header, make
 from tests.participants.test_outbox import TOPIC, RecordingSender, led
@@ -68,10 +68,19 @@ def fast_recheck(monkeypatch):
     monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
 
 
-def coordinator(store, url, partitions=2, **kw):
+def coordinator(store: MetadataStore, url: str, partitions: int = 2, **kw: Any) -> TransactionCoordinator:
     config = CoordinatorConfig(partitions=partitions, advertised_url=url,
                                partition=PartitionConfig(id_block_size=10), **kw)
     return TransactionCoordinator(store, config, Metrics("t"))
+
+
+async def started(store: MetadataStore, clock: FakeClock | None = None) -> TransactionCoordinator:
+    """One coordinator (one partition) leading and recovered on ``store``: with its own timeout sweep, or
+    on ``clock`` with none (the test runs the timeouts)."""
+    tc = coordinator(store, "pulsar://a:1", partitions=1) if clock is None else make(store, clock, partitions=1)
+    await tc.start()
+    await tc.wait_recovered()
+    return tc
 
 
 async def open_headers(store):
@@ -119,9 +128,7 @@ async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
     # id. Once the header lands it is tracked again and aborted, not left OPEN for a next leader.
     store = GatedStore()
     clock = FakeClock()
-    tc = make(store, clock, partitions=1)
-    await tc.start()
-    await tc.wait_recovered()
+    tc = await started(store, clock)
     partition = tc.partition(0)
     store.gate.clear()
     request = asyncio.create_task(partition.new_txn(1_000, None))
@@ -434,20 +441,30 @@ async def decision_events(store: MemoryStore) -> list[bytes]:
     return [record.value async for record in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
 
 
+
+
+async def committed_without_events(store: FailEvents, partition: CoordinatorPartition,
+                                   participants: tuple[Participant, ...] = ()) -> int:
+    """A txn with a v5 op (and ``participants``) whose COMMIT landed but whose events failed: END_TXN
+    answered an error. The store writes events again afterwards."""
+    least = await partition.new_txn(60_000, None)
+    if participants:
+        await partition.add_participants(least, None, participants)
+    await write_v5_op(store, least)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await partition.end_txn(least, commit=True, principal=None)
+    store.failing = False
+    return least
+
+
 async def test_events_a_stepping_down_partition_still_owes_are_written_as_it_stops():
     # The list of decisions whose events failed lives in the partition, and no next leader looks for
     # such txns: they are written once more as the partition stops, or a v5 participant waits for GC.
     store = FailEvents()
-    tc = coordinator(store, "pulsar://a:1", partitions=1)
-    await tc.start()
-    await tc.wait_recovered()
+    tc = await started(store)
     old = tc.partition(0)
-    least = await old.new_txn(60_000, None)
-    await write_v5_op(store, least)
-    store.failing = True
-    with pytest.raises(StoreUnavailableError):
-        await old.end_txn(least, commit=True, principal=None)
-    store.failing = False
+    least = await committed_without_events(store, old)
     await stepped_down_and_led_again(tc, old)
     assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
     await tc.stop()
@@ -455,9 +472,7 @@ async def test_events_a_stepping_down_partition_still_owes_are_written_as_it_sto
 
 async def test_a_timeout_abort_cancelled_between_its_cas_and_its_events_still_writes_them():
     store = FailEvents()
-    tc = coordinator(store, "pulsar://a:1", partitions=1)
-    await tc.start()
-    await tc.wait_recovered()
+    tc = await started(store)
     old = tc.partition(0)
     least = await old.new_txn(300, None)
     await write_v5_op(store, least)
@@ -473,16 +488,11 @@ async def test_a_timeout_abort_cancelled_between_its_cas_and_its_events_still_wr
 
 async def test_a_repeated_end_txn_whose_events_fail_is_retried_by_the_sweeper():
     store = FailEvents()
-    tc = coordinator(store, "pulsar://a:1", partitions=1)
-    await tc.start()
-    await tc.wait_recovered()
+    tc = await started(store)
     partition = tc.partition(0)
-    least = await partition.new_txn(60_000, None)
-    await write_v5_op(store, least)
-    store.failing = True
-    with pytest.raises(StoreUnavailableError):
-        await partition.end_txn(least, commit=True, principal=None)
+    least = await committed_without_events(store, partition)
     partition._unpublished.clear()  # as at a next leader, which never saw the first failure
+    store.failing = True
     with pytest.raises(StoreUnavailableError):
         await partition.end_txn(least, commit=True, principal=None)  # the client's retry fails too
     store.failing = False
@@ -496,17 +506,9 @@ async def test_gc_writes_the_events_of_a_txn_whose_todays_brokers_have_not_all_h
     # header for the records, but writes the v5 events all the same.
     store = FailEvents()
     clock = FakeClock()
-    tc = make(store, clock, partitions=1)
-    await tc.start()
-    await tc.wait_recovered()
+    tc = await started(store, clock)
     partition = tc.partition(0)
-    least = await partition.new_txn(60_000, None)
-    await partition.add_participants(least, None, [Participant(TOPIC)])
-    await write_v5_op(store, least)
-    store.failing = True
-    with pytest.raises(StoreUnavailableError):
-        await partition.end_txn(least, commit=True, principal=None)
-    store.failing = False
+    least = await committed_without_events(store, partition, (Participant(TOPIC),))
     partition._unpublished.clear()  # as after a crash: only GC is left
     clock.now += 901_000
     await tc.collect_garbage_now()

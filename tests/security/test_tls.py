@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -28,7 +27,6 @@ from tc_server.wire import (
     Connected,
     Error,
     FrameDecoder,
-    Lookup,
     LookupResponse,
     LookupType,
     ServerError,
@@ -37,6 +35,7 @@ from tc_server.wire import (
 )
 from tests.security.pki import TestCa, data_url, make_token
 from tests.security.support import WAIT_S, raw_connect, tls_client, token_auth
+from tests.support.stand_in_broker import StandInBroker, connect_to
 
 TLS_AUTH = ClientAuth("tls", b"")  # what the Java client's AuthenticationTls sends in CONNECT
 
@@ -162,21 +161,12 @@ async def test_half_written_certificate_keeps_the_previous_one(start, ca):
     client.close()
 
 
-async def _stand_in_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           connects: list[Connect], lookup_answer: Callable[[Lookup], LookupResponse]) -> None:
-    """A broker stand-in on a real socket: records each CONNECT, answers LOOKUP with ``lookup_answer``.
-    (A real standalone broker answers every lookup itself; it cannot be made to REDIRECT on cue.)"""
-    decoder = FrameDecoder(5 << 20)
-    while data := await reader.read(65536):
-        decoder.feed(data)
-        while (frame := decoder.next_frame()) is not None:
-            command = decode_command(frame)
-            if isinstance(command, Connect):
-                connects.append(command)
-                writer.write(encode_command(Connected("stand-in", 21)))
-            elif isinstance(command, Lookup):
-                writer.write(encode_command(lookup_answer(command)))
-    writer.close()
+def broker_context(ca: TestCa) -> ssl.SSLContext:
+    """A stand-in broker's TLS context: a certificate for localhost from ``ca``."""
+    cert = ca.issue("localhost", "broker", server=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert.cert_file, cert.key_file)
+    return context
 
 
 async def test_a_lookup_redirect_from_a_tls_upstream_is_followed_over_tls(start, ca, secret, tmp_path):
@@ -184,39 +174,27 @@ async def test_a_lookup_redirect_from_a_tls_upstream_is_followed_over_tls(start,
     # pulsar+ssl:// upstream, a REDIRECT is followed to the broker's TLS URL, trusting the broker
     # client's CA (--broker-client-tls-trust-certs): before, tc-server spoke plain TCP to the
     # redirect's pulsar:// URL and sent the client's token in the clear.
-    broker_cert = ca.issue("localhost", "broker", server=True)
-    plain_connects: list[Connect] = []
-    tls_connects: list[Connect] = []
-    plain = await asyncio.start_server(
-        lambda r, w: _stand_in_broker(r, w, plain_connects, lambda c: LookupResponse(
-            c.request_id, LookupType.CONNECT, "pulsar://127.0.0.1:1")), "127.0.0.1", 0)
-    plain_port = plain.sockets[0].getsockname()[1]
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(broker_cert.cert_file, broker_cert.key_file)
-    ports: dict[str, int] = {}
-    tls = await asyncio.start_server(
-        lambda r, w: _stand_in_broker(r, w, tls_connects, lambda c: LookupResponse(
-            c.request_id, LookupType.CONNECT, broker_service_url="pulsar://127.0.0.1:1",
-            broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}")
-            if c.authoritative else LookupResponse(
-            c.request_id, LookupType.REDIRECT, broker_service_url=f"pulsar://127.0.0.1:{plain_port}",
-            broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}", authoritative=True)),
-        "127.0.0.1", 0, ssl=server_context)
-    ports["tls"] = tls.sockets[0].getsockname()[1]
-    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
-                      upstream_url=f"pulsar+ssl://localhost:{ports['tls']}",
+    plain = await StandInBroker(connect_to("pulsar://127.0.0.1:1")).start()
+    tls = StandInBroker(ssl_context=broker_context(ca))
+    tls.answer = lambda c: (
+        LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url="pulsar://127.0.0.1:1",
+                       broker_service_url_tls=tls.url) if c.authoritative else
+        LookupResponse(c.request_id, LookupType.REDIRECT, broker_service_url=plain.url,
+                       broker_service_url_tls=tls.url, authoritative=True))
+    await tls.start()
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret), upstream_url=tls.url,
                       broker_client_tls_trust_certs=str(ca.cert_file))
     token = make_token(secret, "HS256", "alice")
     alice = await connect("127.0.0.1", app.listener.port, auth=token_auth(token))
     try:
         answer = await alice.lookup("persistent://public/default/orders")
         assert answer.response is LookupType.CONNECT, answer
-        assert plain_connects == []
-        assert len(tls_connects) == 2 and all(c.auth_data == token.encode() for c in tls_connects)
+        assert plain.connects == []
+        assert len(tls.connects) == 2 and all(c.auth_data == token.encode() for c in tls.connects)
     finally:
         alice.close()
-        plain.close()
-        tls.close()
+        plain.stop()
+        tls.stop()
 
 
 async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_over_tls(start, ca, secret):
@@ -225,29 +203,16 @@ async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_
     # token in its CONNECT, to the broker's plain port: the brokers' plain and TLS ports differ, so "the
     # TLS URL wins" never applied. Now it goes to the same broker's TLS URL, and a broker named without
     # a TLS URL is refused.
-    broker_cert = ca.issue("localhost", "broker", server=True)
-    plain_connects: list[Connect] = []
-    tls_connects: list[Connect] = []
-    plain = await asyncio.start_server(lambda r, w: _stand_in_broker(
-        r, w, plain_connects, lambda c: LookupResponse(c.request_id, LookupType.FAILED)),
-                                       "127.0.0.1", 0)
-    plain_port = plain.sockets[0].getsockname()[1]
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(broker_cert.cert_file, broker_cert.key_file)
-    ports: dict[str, int] = {}
+    plain = await StandInBroker(lambda c: LookupResponse(c.request_id, LookupType.FAILED)).start()
     plain_only = "127.0.0.1:1"  # a broker whose answer names no TLS URL
-
-    def lookup_answer(c: Lookup) -> LookupResponse:
-        if c.topic.endswith("plain-only"):
-            return LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=f"pulsar://{plain_only}")
-        return LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=f"pulsar://127.0.0.1:{plain_port}",
-                              broker_service_url_tls=f"pulsar+ssl://localhost:{ports['tls']}")
-
-    tls = await asyncio.start_server(lambda r, w: _stand_in_broker(r, w, tls_connects, lookup_answer),
-                                     "127.0.0.1", 0, ssl=server_context)
-    ports["tls"] = tls.sockets[0].getsockname()[1]
-    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
-                      upstream_url=f"pulsar+ssl://localhost:{ports['tls']}",
+    tls = StandInBroker(ssl_context=broker_context(ca))
+    tls.answer = lambda c: (
+        LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=f"pulsar://{plain_only}")
+        if c.topic.endswith("plain-only") else
+        LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=plain.url,
+                       broker_service_url_tls=tls.url))
+    await tls.start()
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret), upstream_url=tls.url,
                       broker_client_tls_trust_certs=str(ca.cert_file), lookup_connections="proxy")
     token = make_token(secret, "HS256", "alice")
     alice = await connect("127.0.0.1", app.listener.port, auth=token_auth(token))
@@ -262,17 +227,17 @@ async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_
             assert isinstance(conn, TcClient)
             return conn
 
-        proxied = await proxied_to(f"127.0.0.1:{plain_port}")  # CONNECTED: the TLS broker's, relayed
+        proxied = await proxied_to(f"127.0.0.1:{plain.port}")  # CONNECTED: the TLS broker's, relayed
         proxied.close()
-        assert plain_connects == []
-        assert len(tls_connects) == 2 and all(c.auth_data == token.encode() for c in tls_connects)
+        assert plain.connects == []
+        assert len(tls.connects) == 2 and all(c.auth_data == token.encode() for c in tls.connects)
         with pytest.raises(HandshakeRefused) as refused:
             await proxied_to(plain_only)
         assert refused.value.error is ServerError.NotAllowedError
     finally:
         alice.close()
-        plain.close()
-        tls.close()
+        plain.stop()
+        tls.stop()
 
 
 def _connect_blocking(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None):

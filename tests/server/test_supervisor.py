@@ -94,6 +94,17 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"not within {PROCESS_BOUND_S:.0f} s: {what}")
 
 
+async def run_until_stopped(supervisor: Any, condition: Callable[[], bool], what: str) -> int:
+    """Run ``supervisor`` until ``condition`` holds (or it ends by itself), then stop it: its exit code."""
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await until(lambda: condition() or running.done(), what)
+    finally:
+        supervisor.stop()
+        code: int = await asyncio.wait_for(running, PROCESS_BOUND_S)
+    return code
+
+
 def events(logged: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [event for event in logged if event["event"] == name]
 
@@ -134,14 +145,8 @@ async def test_a_worker_whose_process_cannot_be_started_is_tried_again(
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", first_fork_fails)
     supervisor = StandInSupervisor(["serve", "serve"])
-    running = asyncio.create_task(supervisor.run())
-    try:
-        await until(lambda: all(worker.ready for worker in supervisor.workers) or running.done(),
-                    "both workers ready")
-    finally:
-        supervisor.stop()
-        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
-    assert code == 0
+    assert await run_until_stopped(supervisor, lambda: all(worker.ready for worker in supervisor.workers),
+                                   "both workers ready") == 0
     assert [(event["worker"], event["error"]) for event in events(logged, "cannot start a worker process; retrying")] \
         == [(0, "BlockingIOError(11, 'Resource temporarily unavailable')")]
 
@@ -149,17 +154,11 @@ async def test_a_worker_whose_process_cannot_be_started_is_tried_again(
 async def test_a_worker_that_crashes_soon_after_it_got_ready_is_restarted_ever_more_slowly(
         logged: list[dict[str, Any]]) -> None:
     supervisor = StandInSupervisor(["crash", "serve"])
-    running = asyncio.create_task(supervisor.run())
 
     def restarts() -> list[dict[str, Any]]:
         return [event for event in events(logged, "worker exited; restarting") if event["worker"] == 0]
 
-    try:
-        await until(lambda: len(restarts()) >= 3 or running.done(), "worker 0 restarted three times")
-    finally:
-        supervisor.stop()
-        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
-    assert code == 0
+    assert await run_until_stopped(supervisor, lambda: len(restarts()) >= 3, "worker 0 restarted three times") == 0
     assert [event["failed_starts_in_a_row"] for event in restarts()[:3]] == [0, 0, 0]  # it was ready each time
     # The backoff doubles from RESTART_INITIAL_S (each delay cut by up to half at random), as it does for a
     # worker that never gets ready: the third delay is at least twice the first's longest.
@@ -171,14 +170,8 @@ async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
     # One bound for all: waited for one after another, N workers that ignore SIGTERM took N bounds.
     monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
     supervisor = StandInSupervisor(["ignore-sigterm", "ignore-sigterm"])
-    running = asyncio.create_task(supervisor.run())
-    try:
-        await until(lambda: all(worker.ready for worker in supervisor.workers) or running.done(),
-                    "both workers ready")
-    finally:
-        supervisor.stop()
-        code = await asyncio.wait_for(running, PROCESS_BOUND_S)
-    assert code == 0
+    assert await run_until_stopped(supervisor, lambda: all(worker.ready for worker in supervisor.workers),
+                                   "both workers ready") == 0
     procs = [worker.proc for worker in supervisor.workers]
     assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
     assert [event["pids"] for event in events(logged, "workers ignored SIGTERM; killing them")] == [

@@ -25,101 +25,18 @@ from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
 from tc_server.wire import (
     AuthChallenge,
-    Connect,
-    Connected,
     Error,
-    FrameDecoder,
     Lookup,
     LookupResponse,
     LookupType,
     Ping,
-    Pong,
     ServerError,
-    decode_command,
     encode_command,
     encode_frame,
 )
+from tests.support.stand_in_broker import StandInBroker, connect_to, redirect_to
 
 TOPIC = "persistent://public/default/orders"
-
-LookupAnswer = Callable[[Lookup], LookupResponse | None]
-
-
-class StandInBroker:
-    """Answers CONNECT with CONNECTED (after ``connect_delay_s``), PING with PONG, and each LOOKUP with
-    ``answer(lookup)`` after ``lookup_delay_s`` (None: never). ``lookup_frames`` holds every LOOKUP's
-    BaseCommand bytes as they arrived. ``answers = False``: after CONNECTED it answers nothing (a hung
-    broker); ``reads = False``: after CONNECTED it reads nothing either (a broker whose process stopped)."""
-
-    def __init__(self, answer: LookupAnswer | None = None, *, connect_delay_s: float = 0.0,
-                 lookup_delay_s: float = 0.0, answers: bool = True, reads: bool = True) -> None:
-        self.answer = answer
-        self.connect_delay_s = connect_delay_s
-        self.lookup_delay_s = lookup_delay_s
-        self.answers = answers
-        self.reads = reads
-        self.lookup_frames: list[bytes] = []
-        self.open: set[asyncio.StreamWriter] = set()
-        self.connections_total = 0
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.port}"
-
-    async def start(self) -> StandInBroker:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    def stop(self) -> None:
-        for writer in self.open:
-            writer.close()
-        if self._server is not None:
-            self._server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.open.add(writer)
-        self.connections_total += 1
-        decoder = FrameDecoder()
-        try:
-            while data := await reader.read(65536):
-                decoder.feed(data)
-                while (frame := decoder.next_frame()) is not None:
-                    await self._on_frame(frame, writer)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self.open.discard(writer)
-            writer.close()
-
-    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
-        command = decode_command(frame)
-        if isinstance(command, Connect):
-            await asyncio.sleep(self.connect_delay_s)
-            writer.write(encode_command(Connected("stand-in", 21)))
-            if not self.reads:
-                await asyncio.Event().wait()
-        elif not self.answers:
-            return
-        elif isinstance(command, Ping):
-            writer.write(encode_command(Pong()))
-        elif isinstance(command, Lookup):
-            self.lookup_frames.append(frame)
-            await asyncio.sleep(self.lookup_delay_s)
-            answer = self.answer(command) if self.answer is not None else None
-            if answer is not None:
-                writer.write(encode_command(answer))
-
-
-def connect_to(url: str) -> LookupAnswer:
-    return lambda lookup: LookupResponse(lookup.request_id, LookupType.CONNECT, broker_service_url=url)
-
-
-def redirect_to(url: str) -> LookupAnswer:
-    return lambda lookup: LookupResponse(lookup.request_id, LookupType.REDIRECT, broker_service_url=url)
-
 
 @asynccontextmanager
 async def front_door(settings: Settings, upstream: list[StandInBroker], others: tuple[StandInBroker, ...] = (),
