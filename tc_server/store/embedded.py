@@ -415,7 +415,15 @@ class EmbeddedStore(StoreWrites):
         wanted = self._hub.wanted_prefixes
         for request_id, outcomes in answers:
             request, future = pending.pop(request_id)
-            size += _fill(request, outcomes, now, wanted)
+            try:
+                size += _fill(request, outcomes, now, wanted)
+            except Exception as exc:  # noqa: BLE001 - a bug: this caller hears of it, the group's others go on
+                log.exception("store_answer_unreadable", path=str(self.path))
+                if not future.done():
+                    future.set_exception(StoreUnavailableError(
+                        f"embedded store: the answer to this write could not be read ({exc!r}); its outcome is "
+                        "unknown"))
+                continue
             done.append((request, future))
         # Publish before resolving: a caller that reacts to its write already finds it in the
         # notification streams, and streams see commits in commit order. One batch per group (it is
