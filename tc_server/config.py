@@ -74,6 +74,9 @@ def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]
     """(scheme, host, port) of ``SCHEME://HOST:PORT``, one of ``schemes``. Raises ValueError saying what is
     wrong; a URL with credentials in it is not quoted."""
     scheme, sep, address = url.partition("://")
+    # As Pulsar's clients take them: the scheme in any case, and a slash after the port.
+    scheme = scheme.lower()
+    address = address.removesuffix("/")
     forms = " or ".join(f"{name}://HOST:PORT" for name in schemes)
     if not sep or scheme not in schemes:
         raise ValueError(f"must be {forms} (got {url!r})")
@@ -224,7 +227,10 @@ class Settings:
         for item in filter(None, (part.strip() for part in self.upstream_url.split(","))):
             if urls and "://" not in item:
                 item = f"{urls[-1].partition('://')[0]}://{item}"
-            urls.append(item)
+            # In one form (the scheme in lower case, no slash after the port): the code that follows
+            # compares schemes and keys brokers by their URL.
+            scheme, sep, address = item.partition("://")
+            urls.append(f"{scheme.lower()}{sep}{address.removesuffix('/')}")
         return urls
 
     def validate(self) -> Settings:
@@ -367,10 +373,15 @@ _SERVICE_LINK = re.compile(
     ENV_PREFIX + r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
 # ... and TC_SERVER_PORT=tcp://IP:PORT, whose name alone could be a misspelled setting, so its value decides.
 _SERVICE_LINK_URL = (re.compile(ENV_PREFIX + r"(\w+_)?PORT"), re.compile(r"(tcp|udp|sctp)://\S+"))
+# Docker's legacy links (--link tc-server): TC_SERVER_NAME=/client/tc-server and TC_SERVER_ENV_<its env>.
+_DOCKER_LINK = (re.compile(ENV_PREFIX + r"(\w+_)?ENV_\w+"), re.compile(ENV_PREFIX + r"(\w+_)?NAME"))
 
 
 def _is_service_link(env_name: str, value: str) -> bool:
-    if _SERVICE_LINK.fullmatch(env_name):
+    """A variable Kubernetes or Docker sets for a Service or link named tc-server, not a setting."""
+    if _SERVICE_LINK.fullmatch(env_name) or _DOCKER_LINK[0].fullmatch(env_name):
+        return True
+    if _DOCKER_LINK[1].fullmatch(env_name) and value.startswith("/"):
         return True
     name_form, value_form = _SERVICE_LINK_URL
     return bool(name_form.fullmatch(env_name) and value_form.fullmatch(value))
@@ -435,8 +446,13 @@ def load_settings(
     for env_name, raw in environ.items():
         if env_name in ENV_NAMES:
             values[ENV_NAMES[env_name]] = _coerce(ENV_NAMES[env_name], raw, f"environment {env_name}")
-        elif env_name.startswith(ENV_PREFIX) and env_name not in OTHER_ENV_NAMES \
-                and not _is_service_link(env_name, raw):
+    # The variable --broker-client-auth-params env:NAME reads the broker token from may carry the prefix
+    # too (docs/security.md): it is named by a setting, so it is no typo.
+    params = str((flags or {}).get("broker_client_auth_params") or values.get("broker_client_auth_params", "")).strip()
+    token_variable = params[len("env:"):] if params.startswith("env:") else None
+    for env_name, raw in environ.items():
+        if env_name.startswith(ENV_PREFIX) and env_name not in ENV_NAMES and env_name not in OTHER_ENV_NAMES \
+                and env_name != token_variable and not _is_service_link(env_name, raw):
             raise _unknown_setting("environment", env_name)
     for key, raw in (flags or {}).items():
         if raw is not None:

@@ -303,8 +303,11 @@ class ForwardingSession:
         what a broker does not read would pile up in its write buffer for good."""
         if conn.unsent_bytes > MAX_UNSENT_BYTES:
             return f"the broker is not reading: {conn.unsent_bytes} bytes wait to be sent"
+        # Twice the request timeout, not once: a broker may hold one lookup for seconds (a bundle moving
+        # between brokers) while the next is on its way; giving up at one timeout failed that next one
+        # too, answered in time, and marked the URL down for every client.
         silent_s = conn.owed_answer_for()
-        if silent_s >= self._upstream.request_timeout_s:
+        if silent_s >= 2 * self._upstream.request_timeout_s:
             return f"the broker has owed answers for {silent_s:.1f} s without sending anything"
         return None
 

@@ -27,7 +27,7 @@ def settings_from(**env: str):
     ("advertised_url_tls", "pulsar+ssl://fd00::5:6661", "an IPv6 address must be in brackets"),
     ("advertised_url_tls", "pulsar+ssl://h:0", "port 0"),
     ("upstream_url", "pulsar://b:0", "port 0"),
-    ("upstream_url", "pulsar://b:6650/", "without a path"),
+    ("upstream_url", "pulsar://b:6650/admin", "without a path"),
     ("upstream_url", "pulsar://b", "expected HOST:PORT"),
     ("upstream_url", "http://b:8080", "must be pulsar://HOST:PORT or pulsar+ssl://HOST:PORT"),
     ("oxia_address", "oxia:0", "port 0"),
@@ -67,6 +67,8 @@ def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixt
     ("pulsar+ssl://b1:6651, b2:6651", ["pulsar+ssl://b1:6651", "pulsar+ssl://b2:6651"]),
     ("pulsar://127.0.0.1:6650,pulsar-broker:6650,[fd00::9]:6650",
      ["pulsar://127.0.0.1:6650", "pulsar://pulsar-broker:6650", "pulsar://[fd00::9]:6650"]),
+    # As Pulsar's clients take them, in one form: any case of scheme, a slash after the port.
+    ("PULSAR://b1:6650/,Pulsar+SSL://b2:6651", ["pulsar://b1:6650", "pulsar+ssl://b2:6651"]),
 ])
 def test_upstream_url_takes_both_multi_host_forms(value: str, urls: list[str]) -> None:
     assert settings_from(upstream_url=value).upstream_urls == urls
@@ -117,6 +119,19 @@ def test_a_misspelled_toml_key_is_named_with_the_closest_setting(tmp_path) -> No
 ])
 def test_variables_read_by_others_are_not_settings_and_not_refused(name: str) -> None:
     assert load_settings(environ={name: "/somewhere"}) == load_settings(environ={})
+
+
+def test_docker_links_and_the_broker_token_variable_are_not_refused() -> None:
+    # Docker's legacy --link variables, and the variable --broker-client-auth-params env:NAME names
+    # (docs/security.md), whatever their prefix: they are no misspelled settings.
+    links = {"TC_SERVER_NAME": "/client/tc-server", "TC_SERVER_ENV_TC_SERVER_LISTEN": "0.0.0.0:6650"}
+    assert load_settings(environ=links) == load_settings(environ={})
+    token = {"TC_SERVER_BROKER_TOKEN": "eyJ...", "TC_SERVER_BROKER_CLIENT_AUTH_PARAMS": "env:TC_SERVER_BROKER_TOKEN"}
+    assert load_settings(environ=token).broker_client_auth_params == "env:TC_SERVER_BROKER_TOKEN"
+    assert load_settings(environ={"TC_SERVER_BROKER_TOKEN": "eyJ..."},
+                         flags={"broker_client_auth_params": "env:TC_SERVER_BROKER_TOKEN"}) is not None
+    with pytest.raises(ConfigError, match="unknown setting TC_SERVER_NAME"):
+        load_settings(environ={"TC_SERVER_NAME": "tc-1"})  # not a link's value: a misspelled setting
 
 
 def test_kubernetes_service_links_are_not_refused() -> None:

@@ -161,7 +161,7 @@ async def test_a_hung_upstream_broker_is_given_up_for_the_next_url(settings):
     async with front_door(settings, [hung, healthy], request_timeout_s=1.0) as (app, client):
         answers = [await client.lookup(TOPIC) for _ in range(4)]
         assert answers[0].response is LookupType.FAILED and "did not answer" in (answers[0].message or "")
-        # Given up once it has owed an answer for a whole request timeout: at the second lookup or the third.
+        # Given up once it has owed an answer for two request timeouts: at the third lookup.
         assert [a.response for a in answers[2:]] == [LookupType.CONNECT] * 2, answers
         assert healthy.connections_total == 1
         assert await eventually(lambda: not hung.open, within_s=1.0)
