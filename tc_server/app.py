@@ -35,8 +35,11 @@ from tc_server.workers import WorkerRole
 log = structlog.get_logger("tc_server")
 
 # A request in flight is answered within --request-timeout-s (its deadline fires up to a tick late,
-# tc_server/server/deadlines.py): a stop waits that long for the answers, and this much more.
+# tc_server/server/deadlines.py): a stop waits that long for the answers, and this much more ...
 DRAIN_MARGIN_S = 0.5
+# ... but never longer than this: a worker's whole stop must fit the supervisor's WORKER_STOP_S (12 s)
+# and a pod's termination grace (30 s), and clients of the connections being drained wait for it too.
+DRAIN_MAX_S = 8.0
 
 
 @dataclass
@@ -73,7 +76,7 @@ class App:
         self.context.dispatcher.stop_waiting_for_participants()
         await self.admin.stop()
         for listener in self.listeners:
-            await listener.stop(drain_timeout_s=self.settings.request_timeout_s + DRAIN_MARGIN_S)
+            await listener.stop(drain_timeout_s=min(self.settings.request_timeout_s + DRAIN_MARGIN_S, DRAIN_MAX_S))
         await self.coordinator.stop()
         if self.broker_pool is not None:
             await self.broker_pool.close()

@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
     # Set by the supervisor of --workers N on the processes it starts (tc_server/supervisor.py).
     run.add_argument("--worker-index", dest="worker_index", type=int, default=None, help=argparse.SUPPRESS)
-    run.add_argument("--supervisor-pid", dest="supervisor_pid", type=int, default=None, help=argparse.SUPPRESS)
+    # Named --worker-*: "--super" must stay an abbreviation of --superuser-roles alone.
+    run.add_argument("--worker-supervisor-pid", dest="supervisor_pid", type=int, default=None, help=argparse.SUPPRESS)
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
     export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")

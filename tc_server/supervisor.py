@@ -1,7 +1,7 @@
 """``tc-server run --workers N``: the process started supervises N worker processes of itself.
 
 Each worker is ``tc-server run`` with the same flags, environment and configuration file plus the hidden
-``--worker-index k`` and ``--supervisor-pid`` (follow_supervisor); it serves coordinators i with
+``--worker-index k`` and ``--worker-supervisor-pid`` (follow_supervisor); it serves coordinators i with
 i mod N = k on its own port and shares the service port with the others (tc_server/workers.py). The
 supervisor
 
@@ -69,20 +69,25 @@ STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
 
 
-def follow_supervisor(supervisor_pid: int) -> None:
+def follow_supervisor(supervisor_pid: int | None) -> None:
     """In a worker: be killed (SIGKILL) when the supervisor dies, by whatever means, so no worker outlives
     it holding the ports and the store locks; exit at once if it is already gone (Linux prctl). SIGKILL,
     not SIGTERM: a supervisor started again at once (systemd, Kubernetes) must find the ports and the
     stores free, not held by workers still draining; a kill loses nothing acknowledged (the embedded store
     fsyncs before it answers), as a single process's kill -9.
 
-    ``supervisor_pid``: the supervisor's own pid (it passes ``--supervisor-pid``). A parent with another pid
+    ``supervisor_pid``: the supervisor's own pid (it passes ``--worker-supervisor-pid``). A parent with another pid
     means the supervisor is gone and this process was handed to init or to a subreaper. Compared with that
     pid, not with 1: a supervisor that is a container's first process (the Docker image's entrypoint) is
-    PID 1 itself."""
+    PID 1 itself. None (a worker started by hand, without it): init as the parent means the supervisor
+    is gone, as before that option; the process says so instead of exiting without a word."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != supervisor_pid:
+    parent = os.getppid()
+    gone = parent == 1 if supervisor_pid is None else parent != supervisor_pid
+    if gone:
+        print(f"tc-server: worker: its supervisor (pid {supervisor_pid or 'unknown'}) is gone (parent pid "
+              f"{parent}); exiting", file=sys.stderr)
         sys.exit(1)
 
 
@@ -134,7 +139,7 @@ class Supervisor:
 
     def _command(self, index: int) -> list[str]:
         return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index),
-                "--supervisor-pid", str(os.getpid())]
+                "--worker-supervisor-pid", str(os.getpid())]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
         """Pass the worker's output on to our stderr as it comes (in chunks: a log line of any length

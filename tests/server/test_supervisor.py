@@ -20,6 +20,7 @@ import structlog
 
 from tc_server import supervisor as supervisor_module
 from tc_server.bench.process import free_ports_in_a_row
+from tc_server.cli import build_parser
 from tc_server.config import Settings
 from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
 
@@ -176,3 +177,10 @@ async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
     assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
     assert [event["pids"] for event in events(logged, "workers ignored SIGTERM; killing them")] == [
         sorted(proc.pid for proc in procs if proc)]
+
+
+def test_the_workers_hidden_option_leaves_superuser_roles_abbreviable() -> None:
+    # argparse takes unambiguous abbreviations: the supervisor's pid option, named --supervisor-pid, made
+    # "--super admin" ambiguous where it had meant --superuser-roles.
+
+    assert build_parser().parse_args(["run", "--super", "admin"]).superuser_roles == "admin"
