@@ -464,11 +464,7 @@ class CoordinatorPartition:
                 # A retry after a reconnect: the events may not all have been written the first
                 # time (the store failed after the CAS), so write them again. Participants treat
                 # a repeated decision as a no-op.
-                try:
-                    await self._publish(least, header.state)
-                except BaseException:
-                    self._unpublished[least] = header.state  # the sweeper writes them again
-                    raise
+                await self._publish(least, header.state)
             if header.state.terminal:
                 self._forget(least)
             return decision, header
@@ -480,11 +476,7 @@ class CoordinatorPartition:
         # neither OPEN nor undelivered while its brokers have not heard (the low watermark).
         self._hold(least, header)
         self._ended(least, header, timed_out=timed_out)
-        try:
-            await self._publish(least, header.state)
-        except BaseException:
-            self._unpublished[least] = header.state  # decided: the sweeper publishes it
-            raise
+        await self._publish(least, header.state)
 
     async def _adopt_decision(self, least: int, header: TxnHeader) -> None:
         """A decided ``header`` read for a txn still in the open set: take the decision's own steps (a
@@ -515,7 +507,13 @@ class CoordinatorPartition:
         return header.owner is None or header.owner == principal or principal in self._config.superusers
 
     async def _publish(self, least: int, decision: TxnState) -> None:
-        await publish_decision(self._store, self._metrics, self.tc_id, least, decision)
+        """Write the decision's events. Should that fail or be cancelled, the decision is kept for the
+        sweeper (publish_pending) and stop() to write again, whichever path published it."""
+        try:
+            await publish_decision(self._store, self._metrics, self.tc_id, least, decision)
+        except BaseException:
+            self._unpublished[least] = decision
+            raise
 
     # -- timeouts --------------------------------------------------------------------------------
 
