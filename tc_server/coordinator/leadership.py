@@ -40,6 +40,8 @@ log = structlog.get_logger("tc_server.leadership")
 # How often each partition's record is checked, besides the notifications: a missed notification
 # (reconnect, retention) must not leave a partition without a leader for long.
 RECHECK_INTERVAL_S = 1.0
+# How long a stop waits for its leader and member records to be deleted (see stop).
+STEP_DOWN_DELETES_S = 3.0
 
 Callback = Callable[[int], Awaitable[None]]
 # Called with the new tcId -> leader URL map whenever it changes (WATCH_TC_ASSIGNMENTS).
@@ -120,12 +122,25 @@ class LeaderElection:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         # Step down explicitly so that another instance takes over at once instead of after the
-        # session timeout.
+        # session timeout: every partition stops first (no store write), then the records go, together.
+        # Their deletes are bounded: a store that does not answer (a stalled disk, a stopped writer
+        # process) must not hold the stop forever, and the records are the session's, so they go with
+        # it anyway (the embedded store's next open, Oxia's session timeout), only later.
         async with self._lock:
-            for tc_id in sorted(self.led):
-                await self._release(tc_id, self._versions.get(tc_id))
-        with contextlib.suppress(StoreError, asyncio.TimeoutError):
-            await self._store.delete(layout.member_path(self.instance_id))
+            released = {tc_id: self._versions.get(tc_id) for tc_id in sorted(self.led)}
+            for tc_id in released:
+                self.leaders.pop(tc_id, None)
+                await self._lose(tc_id, stepped_down=True)
+            deletes = [asyncio.ensure_future(self._delete_record(tc_id, version))
+                       for tc_id, version in released.items()]
+            deletes.append(asyncio.ensure_future(self._delete_member()))
+            _, left = await asyncio.wait(deletes, timeout=STEP_DOWN_DELETES_S)
+            for delete in left:
+                delete.cancel()
+            if left:
+                log.error("leader records not deleted at stop: the store did not answer; they go with the "  # noqa: TRY400
+                          "session", waited_s=STEP_DOWN_DELETES_S, records=len(left))
+            await asyncio.gather(*deletes, return_exceptions=True)
 
     async def campaign_all(self) -> None:
         """Check every partition once. A store error on one (a leader record created whose answer was
@@ -244,10 +259,17 @@ class LeaderElection:
         self.leaders.pop(tc_id, None)
         self._versions.pop(tc_id, None)
         await self._lose(tc_id, stepped_down=True)
+        await self._delete_record(tc_id, version)
+
+    async def _delete_record(self, tc_id: int, version: int | None) -> None:
         try:
             await self._store.delete(layout.leader_path(tc_id), expected_version=version)
         except (TimeoutError, StoreError) as exc:
             log.warning("could not delete leader record", coordinator_id=tc_id, error=repr(exc))
+
+    async def _delete_member(self) -> None:
+        with contextlib.suppress(StoreError, asyncio.TimeoutError):
+            await self._store.delete(layout.member_path(self.instance_id))
 
     async def _lose(self, tc_id: int, *, stepped_down: bool = False) -> None:
         """Stop serving ``tc_id``. Losing a record someone else took (or the store dropped) is worth a

@@ -599,23 +599,27 @@ class EmbeddedStore(StoreWrites):
         # From here every write is refused. Those queued before the cleanup are answered before it (the
         # writer keeps their order), so none is left once it is done, and none can outlive the session.
         self._closed = True
+        writer_wait_s = WRITER_EXIT_S
         if cleanup is not None:
             try:
                 await asyncio.wait_for(cleanup, WRITER_EXIT_S)
             except (StoreError, TimeoutError) as exc:
                 # Not fatal: the next open deletes them anyway.
                 log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc) or repr(exc))
-        await self._release()
+                if isinstance(exc, TimeoutError):
+                    writer_wait_s = 0.0  # it did not answer for WRITER_EXIT_S already: do not wait as long again
+        await self._release(writer_wait_s)
 
-    async def _release(self) -> None:
-        """Stop the writer (EOF on its channel ends it) and close everything this store holds."""
+    async def _release(self, writer_wait_s: float = WRITER_EXIT_S) -> None:
+        """Stop the writer (EOF on its channel ends it; killed if it has not ended ``writer_wait_s``
+        later) and close everything this store holds."""
         self._closed = True
         writer = self._writer
         self._close_channel()
         self._fail_pending("the store was closed before the writer answered; the outcome of this write is unknown")
         if writer is not None:
             try:
-                await asyncio.to_thread(writer.wait, WRITER_EXIT_S)
+                await asyncio.to_thread(writer.wait, writer_wait_s)
             except subprocess.TimeoutExpired:
                 log.error("store_writer_stuck", path=str(self.path), waited_s=WRITER_EXIT_S)  # noqa: TRY400
                 writer.kill()

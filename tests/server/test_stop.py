@@ -5,7 +5,9 @@ in-process server on real sockets; a SIGTERM during the start, against a real pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import socket
 from dataclasses import replace
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tc_server.app import start_app
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import TcServerProcess, descendants_of
 from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
@@ -111,3 +113,40 @@ def test_sigterm_during_the_start_ends_it_with_exit_code_0(tmp_path: Path) -> No
     assert code == 0, server.log_tail()
     events = [json.loads(line)["event"] for line in server.log_path.read_text().splitlines() if line.startswith("{")]
     assert events[-1] == "stopped during the start", server.log_tail()
+
+
+def test_a_stop_whose_store_writer_is_frozen_still_ends_and_loses_nothing(tmp_path: Path) -> None:
+    # The embedded store's writer process stopped (SIGSTOP), as a stalled disk holds it: stepping down (the
+    # leader records' deletes) and the store's close wait for it only so long, then the writer is killed.
+    server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
+    assert server.proc is not None
+
+    async def commit_one() -> int:
+        client = await connect("127.0.0.1", server.port)
+        try:
+            opened = await client.new_txn(tc_id=1, ttl_ms=600_000)
+            assert (await client.end_txn(1, opened.least, commit=True)).error is None
+            return opened.least
+        finally:
+            client.close()
+
+    try:
+        least = asyncio.run(commit_one())
+        writers = descendants_of(server.proc.pid)
+        assert len(writers) == 1, writers
+        os.kill(writers[0], signal.SIGSTOP)
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            code = server.proc.wait(STOP_BOUND_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(writers[0], signal.SIGCONT)
+        assert code == 0, server.log_tail()
+        lines = server.log_path.read_text().splitlines()
+        events = [json.loads(line)["event"] for line in lines if line.startswith("{")]
+        assert "store_writer_stuck" in events and events[-1] == "stopped", server.log_tail()
+        server.start()  # the same data: the file's lock went with the killed writer
+        status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
+        assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
+    finally:
+        server.kill()
