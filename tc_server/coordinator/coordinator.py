@@ -274,7 +274,7 @@ class TransactionCoordinator:
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
-            open_by_principal=self.open_by_principal,
+            open_by_principal=self.open_by_principal, lease=self.store.ephemeral_lease(layout.leader_path(tc_id)),
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:

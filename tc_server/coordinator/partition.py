@@ -123,8 +123,12 @@ class CoordinatorPartition:
         sweep_timeouts: bool = True,
         sender: ParticipantSender | None = None,
         open_by_principal: OpenByPrincipal | None = None,
+        lease: Callable[[], float] | None = None,
     ) -> None:
         self.tc_id = tc_id
+        # Until when (time.monotonic()) this instance surely still holds the leader record, on a store
+        # where that can end unnoticed (MetadataStore.ephemeral_lease); None: while it is led.
+        self._lease = lease
         # Shared by every partition of the instance (coordinator.py); one of its own when used alone.
         self._principals = open_by_principal or OpenByPrincipal(config.max_open_txns_per_principal)
         # least -> owner of each OPEN txn counted in _principals (txns without an owner are not).
@@ -501,6 +505,14 @@ class CoordinatorPartition:
         leader, where its retry goes (the Java client retries on this code after a lookup)."""
         if self._stopped:
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} stepped down on this instance while "
+                                      f"({self.tc_id},{least})'s {what} was written; look it up again")
+        # The leader record's session may have expired on the store while this process did not hear
+        # (stalled longer than the session timeout): another instance may lead and have scanned the
+        # store already, and would not track a txn whose NEW_TXN is answered here (its low watermark
+        # could pass it). Answered only while the session surely lived when the write landed.
+        if self._lease is not None and time.monotonic() >= self._lease():
+            raise CoordinatorNotFound(f"transaction coordinator {self.tc_id}: this instance's hold on it may have "
+                                      f"lapsed (no store keep-alive answered within the session timeout) while "
                                       f"({self.tc_id},{least})'s {what} was written; look it up again")
 
     def _may_act(self, header: TxnHeader, principal: str | None) -> bool:

@@ -23,7 +23,7 @@ promise more than it keeps:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -218,6 +218,14 @@ class MetadataStore(Protocol):
     def notifications(self, key_prefix: str = "") -> AsyncIterator[Notification]:
         """Changes committed after the call to the keys that start with ``key_prefix`` (every key by
         default). Oxia has no per-range watch: the stream carries every key and tc-server filters."""
+        ...
+
+    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
+        """Until when this session's ephemeral record ``key`` (just written) surely still exists: a
+        function giving that instant in ``time.monotonic()`` seconds, or None when such records last as
+        long as this store is open (embedded, memory). On Oxia the server ends a session whose
+        keep-alives stop arriving, whether or not this process has noticed (a stall, a partition);
+        what was written under it after that is not what a successor saw (docs/semantics.md §8)."""
         ...
 
     async def close(self) -> None:

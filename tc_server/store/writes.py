@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tc_server.store.api import (
     EXPECT_ABSENT,
@@ -66,6 +66,11 @@ class StoreWrites(ABC):
     async def _put_record(self, op: Put) -> Record | None:
         """Apply one put that passed :func:`validate_put`; the record as stored, or None when its
         expected version did not match. Raises like any write (unavailable, closed)."""
+
+    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
+        """See :meth:`MetadataStore.ephemeral_lease`: ephemeral records live as long as the store is
+        open, unless the backend says otherwise (Oxia)."""
+        return None
 
     async def put(
         self,

@@ -6,6 +6,7 @@ server, not the server's behaviour itself."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -247,6 +248,29 @@ async def test_ephemeral_records_removed_on_close(oxia3: StandinOxia) -> None:
     finally:
         await owner.close()
         await other.close()
+
+
+async def test_the_lease_of_an_ephemeral_record_follows_its_session(oxia: StandinOxia) -> None:
+    # A heartbeat every 0.2 s at the shortest session timeout (2 s); the lease is 90 % of it past each one.
+    owner = await connect(oxia.address, session_timeout_ms=2_000)
+    try:
+        await owner.put("/l/leader", b"me", ephemeral=True)
+        lease = owner.ephemeral_lease("/l/leader")
+        assert lease is not None
+        first = lease()
+        assert first > time.monotonic()
+        await eventually(lambda: lease() > first, "a keep-alive renews the lease")
+        (session_id,) = oxia.sessions
+        oxia.close_session(session_id)  # as the server does when the session times out
+        await eventually(lambda: lease() == 0.0, "the lease ends once the session is found gone")
+        # Written again, the record is held by a new session: a lease taken now follows that one; the
+        # old lease stays over.
+        await owner.put("/l/leader", b"me", ephemeral=True)
+        assert lease() == 0.0
+        assert (renewed := owner.ephemeral_lease("/l/leader")) is not None and renewed() > time.monotonic()
+    finally:
+        await owner.close()
+    assert lease() == 0.0
 
 
 async def test_bad_version_maps(store: OxiaStore) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ log = structlog.get_logger(__name__)
 MIN_SESSION_TIMEOUT_MS = 2_000
 MAX_SESSION_TIMEOUT_MS = 300_000
 
+# The share of the session timeout a heartbeat is trusted for (see _Session.alive_until): the server counts
+# the timeout from when it handled the heartbeat, after it was sent; this leaves room for the two clocks'
+# rates to differ.
+LEASE_SHARE = 0.9
+
 LeaderOf = Callable[[int], str]
 
 
@@ -37,6 +43,9 @@ LeaderOf = Callable[[int], str]
 class _Session:
     shard: int
     session_id: int
+    # time.monotonic() until which the server surely still has the session: the send time of the last
+    # answered CreateSession or KeepAlive, plus LEASE_SHARE of the timeout.
+    alive_until: float
     keepalive: asyncio.Task[None] | None = None
 
 
@@ -83,8 +92,20 @@ class SessionManager:
         self._timeout_ms = session_timeout_ms
         self._request_timeout = request_timeout_s
         self.client_identity = client_identity
+        self._lease_s = session_timeout_ms / 1000 * LEASE_SHARE
         self._sessions: dict[int, _Session] = {}
         self._creating: dict[int, asyncio.Lock] = {}
+
+    def current(self, shard: int) -> int | None:
+        """The id of this store's session on ``shard``, if it has one."""
+        session = self._sessions.get(shard)
+        return None if session is None else session.session_id
+
+    def alive_until(self, shard: int, session_id: int | None) -> float:
+        """``time.monotonic()`` until which the server surely still has session ``session_id`` of
+        ``shard``; 0.0 once it is not this store's session there any more (expired, closed, replaced)."""
+        session = self._sessions.get(shard)
+        return session.alive_until if session is not None and session.session_id == session_id else 0.0
 
     async def session_for(self, shard: int) -> int:
         """The session id to put ephemeral records on ``shard`` with, creating the session first if
@@ -99,12 +120,13 @@ class SessionManager:
                 return session.session_id
             request = pb.CreateSessionRequest(
                 shard=shard, session_timeout_ms=self._timeout_ms, client_identity=self.client_identity)
+            sent = time.monotonic()
             try:
                 async with asyncio.timeout(self._request_timeout):
                     response = await self._pool.stub(self._leader_of(shard)).CreateSession(request)
             except (grpc.RpcError, TimeoutError) as e:
                 raise unavailable(f"create session on shard {shard}", e) from e
-            session = _Session(shard, response.session_id)
+            session = _Session(shard, response.session_id, sent + self._lease_s)
             session.keepalive = asyncio.get_running_loop().create_task(
                 self._keep_alive(session), name=f"oxia-session-{shard}")
             self._sessions[shard] = session
@@ -144,9 +166,11 @@ class SessionManager:
         heartbeat = pb.SessionHeartbeat(shard=session.shard, session_id=session.session_id)
         while True:
             await asyncio.sleep(period)
+            sent = time.monotonic()
             try:
                 async with asyncio.timeout(max(period, 0.1)):
                     await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
+                session.alive_until = sent + self._lease_s
             except grpc.aio.AioRpcError as e:
                 if session_not_found(e):
                     self.forget(session.shard, session.session_id)

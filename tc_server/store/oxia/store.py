@@ -29,7 +29,8 @@ side filter then drops anything that is not a direct child (deeper keys under na
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import structlog
 
@@ -142,6 +143,12 @@ class OxiaStore(StoreWrites):
         if info is None:
             raise StoreUnavailableError(f"shard {shard} is not in the current assignments")
         return info.leader
+
+    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
+        """See :meth:`MetadataStore.ephemeral_lease`: the keep-alives of the session that holds ``key``
+        now (on its shard). Once that session is gone or replaced, the lease is over (0.0)."""
+        shard = self._route(key, None).shard
+        return functools.partial(self._sessions.alive_until, shard, self._sessions.current(shard))
 
     def _route(self, key: str, partition_key: str | None) -> ShardInfo:
         info = self._assignments.current.shard_for(key, partition_key)
