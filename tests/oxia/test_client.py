@@ -273,6 +273,27 @@ async def test_the_lease_of_an_ephemeral_record_follows_its_session(oxia: Standi
     assert lease() == 0.0
 
 
+async def test_close_does_not_wait_the_request_timeout_for_an_oxia_that_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # CloseSession never answered (patched before the server binds its handlers), the request timeout far
+    # above any test's bound: close() must not wait that long, for the session's close nor for the drain of
+    # the notification of its record's deletion (a stop has a pod's grace to fit; the session expires anyway).
+    async def never(self, request, context):
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(standin._Servicer, "CloseSession", never)
+    server = StandinOxia(shards=1)
+    await server.start()
+    try:
+        owner = await connect(server.address, request_timeout_s=600.0)
+        await owner.put("/c/leader", b"me", ephemeral=True)
+        stream = owner.notifications("/c/")
+        await asyncio.wait_for(owner.close(), 60.0)
+        assert [n async for n in stream] == []  # ended by close(), without the deletion it could not see
+    finally:
+        await server.stop()
+
+
 async def test_bad_version_maps(store: OxiaStore) -> None:
     with pytest.raises(BadVersionError):
         await store.put("/v/k", b"", expected_version=5)

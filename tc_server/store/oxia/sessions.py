@@ -142,20 +142,20 @@ class SessionManager:
                 session.keepalive.cancel()
             log.warning("oxia_session_lost", shard=shard, session_id=session_id)
 
-    async def close(self) -> None:
-        """Close every session; the server deletes their ephemeral records. Best effort: a session
-        that cannot be closed expires by itself after the session timeout."""
+    async def close(self, timeout_s: float) -> None:
+        """Close every session (waiting up to ``timeout_s``); the server deletes their ephemeral records.
+        Best effort: a session that cannot be closed expires by itself after the session timeout."""
         sessions = list(self._sessions.values())
         self._sessions.clear()
         for session in sessions:
             if session.keepalive is not None:
                 session.keepalive.cancel()
-        await asyncio.gather(*(self._close_one(s) for s in sessions))
+        await asyncio.gather(*(self._close_one(s, timeout_s) for s in sessions))
 
-    async def _close_one(self, session: _Session) -> None:
+    async def _close_one(self, session: _Session, timeout_s: float) -> None:
         request = pb.CloseSessionRequest(shard=session.shard, session_id=session.session_id)
         try:
-            async with asyncio.timeout(self._request_timeout):
+            async with asyncio.timeout(timeout_s):
                 await self._pool.stub(self._leader_of(session.shard)).CloseSession(request)
         except (grpc.RpcError, TimeoutError, StoreUnavailableError) as e:
             log.warning("oxia_session_close_failed", shard=session.shard,

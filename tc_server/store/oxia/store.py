@@ -77,6 +77,12 @@ def is_child(key: str, prefix: str) -> bool:
     return key.startswith(prefix) and "/" not in key[len(prefix):]
 
 
+# How long close() waits for an Oxia that does not answer, its sessions' close and the notification drain
+# together: a stop must fit a pod's termination grace (30 s) and the supervisor's per-worker bound (12 s)
+# after the drain of the requests in flight (up to 8 s, tc_server/app.py), and a session that could not be
+# closed expires by itself after the session timeout, its records with it.
+CLOSE_WAIT_S = 3.0
+
 class OxiaStore(StoreWrites):
     """A :class:`~tc_server.store.api.MetadataStore` session on one Oxia namespace. Open it with
     :func:`connect`.
@@ -349,14 +355,16 @@ class OxiaStore(StoreWrites):
 
     async def close(self) -> None:
         """Close the sessions (Oxia deletes their ephemeral records), deliver the notifications of
-        this session's own writes and of those deletes to open subscriptions (waiting at most the
-        request timeout), then end the subscriptions and release every connection. Never raises."""
+        this session's own writes and of those deletes to open subscriptions (the two within
+        CLOSE_WAIT_S), then end the subscriptions and release every connection. Never raises."""
         if self._closed:
             return
         self._closed = True
-        await self._sessions.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_WAIT_S
+        await self._sessions.close(CLOSE_WAIT_S)
         if self._pump.has_subscribers:
-            await self._pump.drain(self._timeout)
+            await self._pump.drain(max(0.0, deadline - loop.time()))
         for writer in list(self._writers.values()):
             await writer.close()
         self._writers.clear()
