@@ -7,7 +7,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
-# uv installs every Python package, exactly as uv.lock pins it (README, *Installing*). It lives in its
+# uv installs every Python package, exactly as uv.lock pins it (README, *Requirements*). It lives in its
 # own small venv, outside .venv, so that the service's venv holds the service's packages only.
 UV_HOME := $(TOOLS)/uv
 UV := $(UV_HOME)/bin/uv
@@ -48,8 +48,9 @@ $(VENV)/.installed-dev: pyproject.toml uv.lock $(UV)
 lock: $(UV)
 	$(UV) lock
 
-# The ports and everything else: TC_SERVER_* variables, e.g. `TC_SERVER_LISTEN=0.0.0.0:6651 make run`
-# (README, *Configuration*).
+# The ports and every other setting but these two (the embedded store in ./data, as the README's first
+# command promises, whatever TC_SERVER_STORE says): TC_SERVER_* variables, e.g.
+# `TC_SERVER_LISTEN=0.0.0.0:6651 make run` (README, *Configuration*).
 run: setup-runtime
 	$(VENV)/bin/tc-server run --store embedded --data-dir ./data
 

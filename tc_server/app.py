@@ -103,8 +103,14 @@ def worker_port_of(worker: WorkerRole | None) -> str:
 
 
 def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
+    """The URL LOOKUP hands out when none is set: the listen address, or 127.0.0.1 when that is every
+    address (which only a client on this host can follow: said once at start)."""
     if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
+        url = f"{scheme}://127.0.0.1:{port}"
+        log.warning("no advertised URL set and listening on every address: LOOKUP names " + url + ", which "
+                    "clients on other hosts cannot reach; set --advertised-url / TC_SERVER_ADVERTISED_URL "
+                    "(resp. --advertised-url-tls)", advertised_url=url)
+        return url
     return f"{scheme}://{host}:{port}"
 
 

@@ -57,7 +57,8 @@ HELP = {
     "id_block_size": "txn ids reserved per store round trip",
     "keepalive_s": "PING idle clients (and the brokers of forwarded requests) this often; drop those that do "
                    "not answer by the next tick",
-    "max_message_size": "max_message_size announced in CONNECTED; frames above it + 10240 close the connection",
+    "max_message_size": "max_message_size announced in CONNECTED: the largest message a client may send through "
+                        "to the brokers (the frames tc-server decodes itself are bounded by --max-frame-size)",
     "request_timeout_s": "a request not finished by then is answered TransactionCoordinatorNotFound",
     "max_requests_in_flight": "requests in flight on all connections before the server stops reading "
                               "new ones until some finish (back-pressure, not an error)",

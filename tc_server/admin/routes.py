@@ -179,9 +179,14 @@ class AdminRoutes:
         if coordinator_id is None:
             return json_response(200, {str(i): stats(i) for i in range(self._tc.num_partitions)})
         tc_id = number(coordinator_id, "coordinatorId")
-        if tc_id >= self._tc.num_partitions:
-            return json_response(404, {"reason": f"no transaction coordinator {tc_id}"})
-        return json_response(200, stats(tc_id))
+        return self._no_such_coordinator(tc_id) or json_response(200, stats(tc_id))
+
+    def _no_such_coordinator(self, tc_id: int | None) -> web.Response | None:
+        """The 404 of every endpoint given a coordinator id past the configured number, else None."""
+        if tc_id is None or tc_id < self._tc.num_partitions:
+            return None
+        count = self._tc.num_partitions
+        return json_response(404, {"reason": f"no transaction coordinator {tc_id} (there are {count})"})
 
     async def metadata(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
@@ -202,6 +207,8 @@ class AdminRoutes:
         timeout_ms = number(request.match_info["timeout"], "timeout")
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
+        if (missing := self._no_such_coordinator(coordinator_id)) is not None:
+            return missing
         limit, after = page_parameters(request)
         # The deadline index is in deadline order, not id order: the page is the `limit` smallest ids
         # above `after`, kept in a max-heap of limit + 1 entries (one more tells that more follow).
@@ -252,6 +259,8 @@ class AdminRoutes:
 
     async def force_abort(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
+        if (missing := self._no_such_coordinator(most)) is not None:
+            return missing
         try:
             state = await self._tc.partition(most).force_abort(least)
         except CoordinatorNotFound as exc:
@@ -272,8 +281,8 @@ class AdminRoutes:
         (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed first on the first page."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
-        if coordinator_id is not None and coordinator_id >= self._tc.num_partitions:
-            return json_response(404, {"reason": f"no transaction coordinator {coordinator_id}"})
+        if (missing := self._no_such_coordinator(coordinator_id)) is not None:
+            return missing
         limit, after = page_parameters(request)
         # Oxia scans shard after shard, each in index order, so the stream is not in txn id order overall;
         # one txn's records come together (one partition key: one shard). The page is the `limit` smallest

@@ -47,3 +47,13 @@ async def test_metadata_and_force_abort(app, client):
     assert status == 409 and doc["status"] == "COMMITTED"
     assert (await get(app, "/admin/v3/transactions/transactionMetadata/3/999999"))[0] == 404
     assert (await get(app, "/admin/v3/transactions/nope"))[0] == 404
+
+
+async def test_a_coordinator_id_past_the_configured_number_is_404_on_every_endpoint_that_takes_one(app):
+    n = app.coordinator.num_partitions
+    for path, method in ((f"/admin/v3/transactions/abort/{n}/1", "POST"),
+                         (f"/admin/v3/transactions/slowTransactions/0?coordinatorId={n}", "GET"),
+                         (f"/admin/v3/transactions/coordinatorStats?coordinatorId={n}", "GET"),
+                         (f"/admin/v3/transactions/undelivered?coordinatorId={n}", "GET")):
+        status, doc = await get(app, path, method)
+        assert status == 404 and doc["reason"] == f"no transaction coordinator {n} (there are {n})", (path, doc)
