@@ -68,6 +68,10 @@ OUTBOX_RETRY_MAX_S = 5.0
 _warned_no_sender = False
 # Participants whose encoded record name and value are remembered (bounded: least recently used go).
 ENCODED_PARTICIPANTS = 4096
+# Topics (or subscriptions) one ADD_PARTITION_TO_TXN (ADD_SUBSCRIPTION_TO_TXN) may name. The Java, Go and
+# C++ clients send one per request; one request of 30,000 (a legal 229 KB frame) held the event loop, and
+# every other client, for over a second while its records were built.
+MAX_PARTICIPANTS_PER_ADD = 256
 
 
 class ParticipantSender(Protocol):
@@ -356,7 +360,11 @@ class CoordinatorPartition:
         """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time. The
         participants (today's brokers; v5 participants pass none) are recorded before this returns,
         so a decision can always reach them (docs/participants.md). An empty topic or subscription
-        name is refused with NotAllowed: no broker could ever be told about it."""
+        name is refused with NotAllowed: no broker could ever be told about it; so is a request naming
+        more than MAX_PARTICIPANTS_PER_ADD."""
+        if len(participants) > MAX_PARTICIPANTS_PER_ADD:
+            raise NotAllowed(f"transaction ({self.tc_id},{least}): {len(participants)} topics or subscriptions in one "
+                             f"request; at most {MAX_PARTICIPANTS_PER_ADD} (send the others in further requests)")
         for participant in participants:
             if not participant.topic.strip() or (participant.subscription is not None
                                                  and not participant.subscription.strip()):
@@ -657,18 +665,28 @@ class CoordinatorPartition:
         if least in self._open:
             for path, (participant, _) in new.items():
                 known[path] = participant
-            return
-        # Decided while these records were being written (a timeout, an END_TXN on another
-        # connection), or a txn not loaded yet: its delivery may have listed the participants before
-        # these records existed, so look at the header and deliver them too if it is decided.
-        self._recorded.pop(least, None)
+            if least in self._headers:
+                return
+            # Open here, but its cached header was dropped: a decision of this partition whose outcome
+            # was unknown (its request's deadline passed while the store held the write). That write
+            # was queued before these records, so it has landed by now if it ever will: look.
+        else:
+            # Decided while these records were being written (a timeout, an END_TXN on another
+            # connection), or a txn not loaded yet: its delivery may have listed the participants
+            # before these records existed, so look at the header and deliver them too if decided.
+            self._recorded.pop(least, None)
         record = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
-        if record is not None:
-            header = TxnHeader.from_json(record.value)  # unreadable: ValueError, answered as an error
-            if header.state.terminal:
-                self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
-                # The client must not send in it: its brokers may have heard the decision already.
-                raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
+        if record is None:
+            return
+        header = TxnHeader.from_json(record.value)  # unreadable: ValueError, answered as an error
+        if not header.state.terminal:
+            return
+        if least in self._open:
+            await self._adopt_decision(least, header)  # its outbox lists these records too (known above)
+        else:
+            self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
+        # The client must not send in it: its brokers may have heard the decision already.
+        raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
 
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""

@@ -73,6 +73,8 @@ REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffer
 # Past the input budget, a connection still holding more than this after serving what it can is
 # growing a large unfinished frame (TC commands are far smaller): it is the one closed.
 SMALL_INPUT_BYTES = 16 * 1024
+# WATCH_TC_ASSIGNMENTS watches one connection may hold (a client needs one; see ClientConnection._watch).
+MAX_WATCHES_PER_CONNECTION = 16
 
 
 @dataclass
@@ -168,6 +170,7 @@ class ClientConnection(asyncio.Protocol):
         self._log_limiter = LogLimiter()
         self._connected = False
         self._closing = False
+        self._eof = False  # the client shut down its sending side (see eof_received)
         self._principal: str | None = None
         # The proven credentials (None: authentication off) and the timer that checks their expiry.
         self._auth: AuthSession | None = None
@@ -243,6 +246,23 @@ class ClientConnection(asyncio.Protocol):
             self._relay.transport.close()
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
 
+    def eof_received(self) -> bool | None:
+        """The client shut down its sending side. What it sent before is still served and answered, and
+        the connection closes once nothing of it is left (asyncio's default closed it at once, and the
+        answers of the requests in flight were lost while their work went on: a NEW_TXN's txn was left
+        to time out, a commit's outcome never reached the client). A relayed connection closes as before
+        (the broker sees the client go)."""
+        if self._relay is not None:
+            return None
+        self._eof = True
+        self._close_if_done()
+        return True
+
+    def _close_if_done(self) -> None:
+        """After the client's EOF: close once no request of it is in flight and no frame of it waits."""
+        if self._eof and self._in_flight == 0 and not self._flow.paused and not self._closing:
+            self.close()
+
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
@@ -278,6 +298,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 frame = self._decoder.next_frame()
                 if frame is None:
+                    self._close_if_done()
                     return
                 self._on_frame(frame)
         except FrameError as exc:
@@ -441,7 +462,16 @@ class ClientConnection(asyncio.Protocol):
         self._log.info("client connected")
 
     def _watch(self, watch_id: int) -> None:
-        """WATCH_TC_ASSIGNMENTS: the full map now, and again whenever it changes."""
+        """WATCH_TC_ASSIGNMENTS: the full map now, and again whenever it changes. A client needs one
+        watch; past MAX_WATCHES_PER_CONNECTION the request is refused (each watch is kept and answered
+        again on every change: a client sending a million ids held 200 MB, and a change would have
+        answered each of them in one turn of the event loop)."""
+        if watch_id not in self._watches and len(self._watches) >= MAX_WATCHES_PER_CONNECTION:
+            self.send(WatchTcAssignmentsUpdate(
+                watch_id, error=ServerError.NotAllowedError,
+                message=f"at most {MAX_WATCHES_PER_CONNECTION} assignment watches per connection; close one "
+                        f"(WATCH_TC_ASSIGNMENTS_CLOSE) first"))
+            return
         self._watches.add(watch_id)
         if self._unwatch is None:
             self._unwatch = self._ctx.dispatcher.coordinator.watch_assignments(self._assignments_changed)
@@ -479,6 +509,8 @@ class ClientConnection(asyncio.Protocol):
             for connection in list(ctx.paused):
                 connection._resume_reading("server-busy")
             ctx.paused.clear()
+        if self._eof:
+            self._loop.call_soon(self._close_if_done)  # once this request's answer below is queued
         if task.cancelled():
             # Only its deadline cancels a request's task, and the dispatcher answers that. Any other
             # cancellation (an awaited task or future cancelled under the request) would leave the

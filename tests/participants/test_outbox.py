@@ -28,6 +28,7 @@ from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoor
 from tc_server.coordinator.errors import InvalidTxnStatus, NotAllowed
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.partition import (
+    MAX_PARTICIPANTS_PER_ADD,
     TIMEOUT_RETRY_MS,
     UNKNOWN_WATERMARK,
     CoordinatorPartition,
@@ -341,6 +342,19 @@ async def test_empty_names_are_refused_before_anything_is_written(store: Metadat
             with pytest.raises(NotAllowed, match="empty topic or subscription name"):
                 await p.add_participants(least, None, [Participant(OTHER), bad])
         assert await records(store, 0, least) == {}
+
+
+async def test_an_add_naming_too_many_participants_is_refused_before_anything_is_written(
+        store: MetadataStore) -> None:
+    async with led(store) as tc:
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        many = [Participant(f"{TOPIC}-partition-{i}") for i in range(MAX_PARTICIPANTS_PER_ADD + 1)]
+        with pytest.raises(NotAllowed, match=f"at most {MAX_PARTICIPANTS_PER_ADD}"):
+            await p.add_participants(least, None, many)
+        assert await records(store, 0, least) == {}
+        await p.add_participants(least, None, many[:MAX_PARTICIPANTS_PER_ADD])  # the most one request may name
+        assert len(await records(store, 0, least)) == MAX_PARTICIPANTS_PER_ADD
 
 
 async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataStore) -> None:

@@ -9,8 +9,9 @@ from dataclasses import replace
 from tc_server.app import start_app
 from tc_server.client import connect
 from tc_server.coordinator import leadership
+from tc_server.server.connection import MAX_WATCHES_PER_CONNECTION
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tc_server.wire import TcAssignment, WatchTcAssignmentsClose
+from tc_server.wire import ServerError, TcAssignment, WatchTcAssignmentsClose
 
 
 async def test_flag_and_snapshot(app, client):
@@ -53,3 +54,15 @@ async def test_updates_follow_a_rebalance(settings, monkeypatch):
         if b is not None:
             await b.stop()
         await a.stop()
+
+
+async def test_watches_per_connection_are_bounded(app, client):
+    for watch_id in range(MAX_WATCHES_PER_CONNECTION):
+        assert (await client.watch_assignments(watch_id)).error is None
+    refused = await client.watch_assignments(MAX_WATCHES_PER_CONNECTION)
+    assert refused.error is ServerError.NotAllowedError and refused.snapshot is None
+    assert refused.message is not None and str(MAX_WATCHES_PER_CONNECTION) in refused.message
+    assert (await client.watch_assignments(0)).error is None  # one it holds is answered again
+    client.send(WatchTcAssignmentsClose(0))
+    assert (await client.watch_assignments(MAX_WATCHES_PER_CONNECTION)).error is None  # room again
+    assert (await client.new_txn(tc_id=3)).error is None  # the connection is unaffected
