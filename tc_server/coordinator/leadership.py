@@ -122,15 +122,17 @@ class LeaderElection:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         # Step down explicitly so that another instance takes over at once instead of after the
-        # session timeout: every partition stops first (no store write), then the records go, together.
-        # Their deletes are bounded: a store that does not answer (a stalled disk, a stopped writer
-        # process) must not hold the stop forever, and the records are the session's, so they go with
-        # it anyway (the embedded store's next open, Oxia's session timeout), only later.
+        # session timeout: every partition stops first, all at once (each gives its unwritten events a
+        # last bounded try: one after the other, 16 of them made a stop on a store that does not answer
+        # 16 times as long), then the records go, together. Their deletes are bounded too: a store that
+        # does not answer (a stalled disk, a stopped writer process) must not hold the stop forever, and
+        # the records are the session's, so they go with it anyway (the embedded store's next open,
+        # Oxia's session timeout), only later.
         async with self._lock:
             released = {tc_id: self._versions.get(tc_id) for tc_id in sorted(self.led)}
             for tc_id in released:
                 self.leaders.pop(tc_id, None)
-                await self._lose(tc_id, stepped_down=True)
+            await asyncio.gather(*(self._lose(tc_id, stepped_down=True) for tc_id in released))
             deletes = [asyncio.ensure_future(self._delete_record(tc_id, version))
                        for tc_id, version in released.items()]
             deletes.append(asyncio.ensure_future(self._delete_member()))

@@ -167,6 +167,9 @@ class CoordinatorPartition:
         # not cached: their header is read on their first request (500,000 recovered headers cost
         # ~200 MB more, README "Limits").
         self._headers: dict[int, tuple[TxnHeader, int]] = {}
+        # Open txns whose decision CAS ended with an unknown outcome (its request's deadline passed while
+        # the store held the write): the header may be decided on disk although the txn is open here.
+        self._unsure: set[int] = set()
         # Decisions whose events could not all be written after the CAS (store error, request
         # timeout): the sweeper writes them again so participants do not wait for GC.
         self._unpublished: dict[int, TxnState] = {}
@@ -463,6 +466,7 @@ class CoordinatorPartition:
                     # the sweep looks soon, so a decision that landed is delivered without waiting
                     # for a retry or the txn's deadline.
                     self._headers.pop(least, None)
+                    self._unsure.add(least)
                     deadline = self._open.get(least)
                     if deadline is not None and not self._stopped:
                         self._track(least, min(deadline, self._clock() + TIMEOUT_RETRY_MS))
@@ -552,6 +556,7 @@ class CoordinatorPartition:
         if owner is not None:
             self._principals.remove(owner)
         self._headers.pop(least, None)
+        self._unsure.discard(least)
         self._recorded.pop(least, None)
         self._complete.discard(least)
         self._open.pop(least, None)
@@ -665,10 +670,9 @@ class CoordinatorPartition:
         if least in self._open:
             for path, (participant, _) in new.items():
                 known[path] = participant
-            if least in self._headers:
+            if least not in self._unsure:
                 return
-            # Open here, but its cached header was dropped: a decision of this partition whose outcome
-            # was unknown (its request's deadline passed while the store held the write). That write
+            # Open here, but a decision of this partition's had an unknown outcome (_unsure). That write
             # was queued before these records, so it has landed by now if it ever will: look.
         else:
             # Decided while these records were being written (a timeout, an END_TXN on another

@@ -251,8 +251,10 @@ class ClientConnection(asyncio.Protocol):
         the connection closes once nothing of it is left (asyncio's default closed it at once, and the
         answers of the requests in flight were lost while their work went on: a NEW_TXN's txn was left
         to time out, a commit's outcome never reached the client). A relayed connection closes as before
-        (the broker sees the client go)."""
-        if self._relay is not None:
+        (the broker sees the client go), and so does a TLS one: TLS cannot half-close, and asyncio's SSL
+        layer logs a warning for every connection whose protocol asks it to."""
+        if self._relay is not None or (self._transport is not None
+                                       and self._transport.get_extra_info("sslcontext") is not None):
             return None
         self._eof = True
         self._close_if_done()

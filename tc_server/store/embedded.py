@@ -621,7 +621,7 @@ class EmbeddedStore(StoreWrites):
             try:
                 await asyncio.to_thread(writer.wait, writer_wait_s)
             except subprocess.TimeoutExpired:
-                log.error("store_writer_stuck", path=str(self.path), waited_s=WRITER_EXIT_S)  # noqa: TRY400
+                log.error("store_writer_stuck", path=str(self.path), waited_s=writer_wait_s)  # noqa: TRY400
                 writer.kill()
                 await asyncio.to_thread(writer.wait)
         await self._loop.run_in_executor(self._reader, self._scan_conn.close)

@@ -577,3 +577,103 @@ async def test_an_add_whose_record_lands_after_the_decision_is_refused() -> None
                 break
             await asyncio.sleep(0.01)
         assert {(t.participant.topic, t.committed) for t in sender.told} == {(TOPIC, True), (OTHER, True)}
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.header_gets = 0
+
+    async def get(self, key, *, partition_key=None):
+        if key.startswith(layout.HEADER_PREFIX):
+            self.header_gets += 1
+        return await super().get(key, partition_key=partition_key)
+
+
+async def test_an_add_on_a_recovered_txn_reads_its_header_once() -> None:
+    # The re-read above is for txns whose decision had an unknown outcome only: recovered txns are never in
+    # the header cache, and re-reading for every ADD of theirs cost a store round trip each (found by review).
+    store = CountingStore()
+    async with led(store) as first:
+        least = await first.partition(1).new_txn(600_000, None)
+    # Another leader (or this one restarted) recovers the open txn from the store.
+    async with led(store) as second:
+        partition = second.partition(1)
+        assert least in partition.open_txns()
+        per_add = []
+        for i in range(5):
+            before = store.header_gets
+            await partition.add_participants(least, None, [Participant(f"persistent://public/default/t-partition-{i}")])
+            per_add.append(store.header_gets - before)
+        assert per_add == [1] * 5, f"header reads per ADD on a recovered txn: {per_add}"
+
+
+FROZEN_PARTITIONS = 8
+
+
+class FrozenStore(MemoryStore):
+    """Every read and write waits for the gate once it is closed: a store that does not answer.
+    ``waiting``: how many calls wait at the gate now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def _pass(self) -> None:
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+
+    async def get(self, key, *, partition_key=None):
+        await self._pass()
+        return await super().get(key, partition_key=partition_key)
+
+    async def _put_record(self, op):
+        await self._pass()
+        return await super()._put_record(op)
+
+    async def write_batch(self, ops):
+        await self._pass()
+        return await super().write_batch(ops)
+
+    def scan_prefix(self, prefix, *, partition_key=None):
+        inner = super().scan_prefix(prefix, partition_key=partition_key)
+
+        async def frozen():
+            await self._pass()
+            async for record in inner:
+                yield record
+        return frozen()
+
+    def scan_index(self, *args, **kwargs):
+        inner = super().scan_index(*args, **kwargs)
+
+        async def frozen():
+            await self._pass()
+            async for record in inner:
+                yield record
+        return frozen()
+
+
+async def test_a_stop_on_a_frozen_store_stops_every_partition_at_once() -> None:
+    # Each partition's stop gives its unpublished decisions STOP_PUBLISH_TIMEOUT_S; one partition after the
+    # other, 16 coordinators made a stop on a store that does not answer last 16 times that (found by
+    # review). They stop together: every partition's last try waits at the gate at the same time.
+    store = FrozenStore()
+    tc = coordinator_with_sender(store, partitions=FROZEN_PARTITIONS)
+    await tc.start()
+    await tc.wait_recovered()
+    for tc_id in range(FROZEN_PARTITIONS):
+        # A decision whose events were not written when the store froze: partition._publish keeps it for stop().
+        tc.partition(tc_id)._unpublished[1] = TxnState.COMMITTED
+    store.gate.clear()  # the store stops answering
+    stopping = asyncio.ensure_future(tc.stop())
+    try:
+        assert await eventually(lambda: store.waiting >= FROZEN_PARTITIONS), store.waiting
+    finally:
+        store.gate.set()
+        await asyncio.wait_for(stopping, 60)

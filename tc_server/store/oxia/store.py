@@ -78,9 +78,10 @@ def is_child(key: str, prefix: str) -> bool:
 
 
 # How long close() waits for an Oxia that does not answer, its sessions' close and the notification drain
-# together: a stop must fit a pod's termination grace (30 s) and the supervisor's per-worker bound (12 s)
-# after the drain of the requests in flight (up to 8 s, tc_server/app.py), and a session that could not be
-# closed expires by itself after the session timeout, its records with it.
+# together: a stop on such an Oxia (the drain of the requests in flight up to 8 s, the partitions' last
+# tries 5 s, the leader records' deletes 3 s, this) must fit a pod's termination grace (30 s); a worker's
+# supervisor may kill it at 12 s first, which loses nothing. A session that could not be closed expires by
+# itself after the session timeout, its records with it.
 CLOSE_WAIT_S = 3.0
 
 class OxiaStore(StoreWrites):
