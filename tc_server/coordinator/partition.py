@@ -607,8 +607,11 @@ class CoordinatorPartition:
         else:
             if header.state is TxnState.OPEN and least in self._open:
                 # Looked at before its deadline (an END_TXN's write whose outcome was unknown, in
-                # _apply) and still open: back to its deadline.
-                self._track(least, header.deadline_ms)
+                # _apply) and still open. That write may still be queued in the store (a stalled disk):
+                # look again each TIMEOUT_RETRY_MS until the deadline, or a decision landing later waits
+                # for the deadline (up to --max-txn-timeout-ms) before its brokers hear of it.
+                retry = self._clock() + TIMEOUT_RETRY_MS
+                self._track(least, min(header.deadline_ms, retry) if least in self._unsure else header.deadline_ms)
 
     async def _run_timeouts(self) -> None:
         gate = asyncio.Semaphore(TIMEOUT_CONCURRENCY)

@@ -15,7 +15,7 @@ from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoor
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, NotAllowed
 from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import OpKind, Participant, TxnOp, TxnState
-from tc_server.coordinator.partition import CoordinatorPartition, PartitionConfig
+from tc_server.coordinator.partition import TIMEOUT_RETRY_MS, CoordinatorPartition, PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.api import MetadataStore, Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
@@ -542,6 +542,10 @@ class StalledWriter(MemoryStore):
         self._tail = task
         return asyncio.shield(task)
 
+    def landed(self) -> bool:
+        """Whether every write made so far has been applied."""
+        return self._tail is None or self._tail.done()
+
     async def _put_record(self, op):
         return await self._in_order(lambda: MemoryStore._put_record(self, op))
 
@@ -677,3 +681,28 @@ async def test_a_stop_on_a_frozen_store_stops_every_partition_at_once() -> None:
     finally:
         store.gate.set()
         await asyncio.wait_for(stopping, 60)
+
+
+async def test_a_decision_landing_after_the_early_look_is_delivered_before_the_deadline() -> None:
+    # The decision's write outlives its request and the sweep's look 1 s later (the header still OPEN on
+    # the store: the write is queued behind a stalled writer). Found by a crash-torture run with the writer
+    # SIGSTOPped: the txn went back to its deadline, and its brokers heard of the landed commit only then.
+    store = StalledWriter()
+    sender = RecordingSender()
+    clock = FakeClock()
+    async with led(store, sender, clock=clock) as tc:
+        partition = tc.partition(0)
+        least = await partition.new_txn(60_000, None)
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+        store.gate.clear()  # the writer stalls
+        with pytest.raises(TimeoutError):  # the request deadline (--request-timeout-s): outcome unknown
+            await asyncio.wait_for(partition.end_txn(least, commit=True, principal=None), 0.1)
+        clock.now += TIMEOUT_RETRY_MS  # the early look: the header is still OPEN on the store
+        await tc.abort_expired_now()
+        store.gate.set()  # the writer goes on: the COMMIT lands, and no client asks again
+        assert await eventually(lambda: store.landed())
+        for _ in range(10):  # ten seconds of sweeps, far before the txn's 60 s deadline
+            clock.now += TIMEOUT_RETRY_MS
+            await tc.abort_expired_now()
+        assert await eventually(lambda: bool(sender.told))
+        assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
