@@ -553,6 +553,17 @@ class StalledWriter(MemoryStore):
         return await self._in_order(lambda: MemoryStore.write_batch(self, ops))
 
 
+async def commit_of_unknown_outcome(store: StalledWriter, partition: CoordinatorPartition) -> int:
+    """A txn with one participant whose COMMIT is queued behind the stalled writer, its request's deadline
+    (--request-timeout-s) passed: the outcome is unknown to the partition. Returns its id."""
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC)])
+    store.gate.clear()  # the writer stalls
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(partition.end_txn(least, commit=True, principal=None), 0.1)
+    return least
+
+
 async def test_an_add_whose_record_lands_after_the_decision_is_refused() -> None:
     # An END_TXN whose decision write outlives its request deadline (a writer stalled behind a slow fsync,
     # or stopped) lands later; an ADD that read the header before then must not be answered success once
@@ -562,11 +573,7 @@ async def test_an_add_whose_record_lands_after_the_decision_is_refused() -> None
     sender = RecordingSender()
     async with led(store, sender) as tc:
         partition = tc.partition(0)
-        least = await partition.new_txn(60_000, None)
-        await partition.add_participants(least, None, [Participant(TOPIC)])
-        store.gate.clear()  # the writer stalls
-        with pytest.raises(TimeoutError):  # the request deadline (--request-timeout-s): outcome unknown
-            await asyncio.wait_for(partition.end_txn(least, commit=True, principal=None), 0.1)
+        least = await commit_of_unknown_outcome(store, partition)
         # The same txn's ADD reads the header (still OPEN on disk) and queues its record behind the CAS.
         add = asyncio.ensure_future(partition.add_participants(least, None, [Participant(OTHER)]))
         await asyncio.sleep(0.05)
@@ -576,10 +583,7 @@ async def test_an_add_whose_record_lands_after_the_decision_is_refused() -> None
         # The ADD was acknowledged after the COMMIT was durable: it must be refused instead.
         assert isinstance(outcome, InvalidTxnStatus), f"ADD answered {outcome!r} on a txn already COMMITTED"
         # Both participants still hear the commit (the refused ADD's record was written all the same).
-        for _ in range(200):  # bounded: the delivery runs in the background
-            if {t.participant.topic for t in sender.told if t.committed} == {TOPIC, OTHER}:
-                break
-            await asyncio.sleep(0.01)
+        assert await eventually(lambda: {t.participant.topic for t in sender.told} == {TOPIC, OTHER})
         assert {(t.participant.topic, t.committed) for t in sender.told} == {(TOPIC, True), (OTHER, True)}
 
 
@@ -691,12 +695,7 @@ async def test_a_decision_landing_after_the_early_look_is_delivered_before_the_d
     sender = RecordingSender()
     clock = FakeClock()
     async with led(store, sender, clock=clock) as tc:
-        partition = tc.partition(0)
-        least = await partition.new_txn(60_000, None)
-        await partition.add_participants(least, None, [Participant(TOPIC)])
-        store.gate.clear()  # the writer stalls
-        with pytest.raises(TimeoutError):  # the request deadline (--request-timeout-s): outcome unknown
-            await asyncio.wait_for(partition.end_txn(least, commit=True, principal=None), 0.1)
+        least = await commit_of_unknown_outcome(store, tc.partition(0))
         clock.now += TIMEOUT_RETRY_MS  # the early look: the header is still OPEN on the store
         await tc.abort_expired_now()
         store.gate.set()  # the writer goes on: the COMMIT lands, and no client asks again
