@@ -70,13 +70,18 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, port
 
 
-def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
-    """(scheme, host, port) of ``SCHEME://HOST:PORT``, one of ``schemes``. Raises ValueError saying what is
-    wrong; a URL with credentials in it is not quoted."""
+def canonical_url(url: str) -> str:
+    """``url`` in the one form the code compares schemes and keys brokers by: the scheme in lower case, no
+    slash after the port (Pulsar's clients take the scheme in any case, and a slash after the port)."""
     scheme, sep, address = url.partition("://")
-    # As Pulsar's clients take them: the scheme in any case, and a slash after the port.
-    scheme = scheme.lower()
-    address = address.removesuffix("/")
+    return f"{scheme.lower()}{sep}{address.removesuffix('/')}"
+
+
+def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``SCHEME://HOST:PORT``, one of ``schemes`` (in any case, with or without a
+    slash after the port: canonical_url). Raises ValueError saying what is wrong; a URL with credentials in
+    it is not quoted."""
+    scheme, sep, address = canonical_url(url).partition("://")
     forms = " or ".join(f"{name}://HOST:PORT" for name in schemes)
     if not sep or scheme not in schemes:
         raise ValueError(f"must be {forms} (got {url!r})")
@@ -227,10 +232,7 @@ class Settings:
         for item in filter(None, (part.strip() for part in self.upstream_url.split(","))):
             if urls and "://" not in item:
                 item = f"{urls[-1].partition('://')[0]}://{item}"
-            # In one form (the scheme in lower case, no slash after the port): the code that follows
-            # compares schemes and keys brokers by their URL.
-            scheme, sep, address = item.partition("://")
-            urls.append(f"{scheme.lower()}{sep}{address.removesuffix('/')}")
+            urls.append(canonical_url(item))
         return urls
 
     def validate(self) -> Settings:
