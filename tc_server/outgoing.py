@@ -20,11 +20,12 @@ import asyncio
 class OutgoingFrames:
     """The frames queued for ``transport`` in this turn; :meth:`flush` runs at the end of the turn."""
 
-    __slots__ = ("_frames", "_loop", "transport")
+    __slots__ = ("_frames", "_loop", "queued_bytes", "transport")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._frames: list[bytes] = []
+        self.queued_bytes = 0  # of the frames queued, not yet handed to the transport
         # Set by the owner's connection_made; frames queued while it is None (or closing) are dropped.
         self.transport: asyncio.Transport | None = None
 
@@ -32,10 +33,12 @@ class OutgoingFrames:
         if not self._frames:
             self._loop.call_soon(self.flush)
         self._frames.append(frame)
+        self.queued_bytes += len(frame)
 
     def flush(self) -> None:
         """Write what is queued now (also before closing the transport, so nothing queued is lost)."""
         frames, self._frames = self._frames, []
+        self.queued_bytes = 0
         transport = self.transport
         if frames and transport is not None and not transport.is_closing():
             transport.write(b"".join(frames) if len(frames) > 1 else frames[0])

@@ -297,8 +297,10 @@ class PulsarConnection(asyncio.Protocol):
 
     @property
     def unsent_bytes(self) -> int:
-        """Bytes written but not yet taken by the peer's socket (the transport's write buffer)."""
-        return self._transport.get_write_buffer_size() if self._transport is not None else 0
+        """Bytes written but not yet taken by the peer's socket: the transport's write buffer, and what waits
+        for the end of this turn to be written (outgoing.py; many forwards of one turn all queue there)."""
+        buffered = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        return buffered + self._out.queued_bytes
 
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
