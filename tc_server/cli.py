@@ -54,6 +54,9 @@ HELP = {
                                            "(0: no limit; without authentication there is no role and no limit). "
                                            "Default 5000: half of one coordinator's default cap, so one role cannot "
                                            "fill a coordinator and starve the others there",
+    "max_participants_per_transaction": "topics and subscriptions one transaction may name (ADD_PARTITION_TO_TXN, "
+                                        "ADD_SUBSCRIPTION_TO_TXN) before its next ADD naming a new one is answered "
+                                        "NotAllowedError (0: no limit)",
     "id_block_size": "txn ids reserved per store round trip",
     "keepalive_s": "PING idle clients (and the brokers of forwarded requests) this often; drop those that do "
                    "not answer by the next tick",

@@ -164,6 +164,10 @@ class Settings:
     # refuse every other role there, and still far above what a client keeps open (its txn rate x txn
     # duration: 1,000/s x 5 s).
     max_open_transactions_per_principal: int = 5_000
+    # Topics and subscriptions one txn may name (each held in memory until the decision reaches its
+    # broker; 0: no limit). A txn on a 100-partition topic acked on a 100-partition subscription
+    # names 200.
+    max_participants_per_transaction: int = 10_000
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
@@ -280,6 +284,8 @@ class Settings:
               "max_active_transactions_per_coordinator", "must be between 0 (no limit) and 100000000")
         check(0 <= self.max_open_transactions_per_principal <= MAX_REQUESTS_IN_FLIGHT * 100,
               "max_open_transactions_per_principal", "must be between 0 (no limit) and 100000000")
+        check(0 <= self.max_participants_per_transaction <= MAX_REQUESTS_IN_FLIGHT * 100,
+              "max_participants_per_transaction", "must be between 0 (no limit) and 100000000")
         check(1 <= self.id_block_size <= MAX_ID_BLOCK_SIZE, "id_block_size",
               f"must be between 1 and {MAX_ID_BLOCK_SIZE}")
         check(0 < self.max_message_size <= MAX_MESSAGE_SIZE, "max_message_size",

@@ -114,6 +114,9 @@ class PartitionConfig:
     max_active_txns: int = 0
     # Open txns of one principal across the coordinators led here before NEW_TXN is refused; 0: none.
     max_open_txns_per_principal: int = 0
+    # Participants (topics and subscriptions of today's brokers) recorded for one txn by this leader
+    # before its ADD is refused; 0: none.
+    max_participants_per_txn: int = 0
 
 
 class CoordinatorPartition:
@@ -653,6 +656,12 @@ class CoordinatorPartition:
                 new[path] = (participant, value)
         if not new:
             return
+        limit = self._config.max_participants_per_txn
+        if limit and len(known) + len(self._recording.get(least, ())) + len(new) > limit:
+            # Each participant is held in memory until the decision reaches its broker, and told at
+            # the decision: without a bound one client could make one txn as large as it likes.
+            raise NotAllowed(f"transaction ({self.tc_id},{least}): {len(known)} topics and subscriptions already, "
+                             f"{len(new)} more would pass --max-participants-per-transaction ({limit})")
         key = layout.txn_key(self.tc_id, least)
         index = {layout.IDX_PARTICIPANTS_BY_COORDINATOR: layout.participants_by_coordinator_key(self.tc_id, least)}
         recording = self._recording.setdefault(least, {})

@@ -38,7 +38,7 @@ from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
 from tc_server.store.api import MetadataStore, Put
-from tc_server.wire import AddPartitionToTxn
+from tc_server.wire import AddPartitionToTxn, ServerError
 from tests.coordinator.test_partition import FakeClock, eventually
 
 TOPIC = "persistent://public/default/t-partition-0"
@@ -81,17 +81,18 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 def coordinator(store: MetadataStore, sender: RecordingSender | None = None, partitions: int = 2,
-                clock: FakeClock | None = None) -> TransactionCoordinator:
-    config = CoordinatorConfig(partitions=partitions, partition=PartitionConfig(id_block_size=10),
-                               timeout_sweep=False)
+                clock: FakeClock | None = None, max_participants_per_txn: int = 0) -> TransactionCoordinator:
+    config = CoordinatorConfig(partitions=partitions, timeout_sweep=False,
+                               partition=PartitionConfig(id_block_size=10,
+                                                         max_participants_per_txn=max_participants_per_txn))
     return TransactionCoordinator(store, config, Metrics("test"), clock or FakeClock(), participant_sender=sender)
 
 
 @contextlib.asynccontextmanager
-async def led(store: MetadataStore, sender: RecordingSender | None = None,
-              clock: FakeClock | None = None) -> AsyncIterator[TransactionCoordinator]:
+async def led(store: MetadataStore, sender: RecordingSender | None = None, clock: FakeClock | None = None,
+              max_participants_per_txn: int = 0) -> AsyncIterator[TransactionCoordinator]:
     """A coordinator (see ``coordinator``) started and recovered on ``store``, stopped on the way out."""
-    tc = coordinator(store, sender, clock=clock)
+    tc = coordinator(store, sender, clock=clock, max_participants_per_txn=max_participants_per_txn)
     await tc.start()
     try:
         await tc.wait_recovered()
@@ -287,6 +288,24 @@ async def test_scalable_add_records_its_legacy_topics_only_and_classic_add_all(t
         await app.stop()
 
 
+async def test_the_participant_limit_is_answered_not_allowed_on_the_wire(tmp_path: Path) -> None:
+    server = TcServerProcess(tmp_path / "data", "--coordinators", "1", "--max-participants-per-transaction", "2",
+                             log_path=tmp_path / "tc-server.log")
+    server.start()
+    try:
+        client = await connect("127.0.0.1", server.port)
+        opened = await client.new_txn(tc_id=0)
+        assert (await client.add_partition(0, opened.least, TOPIC)).error is None
+        assert (await client.add_subscription(0, opened.least, TOPIC, "sub")).error is None
+        refused = await client.add_partition(0, opened.least, OTHER)
+        assert refused.error == ServerError.NotAllowedError
+        assert "--max-participants-per-transaction (2)" in refused.message
+        assert (await client.end_txn(0, opened.least, commit=True)).error is None
+        client.close()
+    finally:
+        server.stop()
+
+
 async def test_records_written_before_add_answers_survive_kill_9(tmp_path: Path) -> None:
     server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log")
     server.start()
@@ -355,6 +374,29 @@ async def test_an_add_naming_too_many_participants_is_refused_before_anything_is
         assert await records(store, 0, least) == {}
         await p.add_participants(least, None, many[:MAX_PARTICIPANTS_PER_ADD])  # the most one request may name
         assert len(await records(store, 0, least)) == MAX_PARTICIPANTS_PER_ADD
+
+
+async def test_a_txn_past_its_participant_limit_is_refused_new_ones_and_still_commits_what_it_has(
+        store: MetadataStore) -> None:
+    sender = RecordingSender()
+    async with led(store, sender, max_participants_per_txn=3) as tc:
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        first = [Participant(TOPIC), Participant(TOPIC, "sub")]
+        await p.add_participants(least, None, first)
+        with pytest.raises(NotAllowed, match=r"2 topics and subscriptions already, 2 more would pass "
+                                             r"--max-participants-per-transaction \(3\)"):
+            await p.add_participants(least, None, [Participant(OTHER), Participant(OTHER, "sub")])
+        assert set((await records(store, 0, least)).values()) == set(first)
+        # Those already named do not count again; one more fits.
+        await p.add_participants(least, None, [*first, Participant(OTHER)])
+        with pytest.raises(NotAllowed, match="--max-participants-per-transaction"):
+            await p.add_participants(least, None, [Participant(OTHER, "sub")])
+        done = await p.end_txn(least, True, None)
+        if done is not None:
+            await done
+        assert {told.participant for told in sender.told} == {*first, Participant(OTHER)}
+        assert all(told.committed for told in sender.told)
 
 
 async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataStore) -> None:
