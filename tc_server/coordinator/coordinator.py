@@ -342,23 +342,33 @@ class TransactionCoordinator:
         if partition is not None:
             await partition.stop()
 
-    async def abort_overdue(self) -> int:
-        """Abort every OPEN txn of a led partition found overdue in the deadline index."""
+    async def abort_overdue(self) -> tuple[int, int]:
+        """Abort every OPEN txn of a led partition found overdue in the deadline index. Returns how
+        many of them the partitions' deadline queues did not hold (missed: a header a previous leader
+        wrote just before a hand-over), and how many they held but had not reached yet (late: the
+        queue is behind, its store slower than the txns' deadlines come; aborted here too, so that
+        neither path waits on the other)."""
         horizon_ms = max(0, self._clock() - OVERDUE_GRACE_MS)
         overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon_ms) if self.leads(most)]
+        missed = late = 0
         for most, least in overdue:
             partition = self._partitions.get(most)
-            if partition is not None:
-                await partition.expire(least)
-        return len(overdue)
+            if partition is None:
+                continue
+            if partition.tracks(least):
+                late += 1
+            else:
+                missed += 1
+            await partition.expire(least)
+        return missed, late
 
     async def _run_overdue_scan(self) -> None:
         while True:
             await asyncio.sleep(OVERDUE_SCAN_INTERVAL_S)
             try:
-                found = await self.abort_overdue()
+                missed, late = await self.abort_overdue()
                 # What is still overdue after the aborts could not be aborted: a fact for /readyz.
-                left = await self.abort_overdue() if found else 0
+                left = sum(await self.abort_overdue()) if missed or late else 0
             except (StoreError, TimeoutError) as exc:
                 log.warning("overdue scan failed", error=repr(exc))
                 self.health.failed("timeout sweep", f"overdue scan failed: {exc!r}", until_recovered=True)
@@ -371,8 +381,11 @@ class TransactionCoordinator:
                                    "aborted", until_recovered=True)
             else:
                 self.health.recovered("timeout sweep")
-            if found:
-                log.warning("aborted overdue transactions missed by the deadline queue", count=found)
+            if missed:
+                log.warning("aborted overdue transactions missed by the deadline queue", count=missed)
+            if late:
+                log.warning("the deadline queue is behind: aborted transactions more than a second past their "
+                            "deadline", count=late, grace_ms=OVERDUE_GRACE_MS)
 
     async def _run_gc(self) -> None:
         while True:

@@ -409,6 +409,10 @@ class CoordinatorPartition:
         _, header = await self._apply(least, Request.ABORT, None, check_owner=False)
         return header.state
 
+    def tracks(self, least: int) -> bool:
+        """Whether the deadline queue holds ``least`` as an open txn."""
+        return least in self._open
+
     def open_txns(self) -> dict[int, int]:
         """Snapshot of the open txns tracked here: least -> deadline ms."""
         return dict(self._open)
@@ -598,7 +602,15 @@ class CoordinatorPartition:
         try:
             _, header = await self._apply(least, Request.TIMEOUT, None, check_owner=False)
         except TransactionNotFound:
-            self._forget(least)
+            if self._headers.pop(least, None) is not None:
+                # Its NEW_TXN's header landed after this read was made and before its answer came
+                # back: the write's own check (_written) found the txn still tracked and left it.
+                # Look again now (reading the store: the header cached by the write is dropped, so
+                # that a header gone meanwhile is forgotten next time), or it stays OPEN untracked
+                # until the overdue scan.
+                self._track(least, self._clock())
+            else:
+                self._forget(least)
         except Exception as exc:  # noqa: BLE001 - one bad txn must not stop every other timeout
             if isinstance(exc, StoreError | CoordinatorError | TimeoutError):
                 self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})",

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tc_server.coordinator import layout, leadership
-from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.coordinator import OVERDUE_GRACE_MS, CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, NotAllowed
 from tc_server.coordinator.ids import IdAllocator
 from tc_server.coordinator.layout import OpKind, Participant, TxnOp, TxnState
@@ -144,6 +144,69 @@ async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
     assert await tc.abort_expired_now() == 1
     assert (await header(store, 0, least)).state is TxnState.ABORTED
     assert not partition.open_txns()
+    await tc.stop()
+
+
+class SlowHeaderReads(GatedStore):
+    """Header writes wait for ``gate`` (GatedStore); a header read, once ``slow_reads`` is set, reads the
+    store at once but answers only when ``read_gate`` opens: a read overtaken by a write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_gate = asyncio.Event()
+        self.reading = asyncio.Event()
+        self.slow_reads = False
+
+    async def get(self, key, **kwargs):
+        record = await super().get(key, **kwargs)
+        if self.slow_reads and key.startswith(layout.HEADER_PREFIX):
+            self.reading.set()
+            await self.read_gate.wait()
+        return record
+
+
+async def test_a_header_landing_while_the_timeout_reads_it_is_still_aborted():
+    # The timeout's read found no header; the NEW_TXN's write landed before that answer came back. The
+    # sweep forgot the id after the write's own check had seen it tracked: an OPEN header nobody
+    # tracked, aborted only by the overdue scan seconds later (a fuzzer's 1 ms TTLs: "missed by the
+    # deadline queue").
+    store = SlowHeaderReads()
+    clock = FakeClock()
+    tc = await started(store, clock)
+    partition = tc.partition(0)
+    store.gate.clear()
+    request = asyncio.create_task(partition.new_txn(1_000, None))
+    assert await eventually(lambda: bool(partition.open_txns()))
+    clock.now += 2_000
+    store.slow_reads = True
+    sweep = asyncio.create_task(tc.abort_expired_now())
+    await store.reading.wait()  # the read saw no header
+    store.gate.set()
+    least = await request  # the header landed
+    store.read_gate.set()
+    await sweep
+    assert least in partition.open_txns()
+    assert await tc.abort_expired_now() == 1
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+    assert not partition.open_txns()
+    await tc.stop()
+
+
+async def test_the_overdue_scan_tells_a_txn_its_queue_missed_from_one_the_queue_is_late_with():
+    store = MemoryStore()
+    clock = FakeClock()
+    tc = await started(store, clock)  # no timeout sweep of its own: its queue never runs here
+    late = await tc.partition(0).new_txn(1_000, None)
+    # A header no one told this leader of (an earlier leader's write just before a hand-over).
+    missed = 500
+    written = layout.TxnHeader(TxnState.OPEN, created_ms=clock.now, timeout_ms=1_000)
+    await store.put(layout.header_path(0, missed), written.to_json(), partition_key=layout.txn_key(0, missed),
+                    secondary_indexes=written.index_entries())
+    clock.now += 1_000 + OVERDUE_GRACE_MS + 1
+    assert await tc.abort_overdue() == (1, 1)
+    for least in (late, missed):
+        assert (await header(store, 0, least)).state is TxnState.ABORTED
+    assert await tc.abort_overdue() == (0, 0)
     await tc.stop()
 
 
