@@ -306,6 +306,20 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                broker_pool, shared_listener)
 
 
+def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
+    """The first SIGTERM or SIGINT asks for the graceful stop; a second one, while the start or the stop
+    still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
+    an operator pressing Ctrl-C again means it. That is a crash as kill -9 is one, which loses nothing
+    acknowledged (every answer waited for its write); the embedded store's writer reads EOF and ends
+    after its group."""
+    if not stop.is_set():
+        log.info("stopping", signal=sig.name, force="a second signal exits at once")
+        stop.set()
+        return
+    log.warning("second stop signal: exiting now, without finishing the stop", signal=sig.name)
+    os._exit(128 + sig)
+
+
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully.
 
@@ -315,7 +329,7 @@ async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _on_stop_signal, stop, sig)
     starting = asyncio.create_task(start_app(settings, worker=worker), name="start")
     stop_asked = asyncio.create_task(stop.wait(), name="stop-asked")
     try:

@@ -122,6 +122,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._spawning = 0  # worker processes being started: forked, maybe not in self.workers yet
         self.failure: tuple[int, str] | None = None  # (exit code, message) that stopped everything
+        self._stop_asked = False  # stop() was called (a signal): a second call kills the workers
         self._registry = CollectorRegistry()
         self._up = Gauge("tc_server_worker_ready", "1 when the worker's /readyz said 200 at the last check",
                          ["worker"], registry=self._registry)
@@ -133,7 +134,19 @@ class Supervisor:
         self._http: aiohttp.ClientSession | None = None
 
     def stop(self) -> None:
-        self._stopping.set()
+        """The first call (SIGTERM, SIGINT) stops the workers gracefully; a second one, while they still
+        stop, kills them (what a second Ctrl-C means; a kill loses nothing acknowledged), and the
+        supervisor ends as soon as they are gone."""
+        if not self._stop_asked:
+            self._stop_asked = True
+            self._stopping.set()
+            return
+        running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        if running:
+            log.warning("second stop signal: killing the workers", pids=sorted(proc.pid for proc in running))
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     # -- workers ------------------------------------------------------------------------------------
 

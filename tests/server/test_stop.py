@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,23 +116,27 @@ def test_sigterm_during_the_start_ends_it_with_exit_code_0(tmp_path: Path) -> No
     assert events[-1] == "stopped during the start", server.log_tail()
 
 
+async def commit_one(port: int) -> int:
+    client = await connect("127.0.0.1", port)
+    try:
+        opened = await client.new_txn(tc_id=1, ttl_ms=600_000)
+        assert (await client.end_txn(1, opened.least, commit=True)).error is None
+        return opened.least
+    finally:
+        client.close()
+
+
+def log_events(server: TcServerProcess) -> list[str]:
+    return [json.loads(line)["event"] for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+
+
 def test_a_stop_whose_store_writer_is_frozen_still_ends_and_loses_nothing(tmp_path: Path) -> None:
     # The embedded store's writer process stopped (SIGSTOP), as a stalled disk holds it: stepping down (the
     # leader records' deletes) and the store's close wait for it only so long, then the writer is killed.
     server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
     assert server.proc is not None
-
-    async def commit_one() -> int:
-        client = await connect("127.0.0.1", server.port)
-        try:
-            opened = await client.new_txn(tc_id=1, ttl_ms=600_000)
-            assert (await client.end_txn(1, opened.least, commit=True)).error is None
-            return opened.least
-        finally:
-            client.close()
-
     try:
-        least = asyncio.run(commit_one())
+        least = asyncio.run(commit_one(server.port))
         writers = descendants_of(server.proc.pid)
         assert len(writers) == 1, writers
         os.kill(writers[0], signal.SIGSTOP)
@@ -142,10 +147,38 @@ def test_a_stop_whose_store_writer_is_frozen_still_ends_and_loses_nothing(tmp_pa
             with contextlib.suppress(ProcessLookupError):
                 os.kill(writers[0], signal.SIGCONT)
         assert code == 0, server.log_tail()
-        lines = server.log_path.read_text().splitlines()
-        events = [json.loads(line)["event"] for line in lines if line.startswith("{")]
+        events = log_events(server)
         assert "store_writer_stuck" in events and events[-1] == "stopped", server.log_tail()
         server.start()  # the same data: the file's lock went with the killed writer
+        status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
+        assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
+    finally:
+        server.kill()
+
+
+def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothing(tmp_path: Path) -> None:
+    # The stop waits on a frozen writer (above); the operator presses Ctrl-C again: the process exits then,
+    # as from kill -9, with the signal's exit code and a last line that says so.
+    server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
+    assert server.proc is not None
+    try:
+        least = asyncio.run(commit_one(server.port))
+        (writer,) = descendants_of(server.proc.pid)
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_BOUND_S
+            while "stopping" not in log_events(server) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.proc.send_signal(signal.SIGINT)
+            code = server.proc.wait(STOP_BOUND_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(writer, signal.SIGCONT)
+        assert code == 128 + signal.SIGINT, server.log_tail()
+        events = log_events(server)
+        assert events[-1].startswith("second stop signal") and "stopped" not in events, server.log_tail()
+        server.start()  # the writer read EOF once running again and let go of the file's lock
         status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
         assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
     finally:

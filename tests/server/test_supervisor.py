@@ -179,6 +179,24 @@ async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
         sorted(proc.pid for proc in procs if proc)]
 
 
+async def test_a_second_stop_kills_the_workers_still_stopping_without_waiting_out_the_bound(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second Ctrl-C: the operator does not want to wait for workers whose stop hangs.
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", PROCESS_BOUND_S * 10)
+    supervisor = StandInSupervisor(["ignore-sigterm", "ignore-sigterm"])
+    running = asyncio.create_task(supervisor.run())
+    await until(lambda: all(worker.ready for worker in supervisor.workers), "both workers ready")
+    supervisor.stop()
+    await asyncio.sleep(0.2)  # the SIGTERMs are sent, and ignored
+    assert not running.done()
+    supervisor.stop()
+    assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
+    procs = [worker.proc for worker in supervisor.workers]
+    assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
+    assert [event["pids"] for event in events(logged, "second stop signal: killing the workers")] == [
+        sorted(proc.pid for proc in procs if proc)]
+
+
 def test_the_workers_hidden_option_leaves_superuser_roles_abbreviable() -> None:
     # argparse takes unambiguous abbreviations: the supervisor's pid option, named --supervisor-pid, made
     # "--super admin" ambiguous where it had meant --superuser-roles.
