@@ -91,6 +91,19 @@ def follow_supervisor(supervisor_pid: int | None) -> None:
         sys.exit(1)
 
 
+def kill_worker(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL to a worker and to the processes of its process group (it leads one: its own session), its
+    embedded store's writer among them. Killed alone, a worker left a writer that was stopped (SIGSTOP) or
+    stalled on a disk holding the store file's lock, and each restart of that worker waited for it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # the group's leader is gone and its pid reused: the worker alone
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
 def children() -> set[int]:
     """The pids of this process's children (Linux: a child is listed under the thread that is its parent,
     /proc/self/task/<tid>/children)."""
@@ -145,8 +158,7 @@ class Supervisor:
         if running:
             log.warning("second stop signal: killing the workers", pids=sorted(proc.pid for proc in running))
         for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            kill_worker(proc)
 
     # -- workers ------------------------------------------------------------------------------------
 
@@ -243,8 +255,7 @@ class Supervisor:
             log.warning("workers ignored SIGTERM; killing them", pids=sorted(exits[task].pid for task in late),
                         waited_s=WORKER_STOP_S)
             for task in late:
-                with contextlib.suppress(ProcessLookupError):
-                    exits[task].kill()
+                kill_worker(exits[task])
             await asyncio.wait(late)
 
     def _reap_adopted(self) -> None:

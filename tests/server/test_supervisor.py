@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -30,9 +31,10 @@ PROCESS_BOUND_S = 60.0
 
 # A stand-in worker: answers GET (the supervisor's /readyz probe) with 200 on the port argv[1]; argv[2] says
 # how it behaves: "serve" runs until a signal ends it, "crash" exits 1 a second after its first answer (a
-# crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM.
+# crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM, "frozen-child:PATH" too, with a
+# child process stopped by SIGSTOP (an embedded store's writer on a stalled disk) whose pid it writes to PATH.
 STAND_IN_WORKER = """
-import signal, sys, threading, time
+import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 port, behaviour = int(sys.argv[1]), sys.argv[2]
@@ -49,8 +51,13 @@ class Ready(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-if behaviour == "ignore-sigterm":
+if behaviour == "ignore-sigterm" or behaviour.startswith("frozen-child:"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if behaviour.startswith("frozen-child:"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    os.kill(child.pid, signal.SIGSTOP)
+    with open(behaviour.split(":", 1)[1], "w") as pid_file:
+        pid_file.write(str(child.pid))
 HTTPServer.allow_reuse_address = True
 server = HTTPServer(("127.0.0.1", port), Ready)
 threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -177,6 +184,28 @@ async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
     assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
     assert [event["pids"] for event in events(logged, "workers ignored SIGTERM; killing them")] == [
         sorted(proc.pid for proc in procs if proc)]
+
+
+async def test_a_worker_killed_at_the_bound_takes_its_frozen_writer_with_it(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Killed alone, the worker left its stopped child (the embedded store's writer) holding the store
+    # file's lock: every restart of that worker waited for it.
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
+    pid_file = tmp_path / "child.pid"
+    supervisor = StandInSupervisor([f"frozen-child:{pid_file}"])
+    assert await run_until_stopped(supervisor, lambda: pid_file.exists() and supervisor.workers[0].ready,
+                                   "the worker ready with its frozen child") == 0
+    child = int(pid_file.read_text())
+    await until(lambda: not alive(child), f"the worker's frozen child {child} killed")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and waiting for its parent to reap it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 async def test_a_second_stop_kills_the_workers_still_stopping_without_waiting_out_the_bound(
