@@ -63,7 +63,8 @@ class App:
                 if listener is not None]
 
     async def stop(self) -> None:
-        """Stop accepting, answer the requests in flight (bounded), step down, close the store; one log line."""
+        """Stop accepting, answer the requests in flight (bounded), step down, close the store; one log line
+        (after the signal's own, serve())."""
         # The Pulsar ports first, before anything is awaited: a client connecting from now on is refused
         # and goes to another instance at once, whatever holds up the rest of the stop.
         for listener in self.listeners:
@@ -306,15 +307,22 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                broker_pool, shared_listener)
 
 
-def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
+def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole | None) -> None:
     """The first SIGTERM or SIGINT asks for the graceful stop; a second one, while the start or the stop
     still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
     an operator pressing Ctrl-C again means it. That is a crash as kill -9 is one, which loses nothing
     acknowledged (every answer waited for its write); the embedded store's writer reads EOF and ends
-    after its group."""
+    after its group.
+
+    Not in a worker: one stop can signal it twice (systemd's KillMode=control-group or a pkill signals
+    every process, then its supervisor signals it again), and the supervisor escalates itself (it kills
+    a worker's process group at its bound or at its own second signal)."""
     if not stop.is_set():
-        log.info("stopping", signal=sig.name, force="a second signal exits at once")
+        log.info("stopping", signal=sig.name, force=None if worker else "a second signal exits at once")
         stop.set()
+        return
+    if worker is not None:
+        log.info("stop signal while stopping; the supervisor decides when to kill", signal=sig.name)
         return
     log.warning("second stop signal: exiting now, without finishing the stop", signal=sig.name)
     os._exit(128 + sig)
@@ -329,7 +337,7 @@ async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_stop_signal, stop, sig)
+        loop.add_signal_handler(sig, _on_stop_signal, stop, sig, worker)
     starting = asyncio.create_task(start_app(settings, worker=worker), name="start")
     stop_asked = asyncio.create_task(stop.wait(), name="stop-asked")
     try:

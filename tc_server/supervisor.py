@@ -61,6 +61,8 @@ PROBE_TIMEOUT_S = 2.0
 # to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
 # DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
 WORKER_STOP_S = 12.0
+# How often a worker's exit is looked for (exit_code): the delay before a restart begins, or a stop ends.
+EXIT_POLL_S = 0.1
 # The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
 ERROR_PREFIX = b"tc-server: "
 PR_SET_PDEATHSIG = 1
@@ -91,17 +93,24 @@ def follow_supervisor(supervisor_pid: int | None) -> None:
         sys.exit(1)
 
 
+async def exit_code(proc: asyncio.subprocess.Process) -> int:
+    """``proc``'s exit code, once it has exited. Not ``Process.wait()``: on Python 3.11 a wait begun before
+    the exit returns only once the process's pipes are closed too, and a process the worker left behind
+    (its store's writer, stopped or stalled on a disk) holds its stderr open. ``returncode`` is set at
+    the exit itself (the child watcher reaps it): looked at every EXIT_POLL_S."""
+    while proc.returncode is None:  # noqa: ASYNC110 - Process offers no event for the exit alone
+        await asyncio.sleep(EXIT_POLL_S)
+    return proc.returncode
+
+
 def kill_worker(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL to a worker and to the processes of its process group (it leads one: its own session), its
-    embedded store's writer among them. Killed alone, a worker left a writer that was stopped (SIGSTOP) or
-    stalled on a disk holding the store file's lock, and each restart of that worker waited for it."""
-    try:
+    """SIGKILL to a worker's process group: the worker (if it still runs) and what it started, its embedded
+    store's writer among them. Killed alone, a worker left a writer that was stopped (SIGSTOP) or stalled
+    on a disk holding the store file's lock and the worker's stderr pipe. The worker leads the group (its
+    own session), and Linux does not reuse a pid while a group of that id has members, so this reaches
+    nothing else; a group already empty is ESRCH."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    except PermissionError:  # the group's leader is gone and its pid reused: the worker alone
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
 
 
 def children() -> set[int]:
@@ -210,7 +219,11 @@ class Supervisor:
                 worker.proc.send_signal(signal.SIGTERM)
             assert worker.proc.stderr is not None
             forwarding = asyncio.create_task(self._forward_stderr(worker, worker.proc.stderr))
-            code = await worker.proc.wait()
+            code = await exit_code(worker.proc)
+            # What the worker started and left behind goes with it: a writer that was stopped or stalls
+            # on a disk would hold the stderr pipe and the store's lock for the restart. A kill loses
+            # nothing acknowledged: the writer answered only what it had committed.
+            kill_worker(worker.proc)
             await forwarding
             worker.ready = False
             self._up.labels(str(worker.index)).set(0)
@@ -249,7 +262,7 @@ class Supervisor:
                 proc.send_signal(signal.SIGTERM)
         if not running:
             return
-        exits = {asyncio.create_task(proc.wait()): proc for proc in running}
+        exits = {asyncio.create_task(exit_code(proc)): proc for proc in running}
         _, late = await asyncio.wait(exits, timeout=WORKER_STOP_S)
         if late:
             log.warning("workers ignored SIGTERM; killing them", pids=sorted(exits[task].pid for task in late),

@@ -602,7 +602,7 @@ class CoordinatorPartition:
         try:
             _, header = await self._apply(least, Request.TIMEOUT, None, check_owner=False)
         except TransactionNotFound:
-            if self._headers.pop(least, None) is not None:
+            if self._headers.pop(least, None) is not None and not self._stopped:
                 # Its NEW_TXN's header landed after this read was made and before its answer came
                 # back: the write's own check (_written) found the txn still tracked and left it.
                 # Look again now (reading the store: the header cached by the write is dropped, so
@@ -669,7 +669,7 @@ class CoordinatorPartition:
         if not new:
             return
         limit = self._config.max_participants_per_txn
-        if limit and len(known) + len(self._recording.get(least, ())) + len(new) > limit:
+        if limit and len(known) + len(self._recording.get(least, {}).keys() | new.keys()) > limit:
             # Each participant is held in memory until the decision reaches its broker, and told at
             # the decision: without a bound one client could make one txn as large as it likes.
             raise NotAllowed(f"transaction ({self.tc_id},{least}): {len(known)} topics and subscriptions already, "

@@ -32,7 +32,8 @@ PROCESS_BOUND_S = 60.0
 # A stand-in worker: answers GET (the supervisor's /readyz probe) with 200 on the port argv[1]; argv[2] says
 # how it behaves: "serve" runs until a signal ends it, "crash" exits 1 a second after its first answer (a
 # crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM, "frozen-child:PATH" too, with a
-# child process stopped by SIGSTOP (an embedded store's writer on a stalled disk) whose pid it writes to PATH.
+# child process stopped by SIGSTOP (an embedded store's writer on a stalled disk) whose pid it writes to PATH,
+# and "frozen-child-crash:PATH" crashes as "crash" does, leaving such a child behind.
 STAND_IN_WORKER = """
 import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -51,9 +52,9 @@ class Ready(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-if behaviour == "ignore-sigterm" or behaviour.startswith("frozen-child:"):
+if behaviour == "ignore-sigterm" or behaviour.startswith("frozen-child"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if behaviour.startswith("frozen-child:"):
+if behaviour.startswith("frozen-child"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     os.kill(child.pid, signal.SIGSTOP)
     with open(behaviour.split(":", 1)[1], "w") as pid_file:
@@ -61,7 +62,7 @@ if behaviour.startswith("frozen-child:"):
 HTTPServer.allow_reuse_address = True
 server = HTTPServer(("127.0.0.1", port), Ready)
 threading.Thread(target=server.serve_forever, daemon=True).start()
-if behaviour == "crash":
+if behaviour == "crash" or behaviour.startswith("frozen-child-crash:"):
     answered.wait()
     time.sleep(1)
     sys.exit(1)
@@ -197,6 +198,25 @@ async def test_a_worker_killed_at_the_bound_takes_its_frozen_writer_with_it(
                                    "the worker ready with its frozen child") == 0
     child = int(pid_file.read_text())
     await until(lambda: not alive(child), f"the worker's frozen child {child} killed")
+
+
+async def test_a_worker_that_crashed_leaving_a_frozen_writer_is_restarted(logged: list[dict[str, Any]],
+                                                                           tmp_path: Path) -> None:
+    # The supervisor waited for the crashed worker's stderr to end, which its stopped child held open:
+    # no restart, and no stop, until that child ran again.
+    pid_file = tmp_path / "child.pid"
+    supervisor = StandInSupervisor([f"frozen-child-crash:{pid_file}"])
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await until(pid_file.exists, "the first worker's frozen child started")
+        first_child = int(pid_file.read_text())
+        await until(lambda: bool(events(logged, "worker exited; restarting")), "the crashed worker restarted")
+        await until(lambda: not alive(first_child), f"its frozen child {first_child} killed")
+    finally:
+        supervisor.stop()
+        supervisor.stop()  # the restarted worker ignores SIGTERM
+        assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
+    assert not alive(int(pid_file.read_text()))
 
 
 def alive(pid: int) -> bool:

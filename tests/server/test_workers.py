@@ -178,6 +178,28 @@ async def test_a_killed_supervisor_takes_its_workers_along_and_starts_again(tmp_
         assert server.stop() == 0
 
 
+async def test_a_stop_signalled_to_every_process_at_once_is_still_graceful(tmp_path: Path) -> None:
+    # systemd's default KillMode=control-group (or a pkill) sends SIGTERM to the supervisor and to each
+    # worker; the supervisor then sends its own. A worker takes that second SIGTERM as part of the same
+    # stop (the supervisor escalates, not the worker): each still stops gracefully.
+    server = started(workers_server(tmp_path))
+    assert server.proc is not None
+    try:
+        committed = await commit_on_every_coordinator(server, per_coordinator=1)
+        _, ready = server.get_json("/readyz")
+        for pid in [server.proc.pid, *(w["pid"] for w in ready["workers"])]:
+            os.kill(pid, signal.SIGTERM)
+        assert server.proc.wait(RESTART_BOUND_S) == 0, server.log_tail()
+        log = server.log_path.read_text()
+        assert "second stop signal" not in log, server.log_tail()
+        assert log.count('"event": "stopped"') == WORKERS + 1, server.log_tail()  # each worker, the supervisor
+        server.start()
+        for most, least in committed:
+            assert header_status(server, most, least) == "COMMITTED", (most, least)
+    finally:
+        assert server.stop() == 0
+
+
 # Runs the command after it as a child subreaper (prctl PR_SET_CHILD_SUBREAPER, kept across exec): what a
 # container's PID 1 is, without the PID namespace that needs privileges. Orphans below it come to it.
 SUBREAPER = "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.argv[1], sys.argv[1:])"
