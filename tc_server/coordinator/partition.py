@@ -342,7 +342,7 @@ class CoordinatorPartition:
         except BadVersionError:
             # Only possible if someone else wrote a header under an id reserved by our CAS.
             raise CoordinatorError(f"header for new txn ({key}) already exists: id space corrupted") from None
-        self._check_still_leading(least, "its header")
+        self._check_still_leading(least, "header")
         return least
 
     def _written(self, least: int, header: TxnHeader, landed: asyncio.Future[None],
@@ -481,7 +481,7 @@ class CoordinatorPartition:
                 self._cas_ok.inc()
                 self._header_writes.inc()
                 await self._decided(least, ended, timed_out=decision is Decision.EXPIRE)
-                self._check_still_leading(least, "its decision")
+                self._check_still_leading(least, "decision")
                 return decision, ended
             if decision is Decision.ALREADY:
                 # A retry after a reconnect: the events may not all have been written the first
@@ -524,7 +524,7 @@ class CoordinatorPartition:
         leader, where its retry goes (the Java client retries on this code after a lookup)."""
         if self._stopped:
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} stepped down on this instance while "
-                                      f"({self.tc_id},{least})'s {what} was written; look it up again")
+                                      f"the {what} of ({self.tc_id},{least}) was being written; look it up again")
         # The leader record's session may have expired on the store while this process did not hear
         # (stalled longer than the session timeout): another instance may lead and have scanned the
         # store already, and would not track a txn whose NEW_TXN is answered here (its low watermark
@@ -532,7 +532,7 @@ class CoordinatorPartition:
         if self._lease is not None and time.monotonic() >= self._lease():
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id}: this instance's hold on it may have "
                                       f"lapsed (no store keep-alive answered within the session timeout) while "
-                                      f"({self.tc_id},{least})'s {what} was written; look it up again")
+                                      f"the {what} of ({self.tc_id},{least}) was being written; look it up again")
 
     def _may_act(self, header: TxnHeader, principal: str | None) -> bool:
         return header.owner is None or header.owner == principal or principal in self._config.superusers
@@ -612,6 +612,12 @@ class CoordinatorPartition:
             else:
                 self._forget(least)
         except Exception as exc:  # noqa: BLE001 - one bad txn must not stop every other timeout
+            if isinstance(exc, CoordinatorNotFound) and least not in self._open:
+                # The abort landed (the txn left the open set for the outbox), but this instance may have
+                # stopped leading meanwhile (_check_still_leading): nothing to retry here.
+                self._log.info("timeout abort written; this instance may no longer lead the coordinator",
+                               txn=f"({self.tc_id},{least})")
+                return
             if isinstance(exc, StoreError | CoordinatorError | TimeoutError):
                 self._log.warning("timeout abort failed; will retry", txn=f"({self.tc_id},{least})",
                                   error=repr(exc))
@@ -690,7 +696,7 @@ class CoordinatorPartition:
             if not recording and self._recording.get(least) is recording:
                 del self._recording[least]
         self._participant_writes.inc(len(new))
-        self._check_still_leading(least, "its participant records")
+        self._check_still_leading(least, "participant records")
         if least in self._open:
             for path, (participant, _) in new.items():
                 known[path] = participant

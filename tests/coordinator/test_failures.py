@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
+import structlog
 
 from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.coordinator import OVERDUE_GRACE_MS, CoordinatorConfig, TransactionCoordinator
@@ -210,6 +211,38 @@ async def test_the_overdue_scan_tells_a_txn_its_queue_missed_from_one_the_queue_
     await tc.stop()
 
 
+class LapsingLease(MemoryStore):
+    """A memory store whose leader records hold a lease (as on Oxia) that ``lapse()`` ends: a process
+    stalled past its session timeout, on cue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.until = float("inf")
+
+    def ephemeral_lease(self, key):
+        return lambda: self.until
+
+    def lapse(self) -> None:
+        self.until = 0.0
+
+
+async def test_a_timeout_abort_written_as_the_lease_lapses_is_not_logged_as_failed():
+    store = LapsingLease()
+    clock = FakeClock()
+    tc = await started(store, clock)
+    partition = tc.partition(0)
+    least = await partition.new_txn(1_000, None)
+    clock.now += 2_000
+    store.lapse()
+    with structlog.testing.capture_logs() as logged:
+        assert await tc.abort_expired_now() == 1
+    assert (await header(store, 0, least)).state is TxnState.ABORTED  # the abort landed
+    assert not partition.open_txns()
+    assert [e["event"] for e in logged] == ["timeout abort written; this instance may no longer lead the "
+                                            "coordinator"], logged
+    await tc.stop()
+
+
 async def test_new_txn_waiting_for_ids_when_the_partition_steps_down_is_told_to_look_up_again():
     # Stepping down cancels the id block reservation in flight (IdAllocator.close). The NEW_TXN
     # waiting on it must fail with the error the Java client retries after a lookup, not end as
@@ -351,7 +384,7 @@ async def test_new_txn_landing_after_its_partition_stepped_down_is_not_handed_ou
     assert await eventually(lambda: bool(old.open_txns()))  # its header write is in flight
     new = await stepped_down_and_led_again(tc, old)
     store.gate.set()
-    with pytest.raises(CoordinatorNotFound, match="stepped down on this instance while .* header was written"):
+    with pytest.raises(CoordinatorNotFound, match="stepped down on this instance while the header of .* was being written"):
         await request
     assert await new.new_txn(60_000, None) > 0  # the retry, at the new leader: a fresh id
     await tc.stop()
@@ -372,7 +405,7 @@ async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on
     new = await stepped_down_and_led_again(tc, old)
     assert least in new.open_txns()  # recovered as OPEN: the CAS had not landed
     store.gate.set()
-    with pytest.raises(CoordinatorNotFound, match="decision was written"):
+    with pytest.raises(CoordinatorNotFound, match="the decision of .* was being written"):
         await commit
     assert (await header(store, 0, least)).state is TxnState.COMMITTED
     # The client's retry reaches the new leader, which finds the decision and delivers it.
