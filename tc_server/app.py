@@ -312,7 +312,7 @@ def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole
     still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
     an operator pressing Ctrl-C again means it. That is a crash as kill -9 is one, which loses nothing
     acknowledged (every answer waited for its write); the embedded store's writer reads EOF and ends
-    after its group.
+    after its group, or is killed by the kernel if it is stopped or stalled (tc_server/parent_death.py).
 
     Not in a worker: one stop can signal it twice (systemd's KillMode=control-group or a pkill signals
     every process, then its supervisor signals it again), and the supervisor escalates itself (it kills

@@ -229,10 +229,21 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_loop(coro: Any) -> Any:
+    """Run ``serve()`` or ``supervise()``. Once it has returned (stopped), a late SIGTERM or SIGINT (a
+    pkill repeated, Ctrl-C pressed again as the stop ended) is ignored: it had killed the process by that
+    signal after a clean stop, or raised the start's KeyboardInterrupt ("stopped during the start")."""
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            try:
+                return runner.run(coro)
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop closes, which takes its handlers
+                    runner.get_loop().add_signal_handler(sig, lambda: None)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _healthcheck(args: argparse.Namespace) -> int:

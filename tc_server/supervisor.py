@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -40,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from tc_server.admin.http import AdminServer
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
+from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_url
 
 log = structlog.get_logger("tc_server.supervisor")
@@ -65,7 +65,6 @@ WORKER_STOP_S = 12.0
 EXIT_POLL_S = 0.1
 # The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
 ERROR_PREFIX = b"tc-server: "
-PR_SET_PDEATHSIG = 1
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
@@ -83,8 +82,7 @@ def follow_supervisor(supervisor_pid: int | None) -> None:
     pid, not with 1: a supervisor that is a container's first process (the Docker image's entrypoint) is
     PID 1 itself. None (a worker started by hand, without it): init as the parent means the supervisor
     is gone, as before that option; the process says so instead of exiting without a word."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     parent = os.getppid()
     gone = parent == 1 if supervisor_pid is None else parent != supervisor_pid
     if gone:
@@ -176,13 +174,24 @@ class Supervisor:
                 "--worker-supervisor-pid", str(os.getpid())]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
-        """Pass the worker's output on to our stderr as it comes (in chunks: a log line of any length
-        passes), keeping the tail to find its last error line once it exits."""
-        tail = b""
+        """Pass the worker's output on to our stderr as it comes, whole lines at a time: a line that
+        arrives in pieces is held until its end, so that another worker's line cannot land inside it
+        (two JSON log lines glued into one, seen at a stop when every worker logs at once). A line
+        longer than STDERR_CHUNK passes in pieces. The tail is kept to find its last error line once
+        it exits."""
+        tail = held = b""
         while chunk := await stream.read(STDERR_CHUNK):
-            sys.stderr.buffer.write(chunk)
+            data = held + chunk
+            end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
+            held = data[end:]
+            if end:
+                sys.stderr.buffer.write(data[:end])
+                sys.stderr.buffer.flush()
+                tail = (tail + data[:end])[-STDERR_TAIL:]
+        if held:  # its last line, without an end (a worker killed as it wrote)
+            sys.stderr.buffer.write(held + b"\n")
             sys.stderr.buffer.flush()
-            tail = (tail + chunk)[-STDERR_TAIL:]
+            tail = (tail + held)[-STDERR_TAIL:]
         errors = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
         if errors:
             worker.last_error = errors[-1].decode(errors="replace").strip()
@@ -265,7 +274,7 @@ class Supervisor:
         exits = {asyncio.create_task(exit_code(proc)): proc for proc in running}
         _, late = await asyncio.wait(exits, timeout=WORKER_STOP_S)
         if late:
-            log.warning("workers ignored SIGTERM; killing them", pids=sorted(exits[task].pid for task in late),
+            log.warning("workers not stopped within the bound; killing them", pids=sorted(exits[task].pid for task in late),
                         waited_s=WORKER_STOP_S)
             for task in late:
                 kill_worker(exits[task])

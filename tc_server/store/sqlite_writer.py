@@ -12,7 +12,8 @@ ONE transaction that ends with one ``COMMIT`` (``synchronous=FULL``: the WAL is 
 them all in one frame. Only then does tc-server resolve the callers' futures, so an acknowledged write is
 on disk. A failed condition fails only its own operation; an SQLite error fails the whole group (rolled
 back) and the process goes on with the next one. It ends when tc-server closes its end of the socket, or
-dies: it reads EOF then, so it never outlives tc-server by more than the group it is committing.
+dies: it reads EOF then, so it never outlives tc-server by more than the group it is committing; and
+should tc-server end while this process is stopped or stalled, the kernel kills it (die_with_parent).
 
 The exclusive ``flock`` of the database file (embedded.py) is inherited: the lock lives as long as either
 process holds its descriptor, so no second tc-server can open the file while this process still writes.
@@ -47,6 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
+from tc_server.parent_death import die_with_parent
 from tc_server.store.api import EXPECT_ABSENT, Outcome, sequence_key
 from tc_server.store.keys import now_ms, sequence_suffix, sequence_upper_bound
 from tc_server.store.writes import version_matches
@@ -116,6 +118,9 @@ def main(argv: list[str]) -> int:
     # to the whole process group must not cut a group commit short.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Killed with tc-server however it ends: a writer stopped or stalled on a disk never reads the EOF
+    # that ends it otherwise, and would hold the file's lock against the next tc-server.
+    die_with_parent()
     channel = socket.socket(fileno=socket_fd)
     channel.setblocking(True)
     # lock_fd stays open for the life of this process, unused: it holds the store's flock (see the module

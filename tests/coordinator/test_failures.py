@@ -384,7 +384,8 @@ async def test_new_txn_landing_after_its_partition_stepped_down_is_not_handed_ou
     assert await eventually(lambda: bool(old.open_txns()))  # its header write is in flight
     new = await stepped_down_and_led_again(tc, old)
     store.gate.set()
-    with pytest.raises(CoordinatorNotFound, match="stepped down on this instance while the header of .* was being written"):
+    with pytest.raises(CoordinatorNotFound,
+                       match="stepped down on this instance while the header of .* was being written"):
         await request
     assert await new.new_txn(60_000, None) > 0  # the retry, at the new leader: a fresh id
     await tc.stop()

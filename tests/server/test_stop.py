@@ -22,6 +22,7 @@ from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
 from tests.support.gated_store import GatedStore
+from tests.support.proc_state import alive
 
 # Keeps a stop that hangs from hanging the test; a stop takes a fraction of it.
 STOP_BOUND_S = 60.0
@@ -161,25 +162,31 @@ def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothin
     # as from kill -9, with the signal's exit code and a last line that says so.
     server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
     assert server.proc is not None
+    writers = descendants_of(server.proc.pid)
     try:
         least = asyncio.run(commit_one(server.port))
-        (writer,) = descendants_of(server.proc.pid)
+        (writer,) = writers
         os.kill(writer, signal.SIGSTOP)
-        try:
-            server.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_BOUND_S
-            while "stopping" not in log_events(server) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            server.proc.send_signal(signal.SIGINT)
-            code = server.proc.wait(STOP_BOUND_S)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(writer, signal.SIGCONT)
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_BOUND_S
+        while "stopping" not in log_events(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGINT)
+        code = server.proc.wait(STOP_BOUND_S)
         assert code == 128 + signal.SIGINT, server.log_tail()
         events = log_events(server)
         assert events[-1].startswith("second stop signal") and "stopped" not in events, server.log_tail()
-        server.start()  # the writer read EOF once running again and let go of the file's lock
+        # The kernel killed the stopped writer with its parent (tc_server/parent_death.py): nothing holds
+        # the file's lock. It had stayed, stopped, and the restart found the file in use.
+        deadline = time.monotonic() + STOP_BOUND_S
+        while alive(writer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(writer)
+        server.start()
         status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
         assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
     finally:
         server.kill()
+        for pid in writers:  # a failed run must not leave a stopped process behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from tc_server.bench.process import free_ports_in_a_row
 from tc_server.cli import build_parser
 from tc_server.config import Settings
 from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
+from tests.support.proc_state import alive
 
 # Bound on a stand-in process's run and on waiting for what the supervisor does (interpreter starts on a
 # loaded machine); it only keeps a test that fails from hanging.
@@ -33,7 +35,8 @@ PROCESS_BOUND_S = 60.0
 # how it behaves: "serve" runs until a signal ends it, "crash" exits 1 a second after its first answer (a
 # crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM, "frozen-child:PATH" too, with a
 # child process stopped by SIGSTOP (an embedded store's writer on a stalled disk) whose pid it writes to PATH,
-# and "frozen-child-crash:PATH" crashes as "crash" does, leaving such a child behind.
+# and "frozen-child-crash:PATH" crashes as "crash" does, leaving such a child behind. "split-lines" and
+# "lines" write lines to stderr: the first each in two writes a while apart, the second whole and often.
 STAND_IN_WORKER = """
 import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -66,6 +69,15 @@ if behaviour == "crash" or behaviour.startswith("frozen-child-crash:"):
     answered.wait()
     time.sleep(1)
     sys.exit(1)
+if behaviour == "split-lines":
+    for n in range(5):
+        os.write(2, b'{"from": "split", "n": ')
+        time.sleep(0.2)
+        os.write(2, str(n).encode() + b"}\\n")
+if behaviour == "lines":
+    for n in range(50):
+        os.write(2, b'{"from": "whole", "n": ' + str(n).encode() + b"}\\n")
+        time.sleep(0.03)
 while True:
     signal.pause()
 """
@@ -183,7 +195,7 @@ async def test_workers_that_ignore_sigterm_are_killed_together_after_one_bound(
                                    "both workers ready") == 0
     procs = [worker.proc for worker in supervisor.workers]
     assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
-    assert [event["pids"] for event in events(logged, "workers ignored SIGTERM; killing them")] == [
+    assert [event["pids"] for event in events(logged, "workers not stopped within the bound; killing them")] == [
         sorted(proc.pid for proc in procs if proc)]
 
 
@@ -219,15 +231,6 @@ async def test_a_worker_that_crashed_leaving_a_frozen_writer_is_restarted(logged
     assert not alive(int(pid_file.read_text()))
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead and waiting for its parent to reap it, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 async def test_a_second_stop_kills_the_workers_still_stopping_without_waiting_out_the_bound(
         logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     # A second Ctrl-C: the operator does not want to wait for workers whose stop hangs.
@@ -244,6 +247,20 @@ async def test_a_second_stop_kills_the_workers_still_stopping_without_waiting_ou
     assert [proc.returncode if proc else None for proc in procs] == [-signal.SIGKILL] * 2
     assert [event["pids"] for event in events(logged, "second stop signal: killing the workers")] == [
         sorted(proc.pid for proc in procs if proc)]
+
+
+async def test_lines_of_workers_writing_at_once_are_passed_on_whole(capfd: pytest.CaptureFixture[str]) -> None:
+    # Worker 0 writes each line in two writes 0.2 s apart, worker 1 whole lines every 30 ms meanwhile.
+    supervisor = StandInSupervisor(["split-lines", "lines"])
+    passed_on: list[str] = []
+
+    def collect() -> bool:
+        passed_on.extend(line for line in capfd.readouterr().err.splitlines() if '"from"' in line)
+        return sum('"split"' in line for line in passed_on) >= 5
+
+    assert await run_until_stopped(supervisor, collect, "five split lines passed on") == 0
+    assert all(json.loads(line)["from"] in ("split", "whole") for line in passed_on), passed_on
+    assert sum('"whole"' in line for line in passed_on) > 5  # they did write in between
 
 
 def test_the_workers_hidden_option_leaves_superuser_roles_abbreviable() -> None:

@@ -24,6 +24,7 @@ from tc_server.client import TcClient, connect, connect_coordinators
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
 from tc_server.wire import ServerError
 from tests.support.oxia_standin import standin_oxia_process
+from tests.support.proc_state import alive, parent, state
 from tests.support.server_process import TC_SERVER, started
 
 pytestmark = pytest.mark.slow
@@ -158,7 +159,7 @@ async def test_a_killed_worker_is_restarted_and_its_decisions_stay(store: str, t
             assert least > max(old_least for old_most, old_least in committed if old_most == most)
     finally:
         assert server.stop() == 0
-    assert not any(_alive(pid) for pid in pids), "SIGTERM to the supervisor stops every worker"
+    assert not any(alive(pid) for pid in pids), "SIGTERM to the supervisor stops every worker"
 
 
 async def test_a_killed_supervisor_takes_its_workers_along_and_starts_again(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ async def test_a_killed_supervisor_takes_its_workers_along_and_starts_again(tmp_
         # SIGKILL to the supervisor, then at once a new one on the same ports and data directory: the
         # kernel killed the old workers with it, so nothing holds the ports or the stores' locks.
         server.restart()
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
         for most, least in committed:
             assert header_status(server, most, least) == "COMMITTED", (most, least)
         assert len(await commit_on_every_coordinator(server, per_coordinator=1)) == COORDINATORS
@@ -200,13 +201,29 @@ async def test_a_stop_signalled_to_every_process_at_once_is_still_graceful(tmp_p
         assert server.stop() == 0
 
 
+def test_signals_repeated_until_the_supervisor_has_exited_leave_exit_code_0(tmp_path: Path) -> None:
+    # SIGTERM every 30 ms (a pkill in a loop, a key held down): the first stops, the second kills the
+    # workers, and those after the stop's end were the default action's, which killed the supervisor by
+    # SIGTERM (exit status -15) after a clean stop.
+    server = started(workers_server(tmp_path))
+    assert server.proc is not None
+    try:
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            os.kill(server.proc.pid, signal.SIGTERM)
+            time.sleep(0.03)
+        assert server.proc.wait(RESTART_BOUND_S) == 0, server.log_tail()
+    finally:
+        server.kill()
+
+
 # Runs the command after it as a child subreaper (prctl PR_SET_CHILD_SUBREAPER, kept across exec): what a
 # container's PID 1 is, without the PID namespace that needs privileges. Orphans below it come to it.
 SUBREAPER = "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.argv[1], sys.argv[1:])"
 
 
 def _zombie_children(pid: int) -> list[int]:
-    return [child for child in descendants_of(pid) if _state(child) == "Z" and _parent(child) == pid]
+    return [child for child in descendants_of(pid) if state(child) == "Z" and parent(child) == pid]
 
 
 def test_a_supervisor_that_is_a_subreaper_reaps_what_a_killed_worker_leaves(tmp_path: Path) -> None:
@@ -235,28 +252,6 @@ def test_a_supervisor_that_is_a_subreaper_reaps_what_a_killed_worker_leaves(tmp_
             time.sleep(0.2)
     finally:
         assert server.stop() == 0
-
-
-def _stat_fields(pid: int) -> list[str]:
-    # After the command name, which is in parentheses and may itself hold spaces.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-
-def _state(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def _parent(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[1]) if fields else None
-
-
-def _alive(pid: int) -> bool:
-    return _state(pid) not in (None, "Z")
 
 
 def _run(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
