@@ -331,6 +331,8 @@ class EmbeddedStore(StoreWrites):
     # -- the channel to the writer process --------------------------------------------------------
 
     def _start_writer(self) -> None:
+        # Called on the event loop's thread, never from a worker thread: the writer asks to be killed when
+        # its parent ends (tc_server/parent_death.py), and Linux means the thread that forked it.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._writer = subprocess.Popen(
