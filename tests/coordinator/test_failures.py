@@ -126,10 +126,10 @@ async def test_decided_header_with_lost_reply_is_delivered_on_the_retry():
         assert least not in partition.open_txns()
 
 
-async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
-    # The sweep looked for a NEW_TXN's header before the slow write landed, found none and forgot the
-    # id. Once the header lands it is tracked again and aborted, not left OPEN for a next leader.
-    store = GatedStore()
+async def new_txn_held_past_its_deadline(
+        store: GatedStore) -> tuple[TransactionCoordinator, CoordinatorPartition, asyncio.Task[int]]:
+    """A coordinator on ``store`` (no sweep of its own) whose NEW_TXN of 1 s waits at the store's gate,
+    tracked, its deadline past on the coordinator's clock: (coordinator, partition, the request)."""
     clock = FakeClock()
     tc = await started(store, clock)
     partition = tc.partition(0)
@@ -137,6 +137,14 @@ async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
     request = asyncio.create_task(partition.new_txn(1_000, None))
     assert await eventually(lambda: bool(partition.open_txns()))
     clock.now += 2_000
+    return tc, partition, request
+
+
+async def test_header_landing_after_its_txn_timed_out_is_still_aborted():
+    # The sweep looked for a NEW_TXN's header before the slow write landed, found none and forgot the
+    # id. Once the header lands it is tracked again and aborted, not left OPEN for a next leader.
+    store = GatedStore()
+    tc, partition, request = await new_txn_held_past_its_deadline(store)
     assert await tc.abort_expired_now() == 1  # no header yet: forgotten
     assert not partition.open_txns()
     store.gate.set()
@@ -172,13 +180,7 @@ async def test_a_header_landing_while_the_timeout_reads_it_is_still_aborted():
     # tracked, aborted only by the overdue scan seconds later (a fuzzer's 1 ms TTLs: "missed by the
     # deadline queue").
     store = SlowHeaderReads()
-    clock = FakeClock()
-    tc = await started(store, clock)
-    partition = tc.partition(0)
-    store.gate.clear()
-    request = asyncio.create_task(partition.new_txn(1_000, None))
-    assert await eventually(lambda: bool(partition.open_txns()))
-    clock.now += 2_000
+    tc, partition, request = await new_txn_held_past_its_deadline(store)
     store.slow_reads = True
     sweep = asyncio.create_task(tc.abort_expired_now())
     await store.reading.wait()  # the read saw no header
