@@ -274,8 +274,8 @@ class Supervisor:
         exits = {asyncio.create_task(exit_code(proc)): proc for proc in running}
         _, late = await asyncio.wait(exits, timeout=WORKER_STOP_S)
         if late:
-            log.warning("workers not stopped within the bound; killing them", pids=sorted(exits[task].pid for task in late),
-                        waited_s=WORKER_STOP_S)
+            log.warning("workers not stopped within the bound; killing them",
+                        pids=sorted(exits[task].pid for task in late), waited_s=WORKER_STOP_S)
             for task in late:
                 kill_worker(exits[task])
             await asyncio.wait(late)
