@@ -8,14 +8,14 @@ import os
 import resource
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes
 from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context
-from tc_server.auth.certificates import ServerTlsContext, TlsFiles
+from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, parse_hostport
@@ -55,12 +55,13 @@ class App:
     tls: ServerTlsContext | None = None
     tls_reload: asyncio.Task[None] | None = None
     broker_pool: ConnectionPool | None = None  # tc-server's own connections to brokers (delivery)
-    shared_listener: PulsarListener | None = None  # a worker's share of the service port (--workers)
+    # A worker's share of the service's ports (--workers): --listen's, then --tls-listen's.
+    shared_listeners: list[PulsarListener] = field(default_factory=list)
 
     @property
     def listeners(self) -> list[PulsarListener]:
-        return [listener for listener in (self.listener, self.tls_listener, self.shared_listener)
-                if listener is not None]
+        own = [listener for listener in (self.listener, self.tls_listener) if listener is not None]
+        return own + self.shared_listeners
 
     async def stop(self) -> None:
         """Stop accepting, answer the requests in flight (bounded), step down, close the store; one log line
@@ -113,14 +114,6 @@ def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
                     "(resp. --advertised-url-tls)", advertised_url=url)
         return url
     return f"{scheme}://{host}:{port}"
-
-
-def server_tls_context(settings: Settings) -> ServerTlsContext | None:
-    """The reloading TLS context of the pulsar+ssl:// listener and the HTTPS admin port, if either is on."""
-    if not (settings.tls_listen or settings.admin_tls):
-        return None
-    return ServerTlsContext(TlsFiles(settings.tls_cert_file, settings.tls_key_file, settings.tls_trust_certs_file,
-                                     settings.tls_require_trusted_client_cert))
 
 
 async def open_configured_store(settings: Settings) -> MetadataStore:
@@ -192,7 +185,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     broker_pool: ConnectionPool | None = None
     listener: PulsarListener | None = None
     tls_listener: PulsarListener | None = None
-    shared_listener: PulsarListener | None = None
+    shared_listeners: list[PulsarListener] = []
     try:
         # Bound now (the advertised URL needs the port before the coordinator campaigns), started with the
         # server context once the coordinator exists: nothing is accepted before.
@@ -213,17 +206,23 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             try:
                 tls_bound = tls_listener.bind()
             except OSError as exc:
-                raise cannot_bind("tls_listen", settings.tls_listen, exc) from exc
+                raise cannot_bind("tls_listen", settings.tls_listen, exc, worker_port_of(worker)) from exc
             advertised_tls = settings.advertised_url_tls or advertised_url_for(tls_host, tls_bound, "pulsar+ssl")
         # TLS only: the leader record's brokerServiceUrl is the TLS URL too (nothing else is reachable).
         advertised = advertised or str(advertised_tls)
-        if worker is not None:
-            shared_host, shared_port = parse_hostport(worker.service_listen)
-            shared_listener = PulsarListener(shared_host, shared_port, reuse_port=True)
-            try:
-                shared_listener.bind()
-            except OSError as exc:
-                raise cannot_bind("listen", worker.service_listen, exc) from exc
+        if worker is not None:  # the ports every worker shares (SO_REUSEPORT), as the service's address
+            tls_context = tls.context if tls is not None else None
+            for setting, address, ssl_context in (("listen", worker.service_listen, None),
+                                                  ("tls_listen", worker.service_listen_tls, tls_context)):
+                if not address:
+                    continue
+                shared_host, shared_port = parse_hostport(address)
+                shared = PulsarListener(shared_host, shared_port, ssl_context=ssl_context, reuse_port=True)
+                shared_listeners.append(shared)
+                try:
+                    shared.bind()
+                except OSError as exc:
+                    raise cannot_bind(setting, address, exc) from exc
         config = CoordinatorConfig(
             partitions=settings.coordinators,
             advertised_url=advertised,
@@ -242,6 +241,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             timeout_sweep=settings.timeout_sweep,
             campaign=worker.coordinators if worker is not None else None,
             static_leaders=worker.urls if worker is not None else {},
+            static_tls_urls=worker.tls_urls if worker is not None else {},
             gc_coordinator=worker.gc_coordinator if worker is not None else 0,
         )
         delivery = None
@@ -276,9 +276,10 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                               ssl_context=forwarding_tls_context(settings), keepalive_s=settings.keepalive_s)
             if settings.upstream_urls else None,
             own_addresses=frozenset(
-                host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url) if url),
+                host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url,
+                                           worker and worker.service_url_tls) if url),
         )
-        for started in (listener, tls_listener, shared_listener):
+        for started in (listener, tls_listener, *shared_listeners):
             if started is not None:
                 await started.start(context)
         admin_host, admin_port = parse_hostport(settings.admin_listen)
@@ -290,7 +291,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         except OSError as exc:
             raise cannot_bind("admin_listen", settings.admin_listen, exc, worker_port_of(worker)) from exc
     except BaseException:
-        for opened in (listener, tls_listener, shared_listener):
+        for opened in (listener, tls_listener, *shared_listeners):
             if opened is not None:  # release the ports (a listener that started drains nothing yet)
                 await opened.stop(drain_timeout_s=0)
         if coordinator is not None:  # it campaigns in the background: stop it before its store goes
@@ -304,7 +305,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
              worker=None if worker is None else f"{worker.index} of {worker.count}")
     tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
     return App(settings, store, coordinator, context, listener, admin, metrics, tls_listener, tls, tls_reload,
-               broker_pool, shared_listener)
+               broker_pool, shared_listeners)
 
 
 def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole | None) -> None:

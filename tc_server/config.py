@@ -321,25 +321,37 @@ class Settings:
                 raise ConfigError(f"{name}: {exc}") from None
 
     def _validate_workers(self, check: Callable[[bool, str, str], None]) -> None:
-        """--workers N > 1 derives each worker's ports from --listen and --admin-listen (port + 1 + k), so
-        those must be fixed ports; TLS listeners and HTTPS admin ports per worker are not built (README,
-        "Several cores")."""
+        """--workers N > 1 derives each worker's ports from --listen, --tls-listen and --admin-listen (port +
+        1 + k), so those must be fixed ports (README, "Several cores")."""
         check(1 <= self.workers <= MAX_WORKERS, "workers", f"must be between 1 and {MAX_WORKERS}")
         if self.workers == 1:
             return
         check(self.workers <= self.coordinators, "workers", "must be at most coordinators (each worker leads "
               "coordinators i with i mod workers = its index)")
-        check(bool(self.listen) and parse_hostport(self.listen)[1] != 0, "listen",
-              "must be a fixed port with --workers above 1 (worker k listens on its port + 1 + k)")
-        check(parse_hostport(self.admin_listen)[1] != 0, "admin_listen",
-              "must be a fixed port with --workers above 1 (worker k's admin port is its port + 1 + k)")
-        for name in ("listen", "admin_listen"):
-            check(parse_hostport(getattr(self, name))[1] + self.workers <= 65535, name,
-                  f"its port + {self.workers} (the workers' ports) must be at most 65535")
-        check(not self.tls_listen, "tls_listen", "a TLS listener per worker is not built: use --workers 1 "
-              "with --tls-listen")
-        check(not self.admin_tls, "admin_tls", "an HTTPS admin port per worker is not built: use --workers 1 "
-              "with --admin-tls")
+        # --listen may be empty (the plain listener off) only beside --tls-listen; without either, the
+        # message names --listen, the one most starts set.
+        derived = ["admin_listen"]
+        if self.listen or not self.tls_listen:
+            derived.append("listen")
+        if self.tls_listen:
+            derived.append("tls_listen")
+        for name in derived:
+            port = parse_hostport(getattr(self, name))[1] if getattr(self, name) else 0
+            check(port != 0, name, "must be a fixed port with --workers above 1 (worker k listens on its port + 1 + k)")
+            check(port + self.workers <= 65535, name, f"its port + {self.workers} (the workers' ports) must be at "
+                  "most 65535")
+        # Ports 6650 (--listen) and 6651 (--tls-listen), as brokers use them, would collide: worker 0 takes
+        # 6651 for --listen. Refused here rather than by a worker's bind, whose restarts would hide it.
+        wildcards = ("0.0.0.0", "::", "")
+        n = self.workers
+        for i, first in enumerate(derived):
+            for second in derived[i + 1:]:
+                host_a, port_a = parse_hostport(getattr(self, first))
+                host_b, port_b = parse_hostport(getattr(self, second))
+                same_host = host_a == host_b or host_a in wildcards or host_b in wildcards
+                check(not (same_host and abs(port_a - port_b) <= n), second,
+                      f"its ports {port_b}-{port_b + n} overlap {first}'s {port_a}-{port_a + n} (with --workers "
+                      f"{n} each takes its port + 1 to + {n}): set them more than {n} apart")
 
     def _validate_security(self) -> None:
         """Shapes only: key files and certificates are read at start (tc_server/auth), and secret values

@@ -30,11 +30,13 @@ def health_url(settings: Settings) -> str:
     return f"{'https' if settings.admin_tls else 'http'}://{host}:{port}/healthz"
 
 
-def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+def admin_probe_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """How this host's own tc-server admin port is asked for its probes (this command, and a supervisor
+    asking its workers' /readyz): None over HTTP."""
     if not settings.admin_tls:
         return None
     # The certificate names the service, not the loopback address asked here, and nothing but this
-    # server's liveness is read (no credentials are sent): its certificate is not verified.
+    # server's liveness and readiness is read (no credentials are sent): its certificate is not verified.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -49,7 +51,7 @@ def check_health(settings: Settings, timeout_s: float = HEALTH_TIMEOUT_S) -> str
     """None when /healthz answers 200; otherwise why not, in one line."""
     url = health_url(settings)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s, context=_tls_context(settings)) as response:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=timeout_s, context=admin_probe_tls_context(settings)) as response:  # noqa: S310
             status = int(response.status)
     except urllib.error.HTTPError as exc:
         status = exc.code

@@ -37,10 +37,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from tc_server.admin.http import AdminServer
+from tc_server.auth.certificates import server_tls_context
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
+from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.parent_death import die_with_parent
-from tc_server.workers import worker_admin_url, worker_url
+from tc_server.workers import worker_admin_url, worker_main_url
 
 log = structlog.get_logger("tc_server.supervisor")
 
@@ -137,7 +139,7 @@ class Supervisor:
     def __init__(self, settings: Settings, run_argv: list[str]) -> None:
         self.settings = settings
         self._argv = run_argv
-        self.workers = [_Worker(k, worker_url(settings, k), worker_admin_url(settings, k))
+        self.workers = [_Worker(k, worker_main_url(settings, k), worker_admin_url(settings, k))
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
         self._spawning = 0  # worker processes being started: forked, maybe not in self.workers yet
@@ -350,19 +352,25 @@ class Supervisor:
 
         host, port = parse_hostport(self.settings.admin_listen)
         # The admin port's server (request limits, JSON errors), unauthenticated: probes and worker
-        # readiness only, no transaction data (README, "Several cores").
-        admin = AdminServer(self, host, port)
+        # readiness only, no transaction data (README, "Several cores"). HTTPS with --admin-tls, as the
+        # workers' (the certificate reloaded as theirs is); a bad file stops the start here.
+        tls = server_tls_context(self.settings) if self.settings.admin_tls else None
+        admin = AdminServer(self, host, port, ssl_context=tls.context if tls is not None else None)
         try:
             await admin.start()
         except OSError as exc:
             raise cannot_bind("admin_listen", self.settings.admin_listen, exc) from exc
-        self._http = aiohttp.ClientSession()
-        log.info("supervising workers", workers=len(self.workers), service=self.settings.listen,
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=admin_probe_tls_context(self.settings) or True))
+        log.info("supervising workers", workers=len(self.workers), service=self.settings.listen or None,
+                 service_tls=self.settings.tls_listen or None,
                  worker_urls=[worker.url for worker in self.workers])
         keepers = [asyncio.create_task(self._keep_running(worker), name=f"worker-{worker.index}")
                    for worker in self.workers]
         background = [asyncio.create_task(self._poll(), name="worker-readiness"),
                       asyncio.create_task(self._reap_forever(), name="reaper")]
+        if tls is not None:
+            background.append(asyncio.create_task(tls.run(self.settings.tls_cert_refresh_check_s), name="tls-reload"))
         try:
             await self._stopping.wait()
         finally:

@@ -5,7 +5,9 @@ so each worker knows every other worker's URL without asking anyone:
 
 * worker k listens on ``--listen``'s port + 1 + k and advertises that port (on ``--advertised-url``'s
   host when one is set), besides sharing ``--listen``'s port with the other workers (SO_REUSEPORT);
-* worker k's admin port is ``--admin-listen``'s port + 1 + k; the supervisor keeps ``--admin-listen``;
+  ``--tls-listen`` likewise (port + 1 + k advertised as its pulsar+ssl:// URL, the port itself shared);
+* worker k's admin port is ``--admin-listen``'s port + 1 + k (HTTPS with ``--admin-tls``); the supervisor
+  keeps ``--admin-listen``;
 * on the embedded store worker k has its own store in ``<data-dir>/worker-<k>-of-<N>/`` (one writer per
   SQLite file keeps its group commit and its lock), and ``<data-dir>/workers`` records N, so that a
   start with another N, whose coordinators would land on the wrong stores, is refused.
@@ -40,23 +42,40 @@ def _shifted(address: str, offset: int) -> str:
     return f"[{host}]:{port + offset}" if ":" in host else f"{host}:{port + offset}"
 
 
+def _advertised_host_port(advertised: str, listen: str) -> tuple[str, int]:
+    """The host and port a worker's URL is built on: the advertised URL's, else the listener's (a wildcard
+    address as the loopback address, which is what a client on this host reaches)."""
+    if advertised:
+        parts = urlsplit(advertised)
+        assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
+        return parts.hostname, parts.port
+    host, port = parse_hostport(listen)
+    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host), port
+
+
 def worker_url(settings: Settings, index: int) -> str:
     """The ``pulsar://`` URL worker ``index`` advertises: its own port, on the advertised host."""
-    if settings.advertised_url:
-        parts = urlsplit(settings.advertised_url)
-        assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
-        host, port = parts.hostname, parts.port
-    else:
-        host, port = parse_hostport(settings.listen)
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    host, port = _advertised_host_port(settings.advertised_url, settings.listen)
     return f"pulsar://{host}:{port + 1 + index}"
 
 
+def worker_tls_url(settings: Settings, index: int) -> str:
+    """The ``pulsar+ssl://`` URL worker ``index`` advertises: its own TLS port, on the advertised TLS host."""
+    host, port = _advertised_host_port(settings.advertised_url_tls, settings.tls_listen)
+    return f"pulsar+ssl://{host}:{port + 1 + index}"
+
+
+def worker_main_url(settings: Settings, index: int) -> str:
+    """The URL worker ``index`` is known by (its leader records', LOOKUP's brokerServiceUrl): the plain one,
+    or with the plain listener off the TLS one, as a single process's."""
+    return worker_url(settings, index) if settings.listen else worker_tls_url(settings, index)
+
+
 def worker_admin_url(settings: Settings, index: int) -> str:
-    """``http://HOST:PORT`` of worker ``index``'s admin port, as the supervisor reaches it."""
+    """``http(s)://HOST:PORT`` of worker ``index``'s admin port, as the supervisor reaches it."""
     host, port = parse_hostport(settings.admin_listen)
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://{host}:{port + 1 + index}"
+    return f"{'https' if settings.admin_tls else 'http'}://{host}:{port + 1 + index}"
 
 
 def worker_data_dir(settings: Settings, index: int) -> str:
@@ -71,10 +90,13 @@ class WorkerRole:
     index: int
     count: int
     settings: Settings
-    service_listen: str  # HOST:PORT shared by all workers (SO_REUSEPORT)
+    service_listen: str  # HOST:PORT shared by all workers (SO_REUSEPORT); empty: the plain listener is off
     service_url: str  # the URL clients are given for the service (--advertised-url or from --listen)
+    service_listen_tls: str  # HOST:PORT of the TLS listener all workers share; empty: none
+    service_url_tls: str  # its pulsar+ssl:// URL (--advertised-url-tls or from --tls-listen); empty: none
     coordinators: frozenset[int]
     urls: dict[int, str]  # tc_id -> URL of the worker that leads it
+    tls_urls: dict[str, str]  # each worker's URL -> its pulsar+ssl:// URL (LOOKUP's brokerServiceUrlTls)
     # The coordinator whose leader runs GC: the store holds only this worker's coordinators on the
     # embedded store, so each worker collects its own; on a shared store (Oxia) one sweep for all.
     gc_coordinator: int
@@ -84,19 +106,26 @@ class WorkerRole:
         if not 0 <= index < settings.workers:
             raise ConfigError(f"worker index {index} outside 0..{settings.workers - 1} (--workers)")
         own_store = settings.store != "oxia"
+        workers = range(settings.workers)
+        plain, tls = bool(settings.listen), bool(settings.tls_listen)
         worker_settings = replace(
             settings,
-            listen=_shifted(settings.listen, 1 + index),
+            listen=_shifted(settings.listen, 1 + index) if plain else "",
+            tls_listen=_shifted(settings.tls_listen, 1 + index) if tls else "",
             admin_listen=_shifted(settings.admin_listen, 1 + index),
-            advertised_url=worker_url(settings, index),
+            advertised_url=worker_url(settings, index) if plain else "",
+            advertised_url_tls=worker_tls_url(settings, index) if tls else "",
             data_dir=worker_data_dir(settings, index) if own_store else settings.data_dir,
         )
-        service_url = settings.advertised_url or worker_url(settings, -1)  # port + 1 - 1: --listen's own
+        # Index -1: port + 1 - 1, the shared port's own URL.
+        service_url_tls = (settings.advertised_url_tls or worker_tls_url(settings, -1)) if tls else ""
+        service_url = (settings.advertised_url or worker_url(settings, -1)) if plain else service_url_tls
         return cls(
             index=index, count=settings.workers, settings=worker_settings, service_listen=settings.listen,
-            service_url=service_url,
+            service_url=service_url, service_listen_tls=settings.tls_listen, service_url_tls=service_url_tls,
             coordinators=coordinators_of(index, settings.workers, settings.coordinators),
-            urls={tc_id: worker_url(settings, tc_id % settings.workers) for tc_id in range(settings.coordinators)},
+            urls={tc_id: worker_main_url(settings, tc_id % settings.workers) for tc_id in range(settings.coordinators)},
+            tls_urls={worker_main_url(settings, k): worker_tls_url(settings, k) for k in workers} if tls else {},
             gc_coordinator=index if own_store else 0,
         )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from tc_server.config import ConfigError
+from tc_server.config import ConfigError, Settings
 
 log = structlog.get_logger("tc_server.tls")
 
@@ -104,6 +104,14 @@ class ServerTlsContext:
         while True:
             await asyncio.sleep(interval_s)
             self.reload_if_changed()
+
+
+def server_tls_context(settings: Settings) -> ServerTlsContext | None:
+    """The reloading TLS context of the pulsar+ssl:// listener and the HTTPS admin port, if either is on."""
+    if not (settings.tls_listen or settings.admin_tls):
+        return None
+    return ServerTlsContext(TlsFiles(settings.tls_cert_file, settings.tls_key_file, settings.tls_trust_certs_file,
+                                     settings.tls_require_trusted_client_cert))
 
 
 def _reason(exc: OSError | ssl.SSLError) -> str:

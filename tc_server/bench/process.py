@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tc_server.config import ephemeral_port_range
+from tc_server.config import Settings, ephemeral_port_range
+from tc_server.healthcheck import admin_probe_tls_context
 
 # Binding, opening the store and leading every coordinator takes about a second; a cold interpreter
 # start with grpc and protobuf imports on a loaded 2-core machine takes several.
@@ -99,6 +100,12 @@ def workers_in(args: Sequence[str]) -> int:
         elif arg.startswith("--workers="):
             found = arg.split("=", 1)[1]
     return int(found) if found.isascii() and found.isdigit() and 0 < int(found) <= 256 else 1
+
+
+def admin_tls_in(args: Sequence[str]) -> bool:
+    """Whether tc-server flags turn ``--admin-tls`` on (the last of ``--admin-tls`` / ``--no-admin-tls``)."""
+    flags = [arg for arg in args if arg in ("--admin-tls", "--no-admin-tls")]
+    return bool(flags) and flags[-1] == "--admin-tls"
 
 
 def descendants_of(pid: int) -> list[int]:
@@ -257,6 +264,9 @@ class TcServerProcess(LoggedProcess):
         self.workers = workers_in(self.extra_args)
         self.port = port if port is not None else free_ports_in_a_row(1 + self.workers)
         self.admin_port = admin_port if admin_port is not None else free_ports_in_a_row(1 + self.workers)
+        # --admin-tls: the admin port speaks HTTPS, asked as `tc-server healthcheck` asks it.
+        self.admin_scheme = "https" if admin_tls_in(self.extra_args) else "http"
+        self._admin_ssl = admin_probe_tls_context(Settings(admin_tls=self.admin_scheme == "https"))
         self.log_path = log_path if log_path is not None else data_dir.parent / f"tc-server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -264,7 +274,7 @@ class TcServerProcess(LoggedProcess):
 
     @property
     def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+        return f"{self.admin_scheme}://127.0.0.1:{self.admin_port}"
 
     @property
     def argv(self) -> list[str]:
@@ -341,14 +351,15 @@ class TcServerProcess(LoggedProcess):
 
     def worker_admin_url(self, worker: int) -> str:
         """Worker ``worker``'s own admin port under ``--workers N`` (``--admin-listen``'s port + 1 + worker)."""
-        return f"http://127.0.0.1:{self.admin_port + 1 + worker}"
+        return f"{self.admin_scheme}://127.0.0.1:{self.admin_port + 1 + worker}"
 
     def get(self, path: str, timeout_s: float = 5.0, worker: int | None = None) -> tuple[int, bytes]:
         """GET an admin path (of worker ``worker``'s own admin port under ``--workers N``); (status, body).
         Raises OSError when nothing answers."""
         base = self.admin_url if worker is None else self.worker_admin_url(worker)
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(base + path, timeout=timeout_s,  # noqa: S310 - loopback
+                                        context=self._admin_ssl) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())

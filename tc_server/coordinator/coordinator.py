@@ -60,10 +60,12 @@ class CoordinatorConfig:
     timeout_sweep: bool = True
     # A worker of --workers N (tc_server/workers.py): the coordinators it campaigns for (None: all),
     # every coordinator's worker URL (LOOKUP's answer where no leader record is known, e.g. the other
-    # workers' coordinators, whose records are in their own embedded stores), and the coordinator
-    # whose leader runs GC (0 as in PIP-473; a worker with its own store collects it itself).
+    # workers' coordinators, whose records are in their own embedded stores) and each worker's TLS URL
+    # beside it, and the coordinator whose leader runs GC (0 as in PIP-473; a worker with its own
+    # store collects it itself).
     campaign: frozenset[int] | None = None
     static_leaders: dict[int, str] = field(default_factory=dict)
+    static_tls_urls: dict[str, str] = field(default_factory=dict)
     gc_coordinator: int = 0
 
 
@@ -139,7 +141,9 @@ class TransactionCoordinator:
 
     def tls_url(self, url: str | None) -> str | None:
         """The ``pulsar+ssl://`` URL of the instance that advertises ``url`` (LOOKUP's brokerServiceUrlTls)."""
-        return self._election.tls_urls.get(url) if url else None
+        if not url:
+            return None
+        return self._election.tls_urls.get(url) or self.config.static_tls_urls.get(url)
 
     def assignments(self) -> dict[int, str]:
         """The known leader URL of every coordinator that has one (one in mid-election is missing)."""

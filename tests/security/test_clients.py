@@ -6,16 +6,21 @@ told. Harnesses: `make interop-java`, `make interop-go` (a missing one fails the
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tc_server.bench.process import free_port
-from tests.interop.conftest import Harness, HarnessRun, TcServer
+from tc_server.bench.process import free_port, free_ports_in_a_row
+from tc_server.client import ClientAuth
+from tests.interop.conftest import ASSIGN_TOPIC, Harness, HarnessRun, TcServer
 from tests.security.pki import TestCa, data_url, make_token, public_der
+from tests.security.support import tls_client, token_auth
 from tests.security.test_admin_auth import call
+from tests.security.test_tls import client_context
 
 pytestmark = [pytest.mark.slow]
 
@@ -39,13 +44,18 @@ def server_factory(tmp_path):
         server.stop()
 
 
-def check_owned_outcomes(run: HarnessRun, server: TcServer, role: str, admin_token: str) -> None:
-    """Every txn succeeded as the client saw it, and the header says so, owned by ``role``."""
+def check_owned_outcomes(run: HarnessRun, server: TcServer, role: str, admin_token: str, workers: int = 1,
+                         admin_context: ssl.SSLContext | None = None) -> None:
+    """Every txn succeeded as the client saw it, and the header says so, owned by ``role``. With
+    ``workers``, each header is read on its coordinator's worker's own admin port (its own store)."""
     txns = run.events("txn")
     assert len(txns) == COUNT and run.result["failed"] == 0, (txns[:3], server.log_tail())
     for txn in txns:
-        status, _, body = call(f"{server.admin_url}/admin/v3/transactions/transactionMetadata/"
-                               f"{txn['most']}/{txn['least']}", token=admin_token)
+        base = server.admin_url if workers == 1 else server.worker_admin_url(txn["most"] % workers)
+        if admin_context is not None:  # the certificate names localhost
+            base = base.replace("127.0.0.1", "localhost")
+        status, _, body = call(f"{base}/admin/v3/transactions/transactionMetadata/{txn['most']}/{txn['least']}",
+                               token=admin_token, context=admin_context)
         assert status == 200, body
         doc: dict[str, Any] = json.loads(body)
         assert doc["owner"] == role
@@ -112,6 +122,72 @@ def test_java_over_tls_with_a_token_and_with_mutual_tls(java_harness: Harness, s
     refused = java_harness.run("build-only", service_url=tls_url, op_timeout_ms=5000, tls_trust_certs=other.cert_file,
                                token=make_token(secret, "HS256", "java")).result
     assert refused["ok"] is False, refused
+
+
+def tls_worker_args(ca: TestCa, tls_port: int, *more: str) -> list[str]:
+    cert = ca.issue("localhost", "server", server=True)
+    return ["--workers", "2", "--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert-file", str(cert.cert_file),
+            "--tls-key-file", str(cert.key_file), "--tls-trust-certs-file", str(ca.cert_file), "--admin-tls", *more]
+
+
+def test_java_over_tls_through_two_workers_with_https_admin_ports(java_harness: Harness, server_factory, tmp_path,
+                                                                 secret) -> None:
+    """--workers 2 with --tls-listen and --admin-tls: the Java client's one service URL is the TLS port
+    both workers share; LOOKUP sends each coordinator's handler to its worker's own TLS port (port + 1 +
+    k); every admin port, the supervisor's and each worker's, is HTTPS with the server's certificate."""
+    ca = TestCa(tmp_path)
+    tls_port = free_ports_in_a_row(3)
+    server = server_factory(*tls_worker_args(ca, tls_port, "--authentication-providers", "token,tls",
+                                             "--token-secret-key", data_url(secret)))
+    admin_context = client_context(ca)  # verifies the admin ports' certificate against the test CA
+    status, _, body = call(f"https://localhost:{server.admin_port}/readyz", context=admin_context)
+    ready = json.loads(body)
+    assert status == 200 and ready["ready"], ready
+    assert [w["admin"] for w in ready["workers"]] == [f"https://127.0.0.1:{server.admin_port + 1 + k}"
+                                                      for k in range(2)]
+
+    run = java_harness.run("concurrent", service_url=f"pulsar+ssl://localhost:{tls_port}", count=COUNT,
+                           tls_trust_certs=ca.cert_file, token=make_token(secret, "HS256", "java-workers-tls"))
+    assert run.result["coordinators"] == 16
+    check_owned_outcomes(run, server, "java-workers-tls", make_token(secret, "HS256", ADMIN), workers=2,
+                         admin_context=admin_context)
+    # Mutual TLS, each handler on its worker's own TLS port.
+    client = ca.issue("java-mtls-workers", "java-client")
+    run = java_harness.run("concurrent", service_url=f"pulsar+ssl://localhost:{tls_port}", count=COUNT,
+                           tls_trust_certs=ca.cert_file, tls_cert=client.cert_file, tls_key=client.key_file)
+    check_owned_outcomes(run, server, "java-mtls-workers", make_token(secret, "HS256", ADMIN), workers=2,
+                         admin_context=admin_context)
+
+
+def test_tls_only_workers_name_each_coordinators_worker_by_its_tls_url(server_factory, tmp_path) -> None:
+    """The plain listener off (--listen ''): a LOOKUP through the shared TLS port names coordinator i's
+    worker by its TLS URL, as both brokerServiceUrl and brokerServiceUrlTls, and that worker serves it."""
+    ca = TestCa(tmp_path)
+    tls_port = free_ports_in_a_row(3)
+    server = server_factory(*tls_worker_args(ca, tls_port, "--listen", "", "--advertised-url", ""))
+
+    async def lookups() -> None:
+        shared = await tls_client(tls_port, client_context(ca), ClientAuth())
+        try:
+            for tc_id in range(16):
+                answer = await shared.lookup(f"{ASSIGN_TOPIC}-partition-{tc_id}")
+                own = f"pulsar+ssl://127.0.0.1:{tls_port + 1 + tc_id % 2}"
+                assert (answer.broker_service_url, answer.broker_service_url_tls) == (own, own), answer
+        finally:
+            shared.close()
+        for worker in range(2):
+            direct = await tls_client(tls_port + 1 + worker, client_context(ca), token_auth("unused"))
+            try:
+                created = await direct.new_txn(tc_id=worker, ttl_ms=60_000)
+                assert created.error is None and created.most == worker, created
+                ended = await direct.end_txn(created.most, created.least, commit=True)
+                assert ended.error is None, ended
+            finally:
+                direct.close()
+
+    asyncio.run(lookups())
+    status, _, body = call(f"https://localhost:{server.admin_port}/readyz", context=client_context(ca))
+    assert status == 200, body
 
 
 def test_go_with_a_token(go_harness: Harness, server_factory, secret) -> None:

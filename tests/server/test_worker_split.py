@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tc_server.config import ConfigError, Settings, load_settings
-from tc_server.workers import WORKERS_FILE, WorkerCountMismatch, WorkerRole, check_worker_count
+from tc_server.workers import WORKERS_FILE, WorkerCountMismatch, WorkerRole, check_worker_count, worker_admin_url
 
 
 def test_worker_k_gets_its_coordinators_ports_url_and_store() -> None:
@@ -34,6 +34,39 @@ def test_an_advertised_url_gives_each_worker_its_host_and_its_own_port() -> None
     assert role.service_url == "pulsar://tc.example:7000"
 
 
+TLS_FILES = {"tls_cert_file": "c.pem", "tls_key_file": "k.pem"}
+
+
+def test_a_tls_listener_gives_each_worker_its_own_tls_port_beside_the_shared_one() -> None:
+    settings = Settings(listen="0.0.0.0:6650", tls_listen="0.0.0.0:6660", admin_listen="0.0.0.0:8080",
+                        admin_tls=True, workers=2, coordinators=4, tls_cert_file="c.pem", tls_key_file="k.pem")
+    role = WorkerRole.of(settings, 1)
+    assert role.settings.tls_listen == "0.0.0.0:6662"
+    assert role.settings.advertised_url_tls == "pulsar+ssl://127.0.0.1:6662"
+    assert role.settings.admin_tls  # its admin port is HTTPS as the supervisor's is, and probed so
+    assert worker_admin_url(settings, 1) == "https://127.0.0.1:8082"
+    assert (role.service_listen_tls, role.service_url_tls) == ("0.0.0.0:6660", "pulsar+ssl://127.0.0.1:6660")
+    # LOOKUP names each coordinator's worker by its plain URL and, beside it, that worker's TLS URL.
+    assert role.urls[2] == "pulsar://127.0.0.1:6651"
+    assert role.tls_urls == {"pulsar://127.0.0.1:6651": "pulsar+ssl://127.0.0.1:6661",
+                             "pulsar://127.0.0.1:6652": "pulsar+ssl://127.0.0.1:6662"}
+
+
+def test_tls_only_workers_advertise_their_tls_urls_on_the_advertised_tls_host() -> None:
+    settings = Settings(listen="", tls_listen="0.0.0.0:6651", advertised_url_tls="pulsar+ssl://tc.example:6651",
+                        admin_listen="127.0.0.1:8080", workers=2, coordinators=4, tls_cert_file="c.pem",
+                        tls_key_file="k.pem")
+    role = WorkerRole.of(settings, 0)
+    assert (role.settings.listen, role.settings.tls_listen) == ("", "0.0.0.0:6652")
+    assert (role.settings.advertised_url, role.settings.advertised_url_tls) == ("", "pulsar+ssl://tc.example:6652")
+    # Nothing plain to name: the TLS URL is the one URL of each worker (as a single TLS-only process's).
+    assert role.urls == {0: "pulsar+ssl://tc.example:6652", 1: "pulsar+ssl://tc.example:6653",
+                         2: "pulsar+ssl://tc.example:6652", 3: "pulsar+ssl://tc.example:6653"}
+    assert role.tls_urls == {url: url for url in role.urls.values()}
+    assert (role.service_listen, role.service_url) == ("", "pulsar+ssl://tc.example:6651")
+    assert (role.service_listen_tls, role.service_url_tls) == ("0.0.0.0:6651", "pulsar+ssl://tc.example:6651")
+
+
 def test_on_oxia_the_workers_share_the_store_and_one_gc() -> None:
     settings = Settings(store="oxia", workers=2, data_dir="/srv/tc")
     role = WorkerRole.of(settings, 1)
@@ -53,10 +86,13 @@ def test_a_worker_index_outside_the_workers_is_refused() -> None:
     ({"workers": "2", "listen": ""}, "listen: must be a fixed port"),
     ({"workers": "2", "admin_listen": "127.0.0.1:0"}, "admin_listen: must be a fixed port"),
     ({"workers": "3", "listen": "127.0.0.1:65533"}, "listen: its port \\+ 3"),
-    ({"workers": "2", "tls_listen": "127.0.0.1:6651", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
-     "tls_listen: a TLS listener per worker is not built"),
-    ({"workers": "2", "admin_tls": "true", "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
-     "admin_tls: an HTTPS admin port per worker is not built"),
+    ({"workers": "2", "tls_listen": "127.0.0.1:0", **TLS_FILES}, "tls_listen: must be a fixed port"),
+    ({"workers": "3", "tls_listen": "127.0.0.1:65533", **TLS_FILES}, "tls_listen: its port \\+ 3"),
+    ({"workers": "2", "listen": "", "tls_listen": "127.0.0.1:0", **TLS_FILES}, "tls_listen: must be a fixed port"),
+    ({"workers": "2", "listen": "0.0.0.0:6650", "tls_listen": "127.0.0.1:6651", **TLS_FILES},
+     "tls_listen: its ports 6651-6653 overlap listen's 6650-6652 .*set them more than 2 apart"),
+    ({"workers": "2", "listen": "127.0.0.1:6650", "admin_listen": "127.0.0.1:6648"},
+     "listen: its ports 6650-6652 overlap admin_listen's 6648-6650"),
 ])
 def test_settings_that_cannot_make_workers_are_refused(flags: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
