@@ -567,6 +567,7 @@ class CoordinatorPartition:
         self._recorded.pop(least, None)
         self._complete.discard(least)
         self._open.pop(least, None)
+        _compact(self._open_ids, self._open)  # nothing else may ask for the lowest open id (no deliveries)
 
     def _ended(self, least: int, header: TxnHeader, timed_out: bool) -> None:
         self._forget(least)
@@ -889,7 +890,9 @@ class CoordinatorPartition:
         """What END_TXN_ON_* carries: (the smallest txn id of this coordinator that is OPEN or has
         undelivered participants) - 1, never more. A 4.x broker aborts its earliest open txn of this
         coordinator at or below it and refuses later sends there (docs/participants.md)."""
-        if not self._recovered:
+        if not self._recovered or self._stopped:
+            # Stopping: a txn decided meanwhile leaves the open set without entering the outbox (the next
+            # leader re-drives it), so memory no longer holds everything below a watermark.
             return UNKNOWN_WATERMARK
         lowest = [least for least in (_smallest(self._open_ids, self._open),
                                       _smallest(self._undelivered_ids, self._undelivered))
@@ -909,12 +912,17 @@ class CoordinatorPartition:
         return max(0, self._clock() - oldest) / 1000
 
 
-def _smallest(heap: list[int], live: Mapping[int, object]) -> int | None:
-    """The smallest id of ``heap`` still in ``live``: stale tops are popped; when stale entries dominate
-    (an old txn stays open while many later ones end) the heap is rebuilt from ``live``."""
+def _compact(heap: list[int], live: Mapping[int, object]) -> None:
+    """Rebuild ``heap`` from ``live`` when its stale entries dominate (ids ended since, which only its top
+    is ever popped of: an old txn that stays open keeps every later one in)."""
     if len(heap) > 2 * len(live) + 1024:
         heap[:] = list(live)
         heapq.heapify(heap)
+
+
+def _smallest(heap: list[int], live: Mapping[int, object]) -> int | None:
+    """The smallest id of ``heap`` still in ``live``: stale tops are popped (after :func:`_compact`)."""
+    _compact(heap, live)
     while heap and heap[0] not in live:
         heapq.heappop(heap)
     return heap[0] if heap else None

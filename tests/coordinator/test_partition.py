@@ -387,3 +387,20 @@ async def counted_then_aborted_at_its_deadline(tc, store, clock, least, created)
     assert (await header(store, 0, least)).state is TxnState.ABORTED
     assert not tc.partition(0).open_txns()
 
+
+
+async def test_the_open_ids_heap_stays_bounded_when_nothing_asks_for_the_watermark():
+    # Only deliveries (a watermark) and an admin route (the lowest open txn) used to trim the heap of
+    # open ids: with no participants of today's brokers it grew by one id per txn, forever.
+    store = MemoryStore()
+    tc = make(store, FakeClock(), block=1000)
+    await tc.start()
+    await tc.wait_recovered()
+    partition = tc.partition(0)
+    oldest = await partition.new_txn(0, None)  # stays open throughout
+    for _ in range(5000):
+        await partition.end_txn(await partition.new_txn(0, None), True, None)
+    assert len(partition._open_ids) <= 2 * partition.open_count + 1024 + 1
+    assert partition.lowest_open() == oldest
+    await tc.stop()
+    await store.close()

@@ -22,6 +22,7 @@ from tc_server.app import start_app
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.config import Settings
+from tc_server.coordinator import events as events_module
 from tc_server.coordinator import layout
 from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
@@ -37,7 +38,7 @@ from tc_server.coordinator.partition import (
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
-from tc_server.store.api import MetadataStore, Put
+from tc_server.store.api import MetadataStore, Put, StoreUnavailableError
 from tc_server.wire import AddPartitionToTxn, ServerError
 from tests.coordinator.test_partition import FakeClock, eventually
 
@@ -665,3 +666,61 @@ async def test_a_failed_delivery_leaves_no_sibling_running(store: MetadataStore)
     # instead of leaving it running untracked, past a stop() and beside the restarted one.
     await asyncio.wait_for(sender.other_cancelled.wait(), 5.0)
     await partition.stop()
+
+
+class GatedSender(RecordingSender):
+    """Brokers that answer once ``go`` is set; each is told the watermark of that moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        await self.go.wait()
+        await super().end_txn_on(participant, most, least, committed, low_watermark)
+
+
+async def test_a_partition_stepping_down_tells_no_watermark_past_a_txn_decided_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # stop() gives decisions whose events were not written a last 5 s, and deliveries under way go on
+    # meanwhile. A commit landing then left the open set without entering the outbox (stopped), so the
+    # watermark computed from memory passed it: b's broker would have aborted committed txn a there.
+    store = await open_store("memory", data_dir="")
+    sender = GatedSender()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    a = await partition.new_txn(60_000, None)
+    b = await partition.new_txn(60_000, None)
+    c = await partition.new_txn(60_000, None)
+    for least in (a, b):
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+    await partition.end_txn(b, commit=True, principal=None)  # its broker has not answered yet
+    published = events_module.publish_decision
+    stalled = asyncio.Event()
+
+    async def failing_then_stalled(store: MetadataStore, metrics: Metrics, most: int, least: int,
+                                   decision: TxnState, **kwargs: Any) -> int:
+        if least == c:
+            if not stalled.is_set():
+                stalled.set()
+                raise StoreUnavailableError("the events of c fail once")
+            await asyncio.Event().wait()  # then the store stalls on them
+        return await published(store, metrics, most, least, decision, **kwargs)
+
+    monkeypatch.setattr(partition_module, "publish_decision", failing_then_stalled)
+    monkeypatch.setattr(partition_module, "STOP_PUBLISH_TIMEOUT_S", 1.0)
+    with pytest.raises(StoreUnavailableError):
+        await partition.end_txn(c, commit=False, principal=None)  # decided; its events left to stop()
+    stop = asyncio.create_task(partition.stop())
+    await asyncio.sleep(0.05)
+    with contextlib.suppress(Exception):
+        await partition.end_txn(a, commit=True, principal=None)
+    committed = await store.get(layout.header_path(0, a))
+    assert committed is not None and TxnHeader.from_json(committed.value).state is TxnState.COMMITTED
+    sender.go.set()
+    assert await eventually(lambda: len(sender.told) == 1)
+    assert sender.told[0].least == b
+    assert sender.told[0].low_watermark < a, sender.told
+    await stop
+    await store.close()
