@@ -123,6 +123,10 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
             namespace=settings.oxia_namespace, session_timeout_ms=settings.oxia_session_timeout_ms,
             request_timeout_s=settings.request_timeout_s,
         )
+    if settings.store == "embedded":
+        # A write that would wait longer than half a request's time is refused, not queued (embedded.py).
+        return await open_store("embedded", data_dir=settings.data_dir,
+                                max_queue_delay_s=settings.request_timeout_s / 2)
     return await open_store(settings.store, data_dir=settings.data_dir)
 
 

@@ -100,6 +100,13 @@ DB_FILENAME: Final = "tc-server.sqlite3"
 # Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
 # one transaction holds the writer and how many callers one failed fsync affects.
 MAX_GROUP_OPS: Final = 1000
+# A write queued while the oldest unanswered one has waited longer than this is refused at once
+# (StoreUnavailableError, which clients retry) instead of queued behind it: callers give up after their
+# request timeout, but a write once sent is committed all the same, so under more load than the disk
+# commits, or with the writer stalled, the queue grew without bound and every request, each behind
+# writes nobody waited for any more, ran out of time (no transaction succeeded until the load stopped).
+# The app sets half of --request-timeout-s.
+MAX_QUEUE_DELAY_S: Final = 5.0
 SCAN_PAGE_ROWS: Final = 1000
 # How long open() waits for the file's lock: the writer process of a tc-server that was just killed
 # finishes its group and exits on its own (it reads EOF), holding the lock until then.
@@ -174,6 +181,7 @@ class _WriteRequest:
 
     ops: Sequence[Put | Delete] | None
     wants_record: bool = False
+    submitted_s: float = 0.0  # the event loop's clock when it was queued (how far behind the writer is)
     results: list[WriteResult] = field(default_factory=list)
     record: Record | None = None
     notes: list[Notification] = field(default_factory=list)
@@ -194,7 +202,7 @@ class EmbeddedStore(StoreWrites):
     on_writer_lost: Callable[[], None] | None
 
     def __init__(self, path: Path, lock_fd: int, get_conn: sqlite3.Connection, scan_conn: sqlite3.Connection,
-                 indexed: set[str], max_group_ops: int, scan_page_rows: int) -> None:
+                 indexed: set[str], max_group_ops: int, scan_page_rows: int, max_queue_delay_s: float) -> None:
         # Use open(); this only wires already opened resources together.
         self.path = path
         self.on_commit = None
@@ -214,6 +222,7 @@ class EmbeddedStore(StoreWrites):
         # meanwhile a name missing from _indexed is asked of SQLite.
         self._names_complete = True
         self._max_group_ops = max_group_ops
+        self._max_queue_delay_s = max_queue_delay_s
         self._scan_page_rows = scan_page_rows
         self._loop = asyncio.get_running_loop()
         self._hub = NotificationHub()
@@ -239,17 +248,18 @@ class EmbeddedStore(StoreWrites):
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
-                   scan_page_rows: int = SCAN_PAGE_ROWS) -> EmbeddedStore:
+                   scan_page_rows: int = SCAN_PAGE_ROWS, max_queue_delay_s: float = MAX_QUEUE_DELAY_S) -> EmbeddedStore:
         """Open (creating if needed) ``<data_dir>/tc-server.sqlite3``.
 
         Deletes the ephemeral records a previous process left behind. Raises
         :class:`StoreUnavailableError` if another store holds the directory, or the file cannot be
         opened or is not a usable database."""
-        if max_group_ops < 1 or scan_page_rows < 1:
-            raise ValueError("max_group_ops and scan_page_rows must be positive")
+        if max_group_ops < 1 or scan_page_rows < 1 or max_queue_delay_s <= 0:
+            raise ValueError("max_group_ops, scan_page_rows and max_queue_delay_s must be positive")
         directory = Path(data_dir)
         lock_fd, get_conn, scan_conn, indexed = await asyncio.to_thread(_open_files, directory)
-        store = cls(directory / DB_FILENAME, lock_fd, get_conn, scan_conn, indexed, max_group_ops, scan_page_rows)
+        store = cls(directory / DB_FILENAME, lock_fd, get_conn, scan_conn, indexed, max_group_ops, scan_page_rows,
+                    max_queue_delay_s)
         try:
             store._start_writer()
         except OSError as exc:
@@ -316,10 +326,18 @@ class EmbeddedStore(StoreWrites):
                 self._start_writer()
             except OSError as exc:
                 raise _unavailable("starting the writer process", exc) from exc
+        now = self._loop.time()
+        if ops is not None and self._pending:
+            oldest, _ = next(iter(self._pending.values()))  # in queueing order
+            if now - oldest.submitted_s > self._max_queue_delay_s:
+                raise StoreUnavailableError(
+                    f"embedded store: its writer process is {now - oldest.submitted_s:.1f} s behind "
+                    f"({len(self._pending)} writes unanswered, a stalled disk or more load than it commits); "
+                    f"new writes are refused until it is within {self._max_queue_delay_s:g} s again")
         encoded = None if ops is None else [_encode(op) for op in ops]  # before anything is registered
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         request_id = next(self._request_ids)
-        self._pending[request_id] = (_WriteRequest(ops, wants_record), future)
+        self._pending[request_id] = (_WriteRequest(ops, wants_record, submitted_s=now), future)
         if not self._outbox:
             self._loop.call_soon(self._send_outbox)
         self._outbox.append((request_id, encoded))

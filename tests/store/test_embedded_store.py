@@ -489,3 +489,30 @@ async def test_an_answer_that_cannot_be_read_fails_its_own_caller_only(
         assert await store.get("/b") is not None  # committed; its caller was told the outcome is unknown
     finally:
         await store.close()
+
+
+async def test_writes_are_refused_at_once_while_the_writer_is_too_far_behind(tmp_path: Path) -> None:
+    # A stalled disk or more load than it commits: a write queued behind one unanswered for longer than
+    # max_queue_delay_s is refused at once (clients retry it) rather than queued, so the queue, and
+    # what a caller waits behind, stays bounded. Before, every write was queued and later committed,
+    # long after its caller had given up.
+    store = await EmbeddedStore.open(tmp_path, max_queue_delay_s=0.3)
+    try:
+        await store.put("/r/warm", b"")
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)
+        queued = [asyncio.ensure_future(store.put(f"/r/{i}", b"")) for i in range(3)]
+        await asyncio.sleep(0.5)
+        with pytest.raises(StoreUnavailableError, match=r"writer process is 0\.\d s behind \(3 writes unanswered"):
+            await store.put("/r/refused", b"")
+        refused = store.start_put("/r/refused-too", b"")  # NEW_TXN's way: through its future
+        with pytest.raises(StoreUnavailableError, match="s behind"):
+            await refused
+        assert len(store._pending) == 3  # nothing was queued for them
+        os.kill(writer.pid, signal.SIGCONT)
+        assert [r.key for r in await asyncio.gather(*queued)] == ["/r/0", "/r/1", "/r/2"]  # the backlog commits
+        assert (await store.put("/r/after", b"")).key == "/r/after"
+        assert await store.get("/r/refused") is None and await store.get("/r/refused-too") is None
+    finally:
+        await store.close()
