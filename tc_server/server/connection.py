@@ -75,6 +75,9 @@ REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffer
 SMALL_INPUT_BYTES = 16 * 1024
 # WATCH_TC_ASSIGNMENTS watches one connection may hold (a client needs one; see ClientConnection._watch).
 MAX_WATCHES_PER_CONNECTION = 16
+# How long a closing connection may take to hand its last answers to the client before it is cut: one
+# that reads nothing (hung, paused) never takes them, and a graceful close waits for that forever.
+CLOSE_FLUSH_S = 5.0
 
 
 @dataclass
@@ -678,11 +681,15 @@ class ClientConnection(asyncio.Protocol):
         self._out.add(data)
 
     def close(self) -> None:
-        """Close after what was written is flushed."""
+        """Close after what was written is flushed, or cut it after CLOSE_FLUSH_S (connection_lost follows
+        either way: the slot, the buffers and the upstream sessions are released)."""
         if not self._closing and self._transport is not None:
             self._out.flush()
             self._closing = True
-            self._transport.close()
+            transport = self._transport
+            transport.close()
+            if transport.get_write_buffer_size():  # else it is closed already
+                self._loop.call_later(CLOSE_FLUSH_S, transport.abort)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop reading and wait (bounded) for the requests in flight, then close (graceful stop)."""

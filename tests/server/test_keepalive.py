@@ -4,12 +4,16 @@ drops a client that does not answer by the next tick or never sends CONNECT."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import replace
 
 import pytest
 
 from tc_server.app import start_app
-from tc_server.client import connect
+from tc_server.client import connect, connect_command
+from tc_server.server import connection as connection_module
+from tc_server.server.discovery import ASSIGN_TOPIC
+from tc_server.wire import Lookup, encode_command
 
 
 @pytest.fixture
@@ -42,3 +46,36 @@ async def test_drops_client_that_does_not_answer(app):
 async def test_drops_connection_without_connect(app):
     c = await connect("127.0.0.1", app.listener.port, handshake=False)
     await asyncio.wait_for(c.closed, 10)
+
+
+async def test_a_client_that_stopped_reading_is_dropped_though_its_answers_cannot_be_flushed(app, monkeypatch):
+    # A hung or paused client: its kernel still acknowledges, but it reads nothing, so the answers pile
+    # up in the server's write buffer. The keep-alive's close waited for that buffer to drain, which
+    # never happened: the connection kept its slot, its buffers and its upstream sessions for good.
+    monkeypatch.setattr(connection_module, "CLOSE_FLUSH_S", 0.3)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", app.listener.port))
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendall(sock, encode_command(connect_command()))
+        lookups = encode_command(Lookup(f"{ASSIGN_TOPIC}-partition-1", 1)) * 2000
+        blocked, unsent = 0, b""
+        while blocked < 10:  # until the server reads nothing more either (its answers are not taken)
+            try:
+                unsent = unsent or lookups
+                unsent = unsent[sock.send(unsent):]  # whole frames only, in order
+                blocked = 0
+            except BlockingIOError:
+                blocked += 1
+                await asyncio.sleep(0.02)
+            except OSError:  # already cut (a slow machine): what is checked below
+                break
+        for _ in range(100):  # the keep-alive (0.2 s) closes it, then the flush bound cuts it
+            if not app.context.connections:
+                break
+            await asyncio.sleep(0.05)
+        assert not app.context.connections
+    finally:
+        sock.close()
