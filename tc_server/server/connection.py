@@ -599,7 +599,8 @@ class ClientConnection(asyncio.Protocol):
             self._transport.write(data)
 
     def relay_closed(self, exc: Exception | None) -> None:
-        self._ctx.metrics.proxied_connections.dec()
+        if self._relay is not None:  # counted once relayed (not a broker side closed unused)
+            self._ctx.metrics.proxied_connections.dec()
         self.close()
 
     def pause_client_reading(self) -> None:

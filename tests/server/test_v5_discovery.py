@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -19,8 +20,10 @@ from tc_server.app import App, start_app
 from tc_server.client import TcClient, connect, connect_command
 from tc_server.coordinator import layout, leadership
 from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.server import connection as connection_module
+from tc_server.server import relay as relay_module
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tc_server.wire import ServerError
+from tc_server.wire import ServerError, encode_command
 
 
 async def proxied_client(port: int, proxy_to_broker_url: str) -> TcClient:
@@ -88,4 +91,36 @@ async def test_connect_naming_a_peer_is_served_by_the_peer(settings, monkeypatch
             client.close()
         if b is not None:
             await b.stop()
+        await a.stop()
+
+
+async def test_a_relay_set_up_after_its_connection_closed_leaves_the_gauge_at_zero(settings, monkeypatch) -> None:
+    # A broker slower to accept than the keep-alive interval: the keep-alive closes the client's
+    # connection while its relay is set up, the relay's broker side is then closed unused, and that
+    # close counted one proxied connection less than there had been (the gauge went negative).
+    monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
+    real_open_relay = relay_module.open_relay
+
+    async def slow_open_relay(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.5)
+        return await real_open_relay(*args, **kwargs)
+
+    monkeypatch.setattr(connection_module, "open_relay", slow_open_relay)
+    backend = MemoryBackend()
+    a = await start_app(replace(settings, keepalive_s=0.1), store=MemoryStore(backend))
+    b = await start_app(replace(settings, listen="127.0.0.1:0", admin_listen="127.0.0.1:0"), store=MemoryStore(backend))
+    try:
+        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
+        for _ in range(400):  # bounded: until a knows b leads some coordinators
+            if b_url in a.coordinator.assignments().values():
+                break
+            await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection("127.0.0.1", a.listeners[0].port)
+        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=b_url)))
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the keep-alive
+        await asyncio.sleep(0.8)  # the relay is opened, found unwanted, closed
+        assert proxied(a) == 0
+        writer.close()
+    finally:
+        await b.stop()
         await a.stop()
