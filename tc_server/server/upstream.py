@@ -112,8 +112,8 @@ async def follow_lookup(
             return answer, frame
         conn = await connection_to(target)
         request = replace(request, authoritative=answer.authoritative)
-    return _failed_lookup(cmd, ServerError.ServiceNotReady, f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} "
-                                                            "lookup redirects")
+    return _failed_lookup(cmd, ServerError.MetadataError, f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} "
+                                                          "lookup redirects")
 
 
 def _failed_lookup(cmd: Lookup, error: ServerError, message: str) -> tuple[Command, bytes]:
@@ -234,7 +234,8 @@ class ForwardingSession:
                 if isinstance(cmd, Lookup):
                     answer = await self._lookup(cmd)
                 else:
-                    _, answer = await (await self._primary_connection()).request_frame(frame, request_id)
+                    decoded, answer = await (await self._primary_connection()).request_frame(frame, request_id)
+                    answer = _keeping_the_connection(decoded, answer)
         except (ClientError, TimeoutError) as exc:
             outcome = type(exc).__name__
             error, message = self._failure(exc)
@@ -255,7 +256,7 @@ class ForwardingSession:
         answer, frame = await follow_lookup(await self._primary_connection(), cmd, self._connection_to,
                                             use_tls=self._upstream.ssl_context is not None)
         if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
-            return frame
+            return _keeping_the_connection(answer, frame)
         self._upstream.note_broker(answer.broker_service_url, answer.broker_service_url_tls)
         mode = self._upstream.connection_mode
         proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
@@ -352,6 +353,18 @@ class ForwardingSession:
         # reading would keep a closing connection open, with its unsent bytes, for good.
         for conn in self._connections.values():
             conn.abort("the client's connection is closed")
+
+
+def _keeping_the_connection(answer: Command, frame: bytes) -> bytes:
+    """A broker's answer to a forwarded lookup or partition-metadata request as the client should get it:
+    ServiceNotReady becomes MetadataError (both retried by the clients), because the Java client closes
+    the whole connection on the first (ClientCnx.checkServerError), and the connection to tc-server
+    carries the client's coordinator handlers (docs/pulsar-protocol.md §1). A broker says it routinely:
+    a bundle unloading, a broker starting."""
+    if isinstance(answer, LookupResponse | PartitionedMetadataResponse) and answer.error is ServerError.ServiceNotReady:
+        message = f"{answer.message or ''} (the broker answered ServiceNotReady)".lstrip()
+        return encode_command(replace(answer, error=ServerError.MetadataError, message=message))
+    return frame
 
 
 def _error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:

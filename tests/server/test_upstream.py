@@ -29,6 +29,7 @@ from tc_server.wire import (
     Lookup,
     LookupResponse,
     LookupType,
+    PartitionedMetadataResponse,
     Ping,
     ServerError,
     encode_command,
@@ -248,3 +249,33 @@ async def test_a_refused_handshake_with_more_in_the_same_read_fails_cleanly(then
         assert raised == []
     finally:
         server.close()
+
+
+async def test_a_brokers_service_not_ready_reaches_the_client_as_metadata_error(settings):
+    # The Java client closes its whole connection on a FAILED lookup or partition-metadata answer with
+    # ServiceNotReady (ClientCnx.checkServerError). Its connection to a broker can go; its connection to
+    # tc-server carries its coordinator handlers, which then reconnect and resend. A broker says
+    # ServiceNotReady routinely (a bundle unloading, a broker starting): relayed as MetadataError, which
+    # the clients retry as well, with the broker's message.
+    broker = StandInBroker(
+        lambda lookup: LookupResponse(lookup.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
+                                      message="Namespace bundle is being unloaded"),
+        metadata_answer=lambda request: PartitionedMetadataResponse(
+            request.request_id, error=ServerError.ServiceNotReady, message="broker is starting"))
+    async with front_door(settings, [broker]) as (_, client):
+        failed = await client.lookup(TOPIC)
+        assert (failed.response, failed.error) == (LookupType.FAILED, ServerError.MetadataError), failed
+        message = failed.message or ""
+        assert "Namespace bundle is being unloaded" in message and "ServiceNotReady" in message, failed
+        metadata = await client.partitioned_metadata(TOPIC)
+        assert metadata.error is ServerError.MetadataError, metadata
+        assert "broker is starting" in (metadata.message or ""), metadata
+
+
+async def test_a_redirect_loop_fails_the_lookup_with_metadata_error(settings):
+    looping = StandInBroker()
+    looping.answer = lambda lookup: redirect_to(looping.url)(lookup)
+    async with front_door(settings, [looping]) as (_, client):
+        failed = await client.lookup(TOPIC)
+        assert (failed.response, failed.error) == (LookupType.FAILED, ServerError.MetadataError), failed
+        assert "lookup redirects" in (failed.message or "")

@@ -15,6 +15,8 @@ from tc_server.wire import (
     Lookup,
     LookupResponse,
     LookupType,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
     Ping,
     Pong,
     decode_command,
@@ -22,11 +24,13 @@ from tc_server.wire import (
 )
 
 LookupAnswer = Callable[[Lookup], LookupResponse | None]
+MetadataAnswer = Callable[[PartitionedMetadata], PartitionedMetadataResponse | None]
 
 
 class StandInBroker:
     """Answers CONNECT with CONNECTED (after ``connect_delay_s``), PING with PONG, and each LOOKUP with
-    ``answer(lookup)`` after ``lookup_delay_s`` (None: never). ``connects`` holds every CONNECT (with the
+    ``answer(lookup)`` after ``lookup_delay_s`` (None: never), each PARTITIONED_METADATA with
+    ``metadata_answer(request)`` (None, or no such function: never). ``connects`` holds every CONNECT (with the
     credentials it carried), ``lookup_frames`` every LOOKUP's BaseCommand bytes as they arrived.
     ``answers = False``: after CONNECTED it answers nothing (a hung broker); ``reads = False``: after
     CONNECTED it reads nothing either (a broker whose process stopped). ``ssl_context``: it speaks TLS,
@@ -34,8 +38,9 @@ class StandInBroker:
 
     def __init__(self, answer: LookupAnswer | None = None, *, connect_delay_s: float = 0.0,
                  lookup_delay_s: float = 0.0, answers: bool = True, reads: bool = True,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, metadata_answer: MetadataAnswer | None = None) -> None:
         self.answer = answer
+        self.metadata_answer = metadata_answer
         self.ssl_context = ssl_context
         self.connects: list[Connect] = []
         self.connect_delay_s = connect_delay_s
@@ -98,6 +103,10 @@ class StandInBroker:
             answer = self.answer(command) if self.answer is not None else None
             if answer is not None:
                 writer.write(encode_command(answer))
+        elif isinstance(command, PartitionedMetadata) and self.metadata_answer is not None:
+            metadata = self.metadata_answer(command)
+            if metadata is not None:
+                writer.write(encode_command(metadata))
 
 
 def connect_to(url: str) -> LookupAnswer:
