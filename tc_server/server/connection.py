@@ -547,14 +547,22 @@ class ClientConnection(asyncio.Protocol):
         peers = {host_port(url): url for url in self._ctx.dispatcher.coordinator.assignments().values()}
         url = peers.get(host_port(target)) or (upstream.proxy_target(target) if upstream is not None else None)
         if url is None:
+            # For good: NotAllowedError, which clients do not retry.
             if upstream is None:
-                why = "no --upstream-url is set"
-            elif upstream.ssl_context is not None:
-                why = "it is not a broker the upstream named in a lookup with a pulsar+ssl:// URL"
+                error, why = ServerError.NotAllowedError, "no --upstream-url is set"
+            elif upstream.named_without_tls(target):
+                error, why = ServerError.NotAllowedError, ("the upstream speaks TLS and named this broker without "
+                                                           "a pulsar+ssl:// URL (the client's credentials would go "
+                                                           "in the clear)")
             else:
-                why = "it is not a broker the upstream named in a lookup"
+                # Maybe not yet: each tc-server process learns brokers from the lookups it answers, and a
+                # client's lookup may have gone through another instance behind the same address
+                # (replicas, --workers). ServiceNotReady before CONNECTED is a failed connection, which
+                # clients open again, through whichever instance.
+                error = ServerError.ServiceNotReady
+                why = "no lookup answered by this tc-server instance has named it yet; retry"
             self._log.warning("refusing to proxy", target=target, reason=why)
-            self.send(Error(NO_REQUEST_ID, ServerError.NotAllowedError, f"cannot proxy to {target}: {why}"))
+            self.send(Error(NO_REQUEST_ID, error, f"cannot proxy to {target}: {why}"))
             self.close()
             return
         # Frames the client sent after CONNECT wait in the decoder until the broker is connected.

@@ -144,6 +144,8 @@ class Upstream:
         # (and the upstream itself, as configured): clients name the broker in CONNECT's
         # proxy_to_broker_url as HOST:PORT, without a scheme.
         self._brokers: dict[str, str] = {host_port(url): url for url in self.urls}
+        # HOST:PORT of brokers a lookup named without a TLS URL while the upstream is TLS: never carried to.
+        self._without_tls: set[str] = set()
         for url in self.urls:
             metrics.upstream_up.labels(url).set(0)
 
@@ -157,6 +159,8 @@ class Upstream:
                 for named in (url, url_tls):
                     if named:
                         self._brokers[host_port(named)] = url_tls
+            elif url:
+                self._without_tls.add(host_port(url))
             return
         for named in (url, url_tls):
             if named:
@@ -165,6 +169,10 @@ class Upstream:
     def proxy_target(self, proxy_to_broker_url: str) -> str | None:
         """The URL to carry a client's connection to, or None when no lookup answer named that broker."""
         return self._brokers.get(host_port(proxy_to_broker_url))
+
+    def named_without_tls(self, proxy_to_broker_url: str) -> bool:
+        """Whether a lookup named that broker without a TLS URL while the upstream speaks TLS."""
+        return host_port(proxy_to_broker_url) in self._without_tls
 
     async def open(self, connect: Connect) -> PulsarConnection:
         """A connection to the first upstream URL that answers, with the client's credentials.

@@ -19,12 +19,13 @@ from structlog.testing import capture_logs
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
-from tc_server.client import HandshakeRefused, PulsarConnection, TcClient, connect, open_connection
+from tc_server.client import HandshakeRefused, PulsarConnection, TcClient, connect, connect_command, open_connection
 from tc_server.config import Settings
 from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
 from tc_server.wire import (
     AuthChallenge,
+    Connected,
     Error,
     Lookup,
     LookupResponse,
@@ -35,6 +36,7 @@ from tc_server.wire import (
     encode_command,
     encode_frame,
 )
+from tests.security.support import raw_connect
 from tests.support.stand_in_broker import StandInBroker, connect_to, redirect_to
 
 TOPIC = "persistent://public/default/orders"
@@ -279,3 +281,26 @@ async def test_a_redirect_loop_fails_the_lookup_with_metadata_error(settings):
         failed = await client.lookup(TOPIC)
         assert (failed.response, failed.error) == (LookupType.FAILED, ServerError.MetadataError), failed
         assert "lookup redirects" in (failed.message or "")
+
+
+async def test_a_proxied_connection_to_a_broker_this_instance_has_not_seen_yet_is_refused_as_retryable(settings):
+    # Several tc-server processes behind one address (replicas behind a Service, or --workers N on one
+    # port): a client's LOOKUP went through one of them, its proxied connection lands on another, which
+    # learns brokers only from the lookups it answers. It said NotAllowedError, which the Java client
+    # does not retry: the producer failed. ServiceNotReady before CONNECTED is a failed connection the
+    # client opens again (another instance, or this one once a lookup named the broker).
+    owner = StandInBroker()  # the broker that owns TOPIC, named by the upstream's lookup answer
+    upstream = StandInBroker(lambda lookup: connect_to(owner.url)(lookup))
+    async with front_door(settings, [upstream], (owner,)) as (app, client):
+        other = await start_app(replace(settings, upstream_url=upstream.url, request_timeout_s=2.0))
+        try:
+            proxied = replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")
+            assert (await client.lookup(TOPIC)).response is LookupType.CONNECT  # through the first only
+            refused = await raw_connect(other.listeners[0].port, proxied)
+            assert refused.closed_by_server
+            assert [(c.error, "retry" in c.message) for c in refused.commands if isinstance(c, Error)] == [
+                (ServerError.ServiceNotReady, True)], refused.commands
+            carried = await raw_connect(app.listeners[0].port, proxied)  # the first has seen it: carried
+            assert [type(c) for c in carried.commands] == [Connected], carried.commands
+        finally:
+            await other.stop()
