@@ -15,6 +15,7 @@ so each worker knows every other worker's URL without asking anyone:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -156,4 +157,21 @@ def check_worker_count(settings: Settings) -> None:
             "--data-dir (coordinator i lives in worker i mod N's store)")
     if stored is None and settings.workers > 1:
         directory.mkdir(parents=True, exist_ok=True)
-        record.write_text(f"{settings.workers}\n")
+        _write_durably(record, f"{settings.workers}\n")
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write ``path`` so that a machine crash leaves the whole file or none (a new file written without
+    fsync can come back empty, and the next start would refuse the directory): a temporary file, synced,
+    renamed over, and the directory synced."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -4,6 +4,7 @@ which N. The processes themselves: tests/server/test_workers.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,21 @@ def test_a_single_process_store_is_workers_1_and_a_damaged_record_is_named(tmp_p
     (damaged / WORKERS_FILE).write_text("two²\n")
     with pytest.raises(WorkerCountMismatch, match="does not hold a number of workers"):
         check_worker_count(Settings(data_dir=str(damaged), workers=2))
+
+
+def test_the_workers_record_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Written in place without fsync, a machine crash soon after the first start could leave it empty,
+    # and every later start refused the directory. Now a synced temporary file is renamed over it.
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    data = tmp_path / "data"
+    check_worker_count(Settings(data_dir=str(data), workers=2))
+    assert (data / WORKERS_FILE).read_text() == "2\n"
+    assert len(synced) == 2  # the file, then its directory
+    assert sorted(p.name for p in data.iterdir()) == [WORKERS_FILE]
