@@ -655,10 +655,13 @@ class CoordinatorPartition:
         for least, state in list(self._unpublished.items()):
             try:
                 await self._publish(least, state)
-            except (StoreError, TimeoutError) as exc:
+            except (StoreError, TimeoutError) as exc:  # the store: the next ones would fail as well
                 self._log.warning("publishing a decision failed; will retry", txn=f"({self.tc_id},{least})",
                                   error=repr(exc))
                 return
+            except Exception:  # noqa: BLE001 - this one (an unreadable record?): not the later ones, nor the sweeper
+                self._log.exception("publishing a decision failed; will retry", txn=f"({self.tc_id},{least})")
+                continue
             self._unpublished.pop(least, None)
 
     # -- participants of today's brokers: records, the outbox, delivery (docs/participants.md) -------

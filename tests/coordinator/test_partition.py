@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tc_server.coordinator import coordinator as coordinator_module
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import (
@@ -404,3 +405,24 @@ async def test_the_open_ids_heap_stays_bounded_when_nothing_asks_for_the_waterma
     assert partition.lowest_open() == oldest
     await tc.stop()
     await store.close()
+
+
+async def test_gc_goes_on_after_a_pass_that_failed_unexpectedly(monkeypatch):
+    # Only store errors and timeouts were caught: one other exception in a pass ended GC for good.
+    passes: list[int] = []
+
+    async def collect(*args, **kwargs):
+        passes.append(len(passes))
+        if len(passes) == 1:
+            raise ValueError("an unreadable record")
+
+    monkeypatch.setattr(coordinator_module, "collect_garbage", collect)
+    store = MemoryStore()
+    config = CoordinatorConfig(partitions=1, timeout_sweep=False, gc_interval_s=1)
+    tc = TransactionCoordinator(store, config, Metrics("test"), FakeClock())
+    await tc.start()
+    try:
+        assert await eventually(lambda: len(passes) >= 2, attempts=100, delay=0.05)
+    finally:
+        await tc.stop()
+        await store.close()

@@ -724,3 +724,32 @@ async def test_a_partition_stepping_down_tells_no_watermark_past_a_txn_decided_m
     assert sender.told[0].low_watermark < a, sender.told
     await stop
     await store.close()
+
+
+async def test_an_unexpected_error_publishing_one_decision_holds_back_neither_the_others_nor_the_sweeper(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only store errors were caught: anything else ended the partition's sweeper for good (timeouts
+    # then waited for the 5 s overdue scan), and its exception was read only at stop().
+    store = await open_store("memory", data_dir="")
+    partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), FakeClock(),
+                                     sweep_timeouts=True)
+    await partition.recover_outbox()
+    bad = await partition.new_txn(60_000, None)
+    good = await partition.new_txn(60_000, None)
+    published = events_module.publish_decision
+    calls: list[int] = []
+
+    async def publish(store: MetadataStore, metrics: Metrics, most: int, least: int, decision: TxnState,
+                      **kwargs: Any) -> int:
+        calls.append(least)
+        if least == bad:
+            raise ValueError("an unreadable op record")
+        return await published(store, metrics, most, least, decision, **kwargs)
+
+    monkeypatch.setattr(partition_module, "publish_decision", publish)
+    partition._unpublished.update({bad: TxnState.ABORTED, good: TxnState.COMMITTED})  # their first try failed
+    partition.start()
+    assert await eventually(lambda: calls.count(bad) >= 2)  # the sweeper lives on and tries again
+    assert good in calls and good not in partition._unpublished
+    await partition.stop()
+    await store.close()
