@@ -694,6 +694,11 @@ class CoordinatorPartition:
                 Put(path, value, partition_key=key, secondary_indexes=index)
                 for path, (_, value) in new.items()
             ])
+        except BaseException:
+            # Failed or given up (the request's deadline), these records may still land: memory no
+            # longer knows them all, so the decision reads them from the store.
+            self._complete.discard(least)
+            raise
         finally:
             for path in new:
                 recording.pop(path, None)

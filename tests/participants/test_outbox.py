@@ -11,7 +11,7 @@ import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ from tc_server.coordinator.partition import (
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
-from tc_server.store.api import MetadataStore, Put, StoreUnavailableError
+from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableError, WriteResult
+from tc_server.store.memory import MemoryStore
 from tc_server.wire import AddPartitionToTxn, ServerError
 from tests.coordinator.test_partition import FakeClock, eventually
 
@@ -753,3 +754,37 @@ async def test_an_unexpected_error_publishing_one_decision_holds_back_neither_th
     assert good in calls and good not in partition._unpublished
     await partition.stop()
     await store.close()
+
+
+class SlowParticipantWrites(MemoryStore):
+    """Participant records reach the store at once, but their answer comes ``delay_s`` later."""
+
+    delay_s = 0.0
+
+    async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
+        if self.delay_s and any(op.key.startswith("/txn/participant/") for op in ops):
+            landed = await super().write_batch(ops)
+            await asyncio.sleep(self.delay_s)
+            return landed
+        return await super().write_batch(ops)
+
+
+async def test_a_participant_record_that_landed_after_its_add_gave_up_is_told_the_decision() -> None:
+    # The ADD's deadline passed while its record write was in the store; the record landed all the
+    # same. The client aborted without retrying the ADD, and the decision went by memory, which did not
+    # list that record: it was never delivered nor deleted (an undelivered txn for good, to the admin
+    # API and the audit, and its header kept by GC).
+    store = SlowParticipantWrites()
+    sender = RecordingSender()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    store.delay_s = 1.0
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(partition.add_participants(least, None, [Participant(TOPIC)]), 0.1)
+    store.delay_s = 0.0
+    await partition.end_txn(least, commit=False, principal=None)
+    assert await eventually(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)])
+    assert await eventually(lambda: not partition.undelivered())
+    assert [r async for r in store.scan_prefix(layout.participants_prefix(0, least))] == []
+    await partition.stop()
