@@ -552,3 +552,24 @@ async def test_a_batch_with_an_operation_that_cannot_be_encoded_sends_nothing(
     await store.put("/h/after", b"")
     assert await store.get("/h/ok") is None
     assert oxia.write_requests == before + 1
+
+
+async def test_heartbeats_answered_slower_than_their_period_still_renew_the_lease(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each heartbeat was given up after its own period (0.2 s at a 2 s session timeout): an Oxia that
+    # answered in 0.3 s renewed nothing, and the lease ran out while the session was alive (every write
+    # then answered TransactionCoordinatorNotFound, and no other instance could take over).
+    async def slowly(context, n):
+        await asyncio.sleep(0.3)
+
+    server, beats = await serve_keepalives(monkeypatch, slowly)
+    store = await connect(server.address, session_timeout_ms=2000)
+    try:
+        await store.put("/c/leader", b"me", ephemeral=True)
+        lease = store.ephemeral_lease("/c/leader")
+        assert lease is not None
+        first = lease()
+        await eventually(lambda: lease() > first, "a slow heartbeat's answer renews the lease")
+    finally:
+        await store.close()
+        await server.stop()

@@ -168,7 +168,10 @@ class SessionManager:
             await asyncio.sleep(period)
             sent = time.monotonic()
             try:
-                async with asyncio.timeout(max(period, 0.1)):
+                # Not bounded by the period: the lease runs from the send time, so a late answer renews it
+                # as safely as a prompt one (given up after a period, an Oxia answering in 0.3 s at a 2 s
+                # session timeout renewed nothing, and the lease ran out on a live session).
+                async with asyncio.timeout(self._timeout_ms / 2 / 1000):
                     await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
                 session.alive_until = sent + self._lease_s
             except grpc.aio.AioRpcError as e:
