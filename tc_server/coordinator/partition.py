@@ -36,7 +36,16 @@ from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.state import Decision, Request, decide, target_state
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, Delete, MetadataStore, Put, Record, StoreError
+from tc_server.store.api import (
+    EXPECT_ABSENT,
+    BadVersionError,
+    Delete,
+    MetadataStore,
+    Put,
+    Record,
+    StoreError,
+    lease_clock,
+)
 
 Clock = Callable[[], int]
 _T = TypeVar("_T")
@@ -133,7 +142,7 @@ class CoordinatorPartition:
         lease: Callable[[], float] | None = None,
     ) -> None:
         self.tc_id = tc_id
-        # Until when (time.monotonic()) this instance surely still holds the leader record, on a store
+        # Until when (lease_clock()) this instance surely still holds the leader record, on a store
         # where that can end unnoticed (MetadataStore.ephemeral_lease); None: while it is led.
         self._lease = lease
         # Shared by every partition of the instance (coordinator.py); one of its own when used alone.
@@ -529,7 +538,7 @@ class CoordinatorPartition:
         # (stalled longer than the session timeout): another instance may lead and have scanned the
         # store already, and would not track a txn whose NEW_TXN is answered here (its low watermark
         # could pass it). Answered only while the session surely lived when the write landed.
-        if self._lease is not None and time.monotonic() >= self._lease():
+        if self._lease is not None and lease_clock() >= self._lease():
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id}: this instance's hold on it may have "
                                       f"lapsed (no store keep-alive answered within the session timeout) while "
                                       f"the {what} of ({self.tc_id},{least}) was being written; look it up again")

@@ -23,10 +23,19 @@ promise more than it keeps:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
+
+
+def lease_clock() -> float:
+    """The clock of leases (MetadataStore.ephemeral_lease), in seconds: CLOCK_BOOTTIME, which, unlike
+    time.monotonic(), goes on while the machine is suspended. The store's server counts a session's
+    timeout through a suspend of this machine; a lease on the monotonic clock would then look alive for
+    up to its whole length after the session had expired."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 # expected_version value meaning "the key must not exist" (Oxia's -1, Pulsar's -1).
 EXPECT_ABSENT = -1
@@ -222,7 +231,7 @@ class MetadataStore(Protocol):
 
     def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
         """Until when this session's ephemeral record ``key`` (just written) surely still exists: a
-        function giving that instant in ``time.monotonic()`` seconds, or None when such records last as
+        function giving that instant in :func:`lease_clock` seconds, or None when such records last as
         long as this store is open (embedded, memory). On Oxia the server ends a session whose
         keep-alives stop arriving, whether or not this process has noticed (a stall, a partition);
         what was written under it after that is not what a successor saw (docs/semantics.md §8)."""

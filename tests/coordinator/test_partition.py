@@ -9,6 +9,7 @@ import pytest
 
 from tc_server.coordinator import coordinator as coordinator_module
 from tc_server.coordinator import layout
+from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import (
     CoordinatorNotFound,
@@ -18,8 +19,9 @@ from tc_server.coordinator.errors import (
     TransactionNotFound,
 )
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
-from tc_server.coordinator.partition import PartitionConfig
+from tc_server.coordinator.partition import CoordinatorPartition, PartitionConfig
 from tc_server.metrics import Metrics
+from tc_server.store.api import lease_clock
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.support.gated_store import GatedStore
@@ -426,3 +428,20 @@ async def test_gc_goes_on_after_a_pass_that_failed_unexpectedly(monkeypatch):
     finally:
         await tc.stop()
         await store.close()
+
+
+async def test_the_lease_is_read_on_a_clock_that_counts_a_suspended_machines_time(monkeypatch):
+    # The store's server counts a session's timeout while this machine is suspended; time.monotonic()
+    # does not, so a lease read on it looked alive after a suspend longer than the session timeout.
+    # CLOCK_BOOTTIME counts it: here it jumps 20 s (a suspend), past a lease of 10 s.
+    store = MemoryStore()
+    taken = lease_clock()
+    partition = CoordinatorPartition(0, store, PartitionConfig(), Metrics("test"), FakeClock(),
+                                     sweep_timeouts=False, lease=lambda: taken + 10)
+    await partition.recover_outbox()
+    await partition.new_txn(60_000, None)  # within the lease
+    monkeypatch.setattr(partition_module, "lease_clock", lambda: taken + 20)
+    with pytest.raises(CoordinatorNotFound, match="may have lapsed"):
+        await partition.new_txn(60_000, None)
+    await partition.stop()
+    await store.close()

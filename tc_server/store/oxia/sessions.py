@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import grpc
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
-from tc_server.store.api import StoreUnavailableError
+from tc_server.store.api import StoreUnavailableError, lease_clock
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.reads import unavailable
 
@@ -43,7 +42,7 @@ LeaderOf = Callable[[int], str]
 class _Session:
     shard: int
     session_id: int
-    # time.monotonic() until which the server surely still has the session: the send time of the last
+    # lease_clock() until which the server surely still has the session: the send time of the last
     # answered CreateSession or KeepAlive, plus LEASE_SHARE of the timeout.
     alive_until: float
     keepalive: asyncio.Task[None] | None = None
@@ -102,7 +101,7 @@ class SessionManager:
         return None if session is None else session.session_id
 
     def alive_until(self, shard: int, session_id: int | None) -> float:
-        """``time.monotonic()`` until which the server surely still has session ``session_id`` of
+        """``lease_clock()`` until which the server surely still has session ``session_id`` of
         ``shard``; 0.0 once it is not this store's session there any more (expired, closed, replaced)."""
         session = self._sessions.get(shard)
         return session.alive_until if session is not None and session.session_id == session_id else 0.0
@@ -120,7 +119,7 @@ class SessionManager:
                 return session.session_id
             request = pb.CreateSessionRequest(
                 shard=shard, session_timeout_ms=self._timeout_ms, client_identity=self.client_identity)
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 async with asyncio.timeout(self._request_timeout):
                     response = await self._pool.stub(self._leader_of(shard)).CreateSession(request)
@@ -166,7 +165,7 @@ class SessionManager:
         heartbeat = pb.SessionHeartbeat(shard=session.shard, session_id=session.session_id)
         while True:
             await asyncio.sleep(period)
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 # Not bounded by the period: the lease runs from the send time, so a late answer renews it
                 # as safely as a prompt one (given up after a period, an Oxia answering in 0.3 s at a 2 s
