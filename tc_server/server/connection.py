@@ -23,6 +23,8 @@ from tc_server.server.dispatch import Dispatcher, TxnRequest
 from tc_server.server.flow_control import ReadFlowControl
 from tc_server.server.handshake import (
     MIN_TC_CLIENT_CONNECT_VERSION,
+    REFRESH_AUTH_DATA,
+    SERVER_VERSION,
     AuthenticationFailed,
     Authenticator,
     AuthSession,
@@ -36,6 +38,7 @@ from tc_server.server.upstream import ForwardingSession, Upstream, host_port
 from tc_server.wire import (
     AddPartitionToTxn,
     AddSubscriptionToTxn,
+    AuthChallenge,
     AuthResponse,
     Command,
     Connect,
@@ -180,6 +183,8 @@ class ClientConnection(asyncio.Protocol):
         self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
         self._keepalive: asyncio.TimerHandle | None = None
+        # A refresh challenge sent because a broker refused the client's credentials, not answered yet.
+        self._upstream_challenge_sent = False
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._flow = ReadFlowControl()  # why this connection is not being read (flow_control.py)
@@ -428,7 +433,8 @@ class ClientConnection(asyncio.Protocol):
         upstream = self._ctx.upstream
         if upstream is not None and self._connect is not None:
             if self._forwarding is None:
-                self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes)
+                self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
+                                                     self._upstream_credentials_expired)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         request_id = getattr(cmd, "request_id", None)
@@ -658,12 +664,38 @@ class ClientConnection(asyncio.Protocol):
             self.send(session.challenge())
         self._schedule_auth_check()
 
+    def _upstream_credentials_expired(self) -> None:
+        """A broker refused the client's credentials, which it had taken before: ask the client for fresh
+        ones (AUTH_CHALLENGE, as a broker does), or close the connection of a client that cannot refresh
+        them, which then connects again with fresh ones. Without this, with tc-server's authentication
+        off nothing ever asked: every forwarded request failed for the rest of the connection."""
+        if self._closing or self._upstream_challenge_sent:
+            return
+        connect = self._connect
+        flags = connect.feature_flags if connect is not None else None
+        if connect is None or not (flags and flags.supports_auth_refresh):
+            self._log.warning("closing: a broker refused the client's credentials, which it had taken before, and "
+                              "the client cannot refresh them on this connection")
+            self._loop.call_soon(self.close)  # after the answer of the request that found out
+            return
+        self._upstream_challenge_sent = True
+        self._log.info("a broker refused the client's credentials, which it had taken before; asking for fresh ones")
+        self.send(AuthChallenge(SERVER_VERSION, connect.auth_method_name, REFRESH_AUTH_DATA, connect.protocol_version))
+
     def _on_auth_response(self, cmd: Any, frame: bytes) -> None:
         """AUTH_RESPONSE to a refresh challenge: fresh credentials of the same role, or the end."""
         session = self._auth
         if session is None:
+            if self._upstream_challenge_sent and self._forwarding is not None and self._connect is not None:
+                # Authentication is off here: the brokers judge them.
+                self._upstream_challenge_sent = False
+                self._connect = replace(self._connect, auth_data=cmd.response_data)
+                self._forwarding.refresh_credentials(cmd.response_data)
+                self._log.info("fresh credentials for forwarded requests")
+                return
             self._log_repeated("ignoring AUTH_RESPONSE: authentication is off")
             return
+        self._upstream_challenge_sent = False
         try:
             session.refresh(self._ctx.authenticator, cmd.response_data, self._peer_certificate())
         except AuthenticationFailed as exc:

@@ -214,8 +214,13 @@ class ForwardingSession:
     """The upstream side of one client connection: its connections to brokers (opened lazily with the
     client's credentials) and the requests it forwarded that have not been answered yet."""
 
-    def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None]) -> None:
+    def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None],
+                 credentials_expired: Callable[[], None] | None = None) -> None:
         self._upstream = upstream
+        # Called when a broker refuses the client's credentials after it had taken them (expired): the
+        # client connection asks the client for fresh ones (refresh_credentials brings them here).
+        self._credentials_expired = credentials_expired
+        self._admitted = False  # a broker took the client's credentials once
         # The client's CONNECT as a broker should see it: its credentials and version, not the proxy fields.
         self._connect = replace(client_connect, proxy_to_broker_url=None, original_principal=None,
                                 original_auth_data=None, original_auth_method=None)
@@ -301,6 +306,7 @@ class ForwardingSession:
             conn = await open_()
         finally:
             del self._opening[key]
+        self._admitted = True
         conn.set_listener(self._unsolicited)
         conn.auth_data_source = self._client_auth_data
         self._connections[key] = conn
@@ -347,6 +353,15 @@ class ForwardingSession:
     def _failure(self, exc: BaseException) -> tuple[ServerError, str]:
         where = f"upstream broker {' / '.join(self._upstream.urls)}"
         if isinstance(exc, HandshakeRefused):
+            if exc.error is ServerError.AuthenticationError and self._admitted:
+                # Taken before, refused now: expired (a broker checks expiry, and drops connections
+                # whose refresh fails). Not AuthenticationError, which fails the client's operation for
+                # good, while the fresh credentials asked for now make the retry work.
+                if self._credentials_expired is not None:
+                    self._credentials_expired()
+                return ServerError.MetadataError, (f"{where} refused the client's credentials, which it had taken "
+                                                   f"before ({exc.server_message}); fresh ones were asked of the "
+                                                   "client: retry")
             return exc.error, f"{where} refused the client's credentials: {exc.server_message}"
         if isinstance(exc, TimeoutError | RequestTimedOut):
             return ServerError.MetadataError, (

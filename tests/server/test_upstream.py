@@ -19,20 +19,31 @@ from structlog.testing import capture_logs
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
-from tc_server.client import HandshakeRefused, PulsarConnection, TcClient, connect, connect_command, open_connection
+from tc_server.client import (
+    ClientAuth,
+    HandshakeRefused,
+    PulsarConnection,
+    TcClient,
+    connect,
+    connect_command,
+    open_connection,
+)
 from tc_server.config import Settings
 from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
 from tc_server.wire import (
     AuthChallenge,
+    Connect,
     Connected,
     Error,
+    FeatureFlags,
     Lookup,
     LookupResponse,
     LookupType,
     PartitionedMetadataResponse,
     Ping,
     ServerError,
+    decode_command,
     encode_command,
     encode_frame,
 )
@@ -304,3 +315,53 @@ async def test_a_proxied_connection_to_a_broker_this_instance_has_not_seen_yet_i
             assert [type(c) for c in carried.commands] == [Connected], carried.commands
         finally:
             await other.stop()
+
+
+class TokenCheckingBroker(StandInBroker):
+    """A broker that takes only the token it is told is valid now (``valid``), at CONNECT."""
+
+    def __init__(self, valid: bytes) -> None:
+        super().__init__(lambda lookup: connect_to("pulsar://broker-1:6650")(lookup))
+        self.valid = valid
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        command = decode_command(frame)
+        if isinstance(command, Connect) and command.auth_data != self.valid:
+            self.connects.append(command)
+            writer.write(encode_command(Error(NO_REQUEST_ID, ServerError.AuthenticationError, "token expired")))
+            writer.close()
+            return
+        await super()._on_frame(frame, writer)
+
+
+@pytest.mark.parametrize("refreshes", [True, False], ids=["client-refreshes", "client-cannot-refresh"])
+async def test_a_client_whose_token_expired_at_the_broker_is_asked_for_a_fresh_one(settings, refreshes):
+    # tc-server's own authentication off, the brokers checking tokens: forwarded requests carry the
+    # client's token from its CONNECT. Once the broker refused it (expired), every forwarded request
+    # failed with AuthenticationError for the rest of the client's connection, which itself stayed up,
+    # so the client never sent a fresh token. Now tc-server asks the client for fresh credentials
+    # (AUTH_CHALLENGE, as a broker does), or closes the connection of a client that cannot refresh
+    # them (it reconnects with fresh ones); the request in between is answered MetadataError, retried.
+    broker = TokenCheckingBroker(valid=b"first")
+    async with front_door(settings, [broker]) as (app, _):
+        flags = FeatureFlags(supports_auth_refresh=refreshes)
+        client = await connect("127.0.0.1", app.listeners[0].port, handshake=False)
+        connect_first = replace(connect_command(ClientAuth("token", b"first")), feature_flags=flags)
+        await client.handshake(connect_first, timeout_s=5)
+        try:
+            assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
+            for conn in list(broker.open):  # the token expires; the broker drops the connection
+                conn.close()
+            broker.valid = b"second"
+            client.auth_data_source = lambda: b"second"  # what the client's provider gives now
+            failed = await client.lookup(TOPIC)
+            assert (failed.response, failed.error) == (LookupType.FAILED, ServerError.MetadataError), failed
+            if not refreshes:
+                await asyncio.wait_for(client.closed, 5)
+                return
+            async with asyncio.timeout(5):
+                while (await client.lookup(TOPIC)).response is not LookupType.CONNECT:
+                    await asyncio.sleep(0.05)
+            assert broker.connects[-1].auth_data == b"second"
+        finally:
+            client.close()
