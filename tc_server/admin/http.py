@@ -60,7 +60,11 @@ class _MalformedRequestLog(logging.Filter):
         if not isinstance(error, HttpProcessingError):
             return True
         if (left_out := self._limiter.allow("malformed HTTP request")) is not None:
-            log.warning("malformed HTTP request answered 400", error=str(error.message)[:200],
+            # What was wrong, without what aiohttp quotes after it: the offending header line, which may
+            # be an Authorization header with a whole token (a stray CR after it, from a token file with
+            # CRLF line ends); no part of a credential is ever logged.
+            reason = str(error.message).split(":", 1)[0].split("\n", 1)[0][:120]
+            log.warning("malformed HTTP request answered 400", error=type(error).__name__, reason=reason,
                         left_out_since_last_line=left_out)
         return False
 

@@ -18,6 +18,17 @@ from tests.security.support import token_auth
 from tests.security.test_admin_auth import call
 
 
+async def raw_http(port: int, request: bytes) -> bytes:
+    """Send ``request`` as it is on a fresh connection; what came back before the server closed (bounded)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(5):
+            return await reader.read(65536)
+    finally:
+        writer.close()
+
+
 def pieces(token: str) -> list[str]:
     """The token and its signature: a log line quoting either would leak a credential."""
     return [token, token.rsplit(".", 1)[1]]
@@ -49,6 +60,10 @@ async def test_no_secret_in_the_log_or_the_metrics(tmp_path, secret):
         assert (await asyncio.to_thread(call, abort, "POST", good))[0] == 403
         assert (await asyncio.to_thread(call, abort, "POST", forged))[0] == 401
         assert (await asyncio.to_thread(call, abort, "POST", admin_token))[0] == 200
+        # Malformed requests carrying a token: a stray CR after it (a token file with CRLF line ends, given
+        # to curl -H) and a NUL. aiohttp quotes the offending header line in its error, which was logged.
+        for malformed in (f"Authorization: Bearer {admin_token}\r\r\n", f"Authorization: Bearer {admin_token}\x00\r\n"):
+            await raw_http(server.admin_port, f"GET /metrics HTTP/1.1\r\nHost: x\r\n{malformed}\r\n".encode())
         async with asyncio.timeout(10):
             await closing.closed
         client.close()
@@ -58,6 +73,7 @@ async def test_no_secret_in_the_log_or_the_metrics(tmp_path, secret):
         await asyncio.to_thread(server.stop)
     log = server.log_path.read_text()
     assert "authentication failed" in log and "admin request refused" in log  # the refusals were logged
+    assert "malformed HTTP request" in log
     secrets = [base64.b64encode(secret).decode(), data_url(secret)]
     for token in (good, short, forged, expired, admin_token, broker_token):
         secrets += pieces(token)
