@@ -425,6 +425,16 @@ def _coerce(name: str, raw: Any, source: str) -> Any:
     converters: dict[type, Callable[[Any], Any]] = {int: int, float: float, str: str, bool: _to_bool}
     if kind in (int, float) and isinstance(raw, bool):
         raise ConfigError(f"{name} (from {source}): expected a number, got the boolean {raw!r}")
+    # TOML has types of its own, which str() and int() would mangle silently: superuser_roles = ["a", "b"]
+    # read as the text "['a', 'b']" (no role ever matched), workers = 2.9 as 2.
+    if kind is int and isinstance(raw, float) and not raw.is_integer():
+        raise ConfigError(f"{name} (from {source}): expected a whole number, got {raw!r}")
+    if kind is str and isinstance(raw, list):
+        if not all(isinstance(item, str) for item in raw):
+            raise ConfigError(f"{name} (from {source}): a list must hold strings only, got {raw!r}")
+        raw = ",".join(raw)  # the comma-separated settings (superuser_roles, upstream_url, ...)
+    elif kind is str and isinstance(raw, dict | bool | float):
+        raise ConfigError(f"{name} (from {source}): expected a string, got {raw!r}")
     try:
         return converters[kind](raw)
     except (ValueError, TypeError) as exc:

@@ -146,3 +146,22 @@ def test_kubernetes_service_links_are_not_refused() -> None:
     # The shape of a service link is not a loophole for a misspelled setting.
     with pytest.raises(ConfigError, match="unknown setting TC_SERVER_ADMIN_PORT"):
         load_settings(environ={"TC_SERVER_ADMIN_PORT": "8081"})
+
+
+def test_toml_lists_and_numbers_are_read_as_their_types_say(tmp_path) -> None:
+    # str() made superuser_roles = ["admin", "ops"] the text "['admin', 'ops']" (no role ever matched,
+    # and nothing said so), and int() made workers = 2.9 two.
+    config = tmp_path / "tc-server.toml"
+    config.write_text('superuser_roles = ["admin", "ops"]\nupstream_url = ["pulsar://b1:6650", "pulsar://b2:6650"]\n')
+    settings = load_settings(environ={}, config_file=str(config))
+    assert settings.superuser_roles == "admin,ops"
+    assert settings.upstream_urls == ["pulsar://b1:6650", "pulsar://b2:6650"]
+    for line, message in (("workers = 2.9", "workers .*expected a whole number, got 2.9"),
+                          ("superuser_roles = [1, 2]", "superuser_roles .*a list must hold strings only"),
+                          ("cluster = { name = 'a' }", "cluster .*expected a string"),
+                          ("cluster = true", "cluster .*expected a string")):
+        config.write_text(line + "\n")
+        with pytest.raises(ConfigError, match=message):
+            load_settings(environ={}, config_file=str(config))
+    config.write_text("workers = 2.0\ncoordinators = 16\n")
+    assert load_settings(environ={}, config_file=str(config)).workers == 2
