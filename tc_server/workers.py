@@ -43,15 +43,21 @@ def _shifted(address: str, offset: int) -> str:
     return f"[{host}]:{port + offset}" if ":" in host else f"{host}:{port + offset}"
 
 
+def _url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _advertised_host_port(advertised: str, listen: str) -> tuple[str, int]:
-    """The host and port a worker's URL is built on: the advertised URL's, else the listener's (a wildcard
-    address as the loopback address, which is what a client on this host reaches)."""
+    """The host (as a URL writes it) and port a worker's URL is built on: the advertised URL's, else the
+    listener's (a wildcard address as the loopback address, which is what a client on this host reaches:
+    the Pulsar listeners bind both families on ``::``)."""
     if advertised:
         parts = urlsplit(advertised)
         assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
-        return parts.hostname, parts.port
+        return _url_host(parts.hostname), parts.port
     host, port = parse_hostport(listen)
-    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host), port
+    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)), port
 
 
 def worker_url(settings: Settings, index: int) -> str:
@@ -75,8 +81,9 @@ def worker_main_url(settings: Settings, index: int) -> str:
 def worker_admin_url(settings: Settings, index: int) -> str:
     """``http(s)://HOST:PORT`` of worker ``index``'s admin port, as the supervisor reaches it."""
     host, port = parse_hostport(settings.admin_listen)
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"{'https' if settings.admin_tls else 'http'}://{host}:{port + 1 + index}"
+    # The admin server (aiohttp) binds ``::`` to IPv6 only: asked on [::1], not 127.0.0.1.
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"{'https' if settings.admin_tls else 'http'}://{_url_host(host)}:{port + 1 + index}"
 
 
 def worker_data_dir(settings: Settings, index: int) -> str:

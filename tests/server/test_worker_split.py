@@ -148,3 +148,16 @@ def test_the_workers_record_is_written_whole_or_not_at_all(tmp_path: Path, monke
     assert (data / WORKERS_FILE).read_text() == "2\n"
     assert len(synced) == 2  # the file, then its directory
     assert sorted(p.name for p in data.iterdir()) == [WORKERS_FILE]
+
+
+def test_ipv6_addresses_make_bracketed_worker_urls_and_admin_probes() -> None:
+    # An IPv6 host lost its brackets (pulsar://::1:7001), and the supervisor asked the workers' admin
+    # ports on [::] at 127.0.0.1, where aiohttp (IPv6 only on ::) does not listen: never ready.
+    settings = Settings(listen="[::1]:7000", admin_listen="[::]:8080", workers=2, coordinators=4)
+    assert WorkerRole.of(settings, 0).settings.advertised_url == "pulsar://[::1]:7001"
+    assert worker_admin_url(settings, 1) == "http://[::1]:8082"
+    advertised = Settings(listen="[::]:7000", advertised_url="pulsar://[fd00::5]:7000", workers=2, coordinators=4)
+    role = WorkerRole.of(advertised, 1)
+    assert role.settings.advertised_url == "pulsar://[fd00::5]:7002"
+    assert role.urls[0] == "pulsar://[fd00::5]:7001"
+    assert role.settings.validate() is role.settings
