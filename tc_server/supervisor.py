@@ -59,6 +59,12 @@ POLL_INTERVAL_S = 0.5
 # How often exited children that are not workers are looked for (Supervisor._reap_adopted).
 REAP_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
+# A worker that was ready and whose admin port then answered nothing for this long is taken for hung (a
+# blocked event loop, a deadlock) and killed, so that it is restarted: it still holds its share of the
+# service port, where the kernel keeps handing it connections nobody accepts. A worker that answers
+# 503 (its store is down) answers: it is not hung. Well above PROBE_TIMEOUT_S: a poll round lasts as long
+# as its slowest probe, so an answering worker's last answer can be that old when it is looked at.
+WORKER_HUNG_S = 30.0
 # A worker's stop on SIGTERM waits up to 1 s for its admin port (admin/http.py SHUTDOWN_TIMEOUT_S), then up
 # to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
 # DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
@@ -131,6 +137,7 @@ class _Worker:
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False  # its /readyz said 200 at the last poll
     ready_at: float | None = None  # when its /readyz first said 200 since it was started (loop time)
+    answered_at: float | None = None  # when its admin port last answered /readyz at all (loop time)
     start_failures: int = 0  # exits in a row before ever being ready
     last_error: str = ""  # its last "tc-server: ..." stderr line
 
@@ -214,7 +221,7 @@ class Supervisor:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            worker.ready, worker.ready_at = False, None
+            worker.ready, worker.ready_at, worker.answered_at = False, None, None
             try:
                 worker.proc = await self._start_process(worker.index)
             except OSError as exc:
@@ -309,10 +316,24 @@ class Supervisor:
         try:
             async with self._http.get(worker.admin_url + "/readyz",
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                worker.answered_at = asyncio.get_running_loop().time()
                 body = await resp.json(content_type=None)
                 return resp.status == 200, body
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
+
+    def _kill_if_hung(self, worker: _Worker) -> None:
+        """Kill a worker that was ready and has not answered for WORKER_HUNG_S: its restart follows."""
+        proc, answered_at = worker.proc, worker.answered_at
+        if (self._stopping.is_set() or proc is None or proc.returncode is not None or worker.ready_at is None
+                or answered_at is None):
+            return
+        silent_s = asyncio.get_running_loop().time() - answered_at
+        if silent_s >= WORKER_HUNG_S:
+            log.error("worker not answering; killing it", worker=worker.index, pid=proc.pid,
+                      silent_s=round(silent_s, 1))
+            worker.answered_at = None  # once: its exit is awaited by _keep_running
+            kill_worker(proc)
 
     async def _poll(self) -> None:
         while True:
@@ -323,6 +344,7 @@ class Supervisor:
                     worker.ready_at = asyncio.get_running_loop().time()
                 worker.ready = ready
                 self._up.labels(str(worker.index)).set(1 if ready else 0)
+                self._kill_if_hung(worker)
             await asyncio.sleep(POLL_INTERVAL_S)
 
     # -- admin --------------------------------------------------------------------------------------

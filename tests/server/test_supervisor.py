@@ -268,3 +268,26 @@ def test_the_workers_hidden_option_leaves_superuser_roles_abbreviable() -> None:
     # "--super admin" ambiguous where it had meant --superuser-roles.
 
     assert build_parser().parse_args(["run", "--super", "admin"]).superuser_roles == "admin"
+
+
+async def test_a_worker_whose_admin_port_stopped_answering_is_killed_and_restarted(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker hung (a blocked event loop, here SIGSTOP) kept its share of the service port, where the kernel
+    # went on handing it new connections that nobody accepted, and nothing restarted it: the supervisor's
+    # own /healthz, which liveness probes ask, said 200.
+    monkeypatch.setattr(supervisor_module, "WORKER_HUNG_S", 4.0)  # above a poll round (the probe timeout)
+    supervisor = StandInSupervisor(["serve", "serve"])
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await until(lambda: all(worker.ready for worker in supervisor.workers), "both workers ready")
+        hung = supervisor.workers[1].proc
+        assert hung is not None
+        os.kill(hung.pid, signal.SIGSTOP)
+        await until(lambda: supervisor.workers[1].proc is not hung and supervisor.workers[1].ready,
+                    "the hung worker replaced by a ready one")
+        assert hung.returncode == -signal.SIGKILL
+        assert [event["worker"] for event in events(logged, "worker not answering; killing it")] == [1]
+        assert supervisor.workers[0].proc is not None and supervisor.workers[0].proc.returncode is None
+    finally:
+        supervisor.stop()
+        assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
