@@ -702,6 +702,8 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_authentication("authentication refresh failed", session.credentials.method, exc)
             return
         self._log.info("authentication refreshed", expires_at_ms=session.credentials.expires_at_ms)
+        if session.expires and self._auth_check is None:  # the first credentials had no expiry: checked now
+            self._schedule_auth_check()
         # Forwarded requests carry the client's own credentials: the fresh ones from now on.
         if self._connect is not None:
             self._connect = replace(self._connect, auth_data=cmd.response_data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from tc_server.client import TcClient, connect
-from tc_server.wire import Connect, FeatureFlags, ServerError
+from tc_server.wire import AuthResponse, Connect, FeatureFlags, ServerError
 from tests.security.pki import data_url, make_token
 from tests.security.support import WAIT_S, token_auth
 
@@ -132,3 +132,18 @@ async def test_a_refresh_reaches_the_clients_upstream_connections(start, secret)
         assert not client.closed.done()
     finally:
         client.close()
+
+
+async def test_an_expiring_token_taken_in_a_refresh_is_checked_as_one_given_at_connect(start, secret):
+    # The expiry check ran only when the CONNECT's token had an exp: a connection opened with a token
+    # without one, then refreshed (an AUTH_RESPONSE, as after any challenge) with one that expires, stayed
+    # open past that expiry, its forwarded requests carrying the expired token.
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    forever = make_token(secret, "HS256", "alice", expires_in_s=None)
+    short = make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S)
+    client, challenges = await refreshing_client(app.listener.port, forever, short)
+    client.send(AuthResponse("refresh-test-client", "token", short.encode(), 21))
+    async with asyncio.timeout(WAIT_S):
+        await client.closed  # challenged once the short token expired, answered with it again: refused
+    assert challenges
