@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from tc_server.admin.http import AdminServer
-from tc_server.auth.certificates import server_tls_context
+from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
@@ -161,6 +162,11 @@ class Supervisor:
             self._up.labels(str(worker.index)).set(0)
             self._restarts.labels(str(worker.index))
         self._http: aiohttp.ClientSession | None = None
+        # --admin-tls: the server's certificate files (reloaded when they change), and the context the
+        # workers' /readyz is asked with, made again after each reload (with a required client
+        # certificate it presents the server's own, which a rotation replaces before it expires).
+        self._tls: ServerTlsContext | None = None
+        self._probe_context: tuple[int, ssl.SSLContext | None] | None = None
 
     def stop(self) -> None:
         """The first call (SIGTERM, SIGINT) stops the workers gracefully; a second one, while they still
@@ -314,13 +320,21 @@ class Supervisor:
         if worker.proc is None or worker.proc.returncode is not None:
             return False, "not running (being restarted)"
         try:
-            async with self._http.get(worker.admin_url + "/readyz",
+            async with self._http.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 worker.answered_at = asyncio.get_running_loop().time()
                 body = await resp.json(content_type=None)
                 return resp.status == 200, body
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
+
+    def _probe_ssl(self) -> ssl.SSLContext | None:
+        """The TLS context the workers' admin ports are asked with (None: plain HTTP), as of the last
+        reload of the certificate files."""
+        reloads = self._tls.reloads if self._tls is not None else 0
+        if self._probe_context is None or self._probe_context[0] != reloads:
+            self._probe_context = (reloads, admin_probe_tls_context(self.settings))
+        return self._probe_context[1]
 
     def _kill_if_hung(self, worker: _Worker) -> None:
         """Kill a worker that was ready and has not answered for WORKER_HUNG_S: its restart follows."""
@@ -376,14 +390,13 @@ class Supervisor:
         # The admin port's server (request limits, JSON errors), unauthenticated: probes and worker
         # readiness only, no transaction data (README, "Several cores"). HTTPS with --admin-tls, as the
         # workers' (the certificate reloaded as theirs is); a bad file stops the start here.
-        tls = server_tls_context(self.settings) if self.settings.admin_tls else None
+        tls = self._tls = server_tls_context(self.settings) if self.settings.admin_tls else None
         admin = AdminServer(self, host, port, ssl_context=tls.context if tls is not None else None)
         try:
             await admin.start()
         except OSError as exc:
             raise cannot_bind("admin_listen", self.settings.admin_listen, exc) from exc
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=admin_probe_tls_context(self.settings) or True))
+        self._http = aiohttp.ClientSession()
         log.info("supervising workers", workers=len(self.workers), service=self.settings.listen or None,
                  service_tls=self.settings.tls_listen or None,
                  worker_urls=[worker.url for worker in self.workers])

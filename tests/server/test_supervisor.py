@@ -21,10 +21,12 @@ import pytest
 import structlog
 
 from tc_server import supervisor as supervisor_module
+from tc_server.auth.certificates import server_tls_context
 from tc_server.bench.process import free_ports_in_a_row
 from tc_server.cli import build_parser
 from tc_server.config import Settings
 from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
+from tests.security.pki import TestCa
 from tests.support.proc_state import alive
 
 # Bound on a stand-in process's run and on waiting for what the supervisor does (interpreter starts on a
@@ -291,3 +293,23 @@ async def test_a_worker_whose_admin_port_stopped_answering_is_killed_and_restart
     finally:
         supervisor.stop()
         assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
+
+
+def test_the_workers_are_probed_with_the_certificate_of_the_last_reload(tmp_path: Path) -> None:
+    # With --admin-tls and --tls-require-trusted-client-cert the supervisor presents the server's own
+    # certificate to the workers' admin ports. The context was made once at start: after a rotation (a new
+    # CA, or the first certificate expiring) the workers refused every probe, and the supervisor stayed
+    # unready for good.
+    ca = TestCa(tmp_path)
+    issued = ca.issue("localhost", "server", server=True)
+    settings = replace(Settings(), admin_tls=True, tls_cert_file=str(issued.cert_file),
+                       tls_key_file=str(issued.key_file), tls_trust_certs_file=str(ca.cert_file),
+                       tls_require_trusted_client_cert=True)
+    supervisor = Supervisor(settings, [])
+    supervisor._tls = server_tls_context(settings)
+    assert supervisor._tls is not None
+    first = supervisor._probe_ssl()
+    assert first is not None and supervisor._probe_ssl() is first
+    ca.issue("localhost", "server", server=True)  # the same files, a new certificate and key
+    assert supervisor._tls.reload_if_changed()
+    assert supervisor._probe_ssl() is not first
