@@ -175,16 +175,14 @@ class TransactionCoordinator:
 
     @property
     def ready(self) -> bool:
-        """Every partition has a known leader (this instance or another); a worker of --workers N: every
-        partition of its share is led by it or by another instance."""
+        """Every partition (a worker of --workers N: of its share) is led by this instance or has a leader
+        at another URL. An instance restarted in place on Oxia finds its predecessor's records (its own
+        URL, another session) until that session expires: those coordinators are not served yet, and
+        LOOKUP would send their clients here, so it is not ready."""
         campaign = self.config.campaign
-        if campaign is None:
-            return len(self._election.leaders) == self.config.partitions
-        # A worker restarted on Oxia finds its predecessor's records (its own URL, another session) until
-        # that session expires: those coordinators are not served yet, so it is not ready.
         own = self.config.advertised_url
         return all(tc_id in self._partitions or self._election.leaders.get(tc_id) not in (None, own)
-                   for tc_id in campaign)
+                   for tc_id in (range(self.config.partitions) if campaign is None else campaign))
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]

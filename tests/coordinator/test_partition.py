@@ -445,3 +445,27 @@ async def test_the_lease_is_read_on_a_clock_that_counts_a_suspended_machines_tim
         await partition.new_txn(60_000, None)
     await partition.stop()
     await store.close()
+
+
+async def test_an_instance_restarted_in_place_is_not_ready_while_its_predecessors_records_stand():
+    # Killed and started again at the same advertised URL (a container restart keeps the pod's address),
+    # it found its predecessor's leader records, whose session had not expired yet: every coordinator had
+    # a leader, its own URL, so it said ready while it served none (LOOKUP sent clients to itself).
+    backend = MemoryBackend()
+    before_store, after_store = MemoryStore(backend), MemoryStore(backend)
+    config = CoordinatorConfig(partitions=4, advertised_url="pulsar://tc:6650")
+    before = TransactionCoordinator(before_store, config, Metrics("t"))
+    await before.start()
+    assert before.ready
+    after = TransactionCoordinator(after_store, config, Metrics("t"))  # the old session still stands
+    await after.start()
+    try:
+        assert await eventually(lambda: all(after.leader_url(i) == "pulsar://tc:6650" for i in range(4)))
+        assert not any(after.leads(i) for i in range(4))
+        assert not after.ready
+        await before_store.close()  # the predecessor's session expires: its records go
+        assert await eventually(lambda: all(after.leads(i) for i in range(4)))
+        assert after.ready
+    finally:
+        await after.stop()
+        await before.stop()
