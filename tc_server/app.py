@@ -130,9 +130,9 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
     return await open_store(settings.store, data_dir=settings.data_dir)
 
 
-# Descriptors besides client connections: the store's files, the admin port and its clients, broker
-# connections, the interpreter's own.
-RESERVED_DESCRIPTORS = 256
+# Descriptors besides client connections: the store's files, the admin port and its clients (at most
+# admin/http.py MAX_CONNECTIONS, 128), broker connections, the interpreter's own.
+RESERVED_DESCRIPTORS = 512
 
 
 def connections_that_fit(max_connections: int) -> int:

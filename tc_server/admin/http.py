@@ -13,10 +13,11 @@ Errors are JSON ``{"reason": …}`` as Pulsar's admin API answers them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import structlog
 from aiohttp import web
@@ -38,6 +39,14 @@ MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
 # Idle keep-alive connections are closed after this.
 KEEPALIVE_TIMEOUT_S = 75.0
+# Connections open on the admin port at once, in all and from one address: past them a new one is closed
+# at once. The port is open without credentials (probes, often scrapes, reachable cluster-wide), and
+# aiohttp keeps a connection that sent half a request line for KEEPALIVE_TIMEOUT_S: without a bound a few
+# hundred idle sockets used up the process's descriptors, the Pulsar port's and the store's with them.
+# Kept inside app.RESERVED_DESCRIPTORS. One address's share is a fraction, so that one client cannot
+# take the probes' and scrapers' places.
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_ADDRESS = 32
 # How long a stop waits for admin requests still open (aiohttp's default: 60 s). Every endpoint answers
 # within the request timeout or far sooner; a client that sends its headers and never the body it
 # announced must not hold up the stop of the whole process.
@@ -79,6 +88,90 @@ class Routes(Protocol):
     def add_to(self, app: web.Application) -> None: ...
 
 
+class _ConnectionBudget:
+    """The admin port's connections open now, in all and by address (MAX_CONNECTIONS...)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.by_address: dict[str, int] = {}
+        self._limiter = LogLimiter()
+
+    def admit(self, address: str) -> bool:
+        if self.open >= MAX_CONNECTIONS or self.by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
+            if (left_out := self._limiter.allow("admin connection refused")) is not None:
+                log.warning("admin connection refused: too many open", address=address, open=self.open,
+                            from_address=self.by_address.get(address, 0), max_connections=MAX_CONNECTIONS,
+                            max_connections_per_address=MAX_CONNECTIONS_PER_ADDRESS,
+                            left_out_since_last_line=left_out)
+            return False
+        self.open += 1
+        self.by_address[address] = self.by_address.get(address, 0) + 1
+        return True
+
+    def release(self, address: str) -> None:
+        self.open -= 1
+        left = self.by_address[address] - 1
+        if left:
+            self.by_address[address] = left
+        else:
+            del self.by_address[address]
+
+
+class _Budgeted(asyncio.Protocol):
+    """aiohttp's connection handler behind the budget: a connection over it is closed before the handler
+    sees it. A wrapper (the handler's class has __slots__), passing on the protocol calls asyncio makes."""
+
+    def __init__(self, handler: asyncio.Protocol, budget: _ConnectionBudget) -> None:
+        self._handler = handler
+        self._budget = budget
+        self._address: str | None = None  # set once admitted
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        if not self._budget.admit(address):
+            cast(asyncio.Transport, transport).abort()
+            return
+        self._address = address
+        self._handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._address is None:
+            return  # refused: the handler never saw it
+        self._budget.release(self._address)
+        self._handler.connection_lost(exc)
+
+
+class _BudgetedSite(web.TCPSite):
+    """aiohttp's TCP site, its connections going through the budget (its start, with the factory wrapped)."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *, ssl_context: ssl.SSLContext | None,
+                 budget: _ConnectionBudget) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        self._budget = budget
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        budget = self._budget
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Budgeted(server(), budget), self._host, self._port, ssl=self._ssl_context,
+            backlog=self._backlog, reuse_address=True)
+
+
 class AdminServer:
     def __init__(self, routes: Routes, host: str, port: int, *,
                  authentication: AuthenticationService | None = None,
@@ -92,6 +185,7 @@ class AdminServer:
         self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors, self._authorize])
         routes.add_to(self.app)
         self._runner: web.AppRunner | None = None
+        self.budget = _ConnectionBudget()
 
     async def start(self) -> None:
         # access_log=None: no per-request lines (probes and scrapes would flood the log).
@@ -100,7 +194,7 @@ class AdminServer:
                                      max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
                                      max_headers=MAX_HEADERS, logger=_aiohttp_log)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl, reuse_address=True)
+        site = _BudgetedSite(self._runner, self._host, self._port, ssl_context=self._ssl, budget=self.budget)
         try:
             await site.start()
         except BaseException:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tc_server.admin import http as admin_http
 from tc_server.app import App
 from tc_server.client import TcClient
 from tc_server.coordinator import layout
@@ -103,3 +104,29 @@ async def test_a_malformed_http_request_is_400_with_one_line_and_no_traceback(
     assert len([e for e in server_log if e["event"] == "malformed HTTP request answered 400"]) <= 1
     status, _ = await http(app, "GET", "/healthz")
     assert status == 200
+
+
+async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once(app: App, monkeypatch) -> None:
+    # Connections that send half a request line and wait: aiohttp keeps each for its keep-alive timeout
+    # (75 s). Without a bound, a few hundred of them, from anyone (no credentials needed), used up the
+    # process's descriptors: every accept failed, the Pulsar port's and the probes' included.
+    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS_PER_ADDRESS", 5)
+    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS", 8)
+    held = []
+    for _ in range(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+        writer.write(b"GET /heal")  # half a request line, never finished
+        held.append((reader, writer))
+    await asyncio.sleep(0.1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)  # the sixth from this address
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once, unanswered
+    writer.close()
+    assert app.admin.budget.open == 5
+    for _, held_writer in held:
+        held_writer.close()
+    for _ in range(100):  # the slots come back as the held connections go
+        if app.admin.budget.open == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (await http(app, "GET", "/healthz"))[0] == 200
+    assert app.admin.budget.open == 0 and app.admin.budget.by_address == {}
