@@ -282,6 +282,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             own_addresses=frozenset(
                 host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url,
                                            worker and worker.service_url_tls) if url),
+            tls=tls,
         )
         for started in (listener, tls_listener, *shared_listeners):
             if started is not None:
@@ -289,7 +290,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         admin_host, admin_port = parse_hostport(settings.admin_listen)
         admin = AdminServer(AdminRoutes(coordinator, metrics), admin_host, admin_port, authentication=authentication,
                             authenticate_metrics=settings.authenticate_metrics_endpoint,
-                            ssl_context=tls.context if tls is not None and settings.admin_tls else None)
+                            tls=tls if settings.admin_tls else None)
         try:
             await admin.start()
         except OSError as exc:

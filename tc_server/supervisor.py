@@ -391,7 +391,7 @@ class Supervisor:
         # readiness only, no transaction data (README, "Several cores"). HTTPS with --admin-tls, as the
         # workers' (the certificate reloaded as theirs is); a bad file stops the start here.
         tls = self._tls = server_tls_context(self.settings) if self.settings.admin_tls else None
-        admin = AdminServer(self, host, port, ssl_context=tls.context if tls is not None else None)
+        admin = AdminServer(self, host, port, tls=tls)
         try:
             await admin.start()
         except OSError as exc:

@@ -25,6 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
+from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
 from tc_server.server.log_limit import LogLimiter
 
@@ -176,10 +177,11 @@ class AdminServer:
     def __init__(self, routes: Routes, host: str, port: int, *,
                  authentication: AuthenticationService | None = None,
                  authenticate_metrics: bool = False,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 tls: ServerTlsContext | None = None) -> None:
         self._host = host
         self._port = port
-        self._ssl = ssl_context
+        self._tls = tls  # HTTPS with its reloading context; None: HTTP
+        self._ssl = tls.context if tls is not None else None
         self._auth = authentication or AuthenticationService()
         self._authenticate_metrics = authenticate_metrics
         self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors, self._authorize])
@@ -219,7 +221,7 @@ class AdminServer:
         if request.path == METRICS_PATH and not self._authenticate_metrics:
             return await handler(request)
         ssl_object = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
-        peer_certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        peer_certificate = self._tls.verified_peer_certificate(ssl_object) if self._tls is not None else None
         try:
             identity = self._auth.authenticate_http(request.headers.get("Authorization"), peer_certificate)
         except AuthenticationFailed as exc:

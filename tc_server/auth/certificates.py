@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import time
 from dataclasses import dataclass
 
 import structlog
@@ -68,6 +69,7 @@ class ServerTlsContext:
         self._current = self.context
         self.context.sni_callback = self._select
         self.reloads = 0
+        self.reloaded_at_s = 0.0  # wall clock of the last reload (0: none yet)
 
     def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
         if self._current is not self.context:
@@ -97,8 +99,27 @@ class ServerTlsContext:
         self._stamp = stamp
         self._current = fresh
         self.reloads += 1
+        self.reloaded_at_s = time.time()
         log.info("TLS certificate reloaded", cert_file=self.files.cert_file)
         return True
+
+    def verified_peer_certificate(self, ssl_object: ssl.SSLObject | None) -> bytes | None:
+        """The client certificate (DER) the TLS layer verified on this connection, or None.
+
+        A TLS 1.2 session resumed from the server's session cache skips the certificate check and keeps the
+        certificate of its first handshake: after a reload whose trust file dropped that certificate's CA,
+        a client could still prove its role that way for the cache's 5 minutes. A session from before the
+        last reload therefore proves nothing (its client connects again with a full handshake). Session
+        times have whole seconds: one made in the reload's second proves nothing either, though it may
+        be just after it."""
+        if ssl_object is None:
+            return None
+        certificate = ssl_object.getpeercert(binary_form=True)
+        if certificate is not None and ssl_object.session_reused and self.reloads:
+            session = ssl_object.session
+            if session is None or session.time <= int(self.reloaded_at_s):
+                return None
+        return certificate
 
     async def run(self, interval_s: float) -> None:
         while True:

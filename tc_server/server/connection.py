@@ -16,6 +16,7 @@ from typing import Any, ClassVar, cast
 
 import structlog
 
+from tc_server.auth.certificates import ServerTlsContext
 from tc_server.metrics import Metrics
 from tc_server.outgoing import OutgoingFrames
 from tc_server.server import discovery
@@ -103,6 +104,8 @@ class ServerContext:
     # HOST:PORT this instance is reached at (CONNECT's proxy_to_broker_url naming one of them is for us:
     # the v5 SDK dials its coordinators that way).
     own_addresses: frozenset[str] = frozenset()
+    # The TLS listener's reloading context (None: no TLS): which client certificates still prove a role.
+    tls: ServerTlsContext | None = None
     # Client connections at once, overall and per remote host (issue 15): past them, closed at once.
     max_connections: int = 4096
     max_connections_per_address: int = 1024
@@ -626,9 +629,12 @@ class ClientConnection(asyncio.Protocol):
     # -- authentication: refusal and refresh (handshake.py says how brokers do it) --------------
 
     def _peer_certificate(self) -> bytes | None:
-        """The client's TLS certificate (DER), present only if the TLS layer verified it."""
+        """The client's TLS certificate (DER), present only if the TLS layer verified it (against the trust
+        file of the last reload: ServerTlsContext.verified_peer_certificate)."""
         ssl_object = self._transport.get_extra_info("ssl_object") if self._transport is not None else None
-        return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+        if ssl_object is None or self._ctx.tls is None:
+            return None
+        return self._ctx.tls.verified_peer_certificate(ssl_object)
 
     def _refuse_authentication(self, event: str, method: str | None, exc: AuthenticationFailed) -> None:
         # The message names the problem, never the credentials (tc_server/auth/api.py).
