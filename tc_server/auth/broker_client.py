@@ -21,9 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import structlog
+
 from tc_server.auth.keys import file_url_path, read_secret_text
 from tc_server.client.connection import ClientAuth
 from tc_server.config import ConfigError
+
+log = structlog.get_logger("tc_server.broker_client")
 
 if TYPE_CHECKING:
     from tc_server.config import Settings
@@ -142,4 +146,11 @@ def _client_context(settings: Settings) -> ssl.SSLContext:
     # Brokers' own client does not check host names by default (tlsHostnameVerificationEnabled=false):
     # advertised addresses are often pod IPs that no certificate names.
     context.check_hostname = settings.broker_client_tls_hostname_verification
+    if not trust and not context.check_hostname:
+        # A broker does the same, but tc-server carries more credentials than a broker: every forwarded
+        # request carries its client's, and delivery tc-server's superuser token.
+        log.warning("TLS to the brokers accepts any certificate a public CA issued, for any host: set "
+                    "--broker-client-tls-trust-certs to the brokers' CA or turn on "
+                    "--broker-client-tls-hostname-verification (clients' credentials and tc-server's own go "
+                    "over these connections)")
     return context

@@ -8,8 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import structlog
 
-from tc_server.auth.broker_client import TLS_PLUGIN, TOKEN_PLUGIN, broker_client_credentials
+from tc_server.auth.broker_client import (
+    TLS_PLUGIN,
+    TOKEN_PLUGIN,
+    broker_client_credentials,
+    forwarding_tls_context,
+)
 from tc_server.client import TcClient, connect_command, open_connection
 from tc_server.config import ConfigError, Settings
 from tests.security.pki import TestCa, data_url, make_token
@@ -105,3 +111,17 @@ def test_trust_certs_that_cannot_be_read_are_named(tmp_path):
     bad.write_text("not a certificate")
     with pytest.raises(ConfigError, match="broker_client_tls_trust_certs"):
         broker_client_credentials(replace(SETTINGS, broker_client_tls_trust_certs=str(bad)))
+
+
+def test_tls_to_brokers_that_checks_neither_the_ca_nor_the_host_is_warned_about(tmp_path):
+    # Brokers' defaults (the system CAs, no host-name check), but tc-server carries clients' credentials and
+    # its own superuser token over these connections: said once at start, with the two settings to set.
+    settings = replace(SETTINGS, upstream_url="pulsar+ssl://broker:6651")
+    with structlog.testing.capture_logs() as logged:
+        assert forwarding_tls_context(settings) is not None
+    assert [e for e in logged if "accepts any certificate a public CA issued" in e["event"]]
+    ca = TestCa(tmp_path)
+    with structlog.testing.capture_logs() as logged:
+        forwarding_tls_context(replace(settings, broker_client_tls_trust_certs=str(ca.cert_file)))
+        forwarding_tls_context(replace(settings, broker_client_tls_hostname_verification=True))
+    assert not [e for e in logged if "accepts any certificate" in e["event"]]
