@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 import structlog
 
 from tc_server.admin.http import AdminServer
-from tc_server.admin.routes import AdminRoutes
+from tc_server.admin.routes import AdminRoutes, StartingRoutes
 from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService
+from tc_server.backoff import Backoff
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, parse_hostport
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
@@ -28,7 +29,7 @@ from tc_server.server.dispatch import Dispatcher
 from tc_server.server.listener import PulsarListener
 from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
-from tc_server.store.api import MetadataStore
+from tc_server.store.api import MetadataStore, StoreUnavailableError
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.workers import WorkerRole
 
@@ -130,6 +131,48 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
     return await open_store(settings.store, data_dir=settings.data_dir)
 
 
+# The wait between tries to reach an Oxia that did not answer at start: doubling from the first to the last.
+STORE_RETRY_INITIAL_S = 0.5
+STORE_RETRY_MAX_S = 10.0
+
+
+async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | None,
+                             worker: WorkerRole | None = None) -> MetadataStore:
+    """The configured store. An Oxia that does not answer (down, or not up yet) is tried again, with a
+    warning each time, instead of ending the start: an Oxia outage during a rollout would crash-loop the
+    process (restarted ever more slowly), and a sidecar's container that is not running takes its
+    broker's pod out of its Service. Meanwhile the admin port answers /healthz 200 and /readyz 503 with
+    the store's last error (StartingRoutes). The embedded store's errors still end the start: a file that
+    is damaged or locked stays so."""
+    if settings.store != "oxia":
+        return await open_configured_store(settings)
+    backoff = Backoff(STORE_RETRY_INITIAL_S, STORE_RETRY_MAX_S)
+    waiting: AdminServer | None = None
+    routes = StartingRoutes()
+    try:
+        while True:
+            try:
+                return await open_configured_store(settings)
+            except StoreUnavailableError as exc:
+                routes.problem = f"metadata store unreachable: {exc}"
+                if waiting is None:
+                    host, port = parse_hostport(settings.admin_listen)
+                    waiting = AdminServer(routes, host, port, tls=admin_tls)
+                    try:
+                        await waiting.start()
+                    except OSError as bind_error:
+                        waiting = None
+                        raise cannot_bind("admin_listen", settings.admin_listen, bind_error,
+                                          worker_port_of(worker)) from bind_error
+                delay = backoff.next_delay()
+                log.warning("the metadata store does not answer yet; trying again", store=settings.store,
+                            address=settings.oxia_address, error=str(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+    finally:
+        if waiting is not None:
+            await waiting.stop()  # the admin port proper binds it once the rest has started
+
+
 # Descriptors besides client connections: the store's files, the admin port and its clients (at most
 # admin/http.py MAX_CONNECTIONS, 128), broker connections, the interpreter's own.
 RESERVED_DESCRIPTORS = 512
@@ -181,7 +224,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                         ephemeral_range=f"{low}-{high}", worker=None if worker is None else worker.index)
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
-    store = store if store is not None else await open_configured_store(settings)
+    store = store if store is not None else await open_store_waiting(settings, tls if settings.admin_tls else None,
+                                                                    worker)
     if isinstance(store, EmbeddedStore):  # its group commits and its writer process, as metrics
         store.on_commit = metrics.store_batch_size.observe
         store.on_writer_lost = metrics.store_writer_lost.inc

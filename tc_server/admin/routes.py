@@ -112,6 +112,24 @@ def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
     }
 
 
+class StartingRoutes:
+    """The admin port while the start waits for a store that does not answer yet (app.open_store_waiting):
+    the process lives (/healthz 200), and is not ready (/readyz 503 naming the store's last error)."""
+
+    def __init__(self) -> None:
+        self.problem = "waiting for the metadata store"
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response(200, {"status": "starting"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        return json_response(503, {"ready": False, "problems": [self.problem]})
+
+
 class AdminRoutes:
     def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics) -> None:
         self._tc = coordinator

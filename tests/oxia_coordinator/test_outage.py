@@ -21,6 +21,7 @@ from tc_server.client import TcClient, connect
 from tc_server.wire import ServerError
 from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
+from tests.support.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -139,3 +140,33 @@ async def test_requests_fail_typed_during_an_outage_and_service_resumes(tmp_path
         if client is not None:
             client.close()
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_start_while_oxia_is_down_waits_for_it_alive_and_unready(tmp_path) -> None:
+    # Before, the start gave up after --request-timeout-s and the process exited with code 2: restarted
+    # ever more slowly (a crash loop), and a sidecar's container that is not running takes its broker's pod
+    # out of its Service. Now it tries again, /healthz says it lives and /readyz why it is not ready.
+    oxia = StandinOxia(shards=3)
+    oxia.port = free_port()  # nothing listens there yet
+    server = ServerProcess(tmp_path / "data", "--oxia-address", oxia.address, "--request-timeout-s",
+                           str(REQUEST_TIMEOUT_S), store="oxia")
+    await asyncio.to_thread(server.start, False)
+
+    async def readyz_is(status: int) -> bool:
+        try:
+            return (await get_json(server, "/readyz"))[0] == status
+        except OSError:  # not listening yet
+            return False
+
+    try:
+        await poll(lambda: readyz_is(503), "the waiting start's /readyz")
+        assert "metadata store unreachable" in str((await get_json(server, "/readyz"))[1])
+        assert (await get_json(server, "/healthz"))[0] == 200
+        await asyncio.sleep(2 * REQUEST_TIMEOUT_S)  # longer than the start used to wait
+        assert server.running(), server.log_tail()
+        await oxia.start()
+        await poll(lambda: readyz_is(200), "ready once Oxia is up")
+        assert "the metadata store does not answer yet; trying again" in server.log_path.read_text()
+    finally:
+        await asyncio.to_thread(server.stop)
+        await oxia.stop()
