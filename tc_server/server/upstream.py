@@ -60,6 +60,10 @@ MAX_UNSENT_BYTES = 16 * 1024 * 1024
 
 # A client follows at most this many LOOKUP redirects (ClientConfigurationData.maxLookupRedirects).
 MAX_LOOKUP_REDIRECTS = 20
+# A broker a lookup named is carried to for this long after the last lookup that named it (Upstream).
+LEARNED_BROKER_TTL_S = 3600.0
+# Past this many learned brokers, the expired ones are dropped before another is learned.
+MAX_LEARNED_BROKERS = 1024
 
 # How producer/consumer connections reach the broker a LOOKUP names (config.LOOKUP_CONNECTION_MODES;
 # README, "One service URL"):
@@ -144,6 +148,11 @@ class Upstream:
         # (and the upstream itself, as configured): clients name the broker in CONNECT's
         # proxy_to_broker_url as HOST:PORT, without a scheme.
         self._brokers: dict[str, str] = {host_port(url): url for url in self.urls}
+        self._configured = frozenset(self._brokers)
+        # When a lookup last named each learned broker (time.monotonic()); the upstream URLs never expire.
+        # A broker not named for LEARNED_BROKER_TTL_S is forgotten: brokers' addresses (pod IPs) change
+        # with restarts and are given to other pods, to which clients' credentials must not be carried.
+        self._named_at: dict[str, float] = {}
         # HOST:PORT of brokers a lookup named without a TLS URL while the upstream is TLS: never carried to.
         self._without_tls: set[str] = set()
         for url in self.urls:
@@ -154,21 +163,42 @@ class Upstream:
         carry connections there, naming either HOST:PORT. With a TLS upstream both lead to the TLS URL
         (a client that speaks plain TCP to tc-server names the plain one), and a broker without one is
         not remembered: its connections would carry the client's credentials in the clear."""
+        now = time.monotonic()
         if self.ssl_context is not None:
             if url_tls:
                 for named in (url, url_tls):
                     if named:
-                        self._brokers[host_port(named)] = url_tls
+                        self._learn(host_port(named), url_tls, now)
             elif url:
                 self._without_tls.add(host_port(url))
+                self._named_at[host_port(url)] = now
             return
         for named in (url, url_tls):
             if named:
-                self._brokers[host_port(named)] = named
+                self._learn(host_port(named), named, now)
+
+    def _learn(self, address: str, url: str, now: float) -> None:
+        if address not in self._named_at and len(self._named_at) >= MAX_LEARNED_BROKERS:
+            self._forget_expired(now)
+        self._brokers[address] = url
+        self._named_at[address] = now
+
+    def _forget_expired(self, now: float) -> None:
+        for address, named_at in list(self._named_at.items()):
+            if now - named_at >= LEARNED_BROKER_TTL_S:
+                del self._named_at[address]
+                self._without_tls.discard(address)
+                if address not in self._configured:
+                    self._brokers.pop(address, None)
 
     def proxy_target(self, proxy_to_broker_url: str) -> str | None:
-        """The URL to carry a client's connection to, or None when no lookup answer named that broker."""
-        return self._brokers.get(host_port(proxy_to_broker_url))
+        """The URL to carry a client's connection to, or None when no lookup answer named that broker
+        within LEARNED_BROKER_TTL_S (the upstream URLs themselves always)."""
+        address = host_port(proxy_to_broker_url)
+        named_at = self._named_at.get(address)
+        if named_at is not None and time.monotonic() - named_at >= LEARNED_BROKER_TTL_S:
+            self._forget_expired(time.monotonic())
+        return self._brokers.get(address)
 
     def named_without_tls(self, proxy_to_broker_url: str) -> bool:
         """Whether a lookup named that broker without a TLS URL while the upstream speaks TLS."""

@@ -10,6 +10,7 @@ door is tests/e2e/test_front_door.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -29,8 +30,10 @@ from tc_server.client import (
     open_connection,
 )
 from tc_server.config import Settings
+from tc_server.metrics import Metrics
+from tc_server.server import upstream as upstream_module
 from tc_server.server.connection import NO_REQUEST_ID
-from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession
+from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession, Upstream
 from tc_server.wire import (
     AuthChallenge,
     Connect,
@@ -365,3 +368,21 @@ async def test_a_client_whose_token_expired_at_the_broker_is_asked_for_a_fresh_o
             assert broker.connects[-1].auth_data == b"second"
         finally:
             client.close()
+
+
+def test_a_broker_not_named_by_a_lookup_for_an_hour_is_no_longer_carried_to(monkeypatch):
+    # Every broker a lookup had named stayed a relay target for the process's life: brokers' addresses
+    # (pod IPs) change with restarts and are given to other pods, which then got clients' credentials.
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    upstream = Upstream(["pulsar://upstream:6650"], request_timeout_s=2.0, connection_mode="upstream",
+                        metrics=Metrics("test"), keepalive_s=30.0)
+    upstream.note_broker("pulsar://10.0.0.7:6650", None)
+    assert upstream.proxy_target("10.0.0.7:6650") == "pulsar://10.0.0.7:6650"
+    now[0] += upstream_module.LEARNED_BROKER_TTL_S - 1
+    upstream.note_broker("pulsar://10.0.0.7:6650", None)  # named again: kept
+    now[0] += upstream_module.LEARNED_BROKER_TTL_S - 1
+    assert upstream.proxy_target("10.0.0.7:6650") == "pulsar://10.0.0.7:6650"
+    now[0] += 2
+    assert upstream.proxy_target("10.0.0.7:6650") is None
+    assert upstream.proxy_target("upstream:6650") == "pulsar://upstream:6650"  # configured: always
