@@ -82,6 +82,9 @@ MAX_WATCHES_PER_CONNECTION = 16
 # How long a closing connection may take to hand its last answers to the client before it is cut: one
 # that reads nothing (hung, paused) never takes them, and a graceful close waits for that forever.
 CLOSE_FLUSH_S = 5.0
+# How long a client asked for fresh credentials (a broker refused its old ones) has to answer before the
+# next refusal closes its connection instead (it then connects again with fresh ones).
+UPSTREAM_REFRESH_WAIT_S = 10.0
 
 
 @dataclass
@@ -186,8 +189,9 @@ class ClientConnection(asyncio.Protocol):
         self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
         self._keepalive: asyncio.TimerHandle | None = None
-        # A refresh challenge sent because a broker refused the client's credentials, not answered yet.
-        self._upstream_challenge_sent = False
+        # When a refresh challenge was sent because a broker refused the client's credentials (loop time;
+        # None: none unanswered).
+        self._upstream_challenge_at: float | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._flow = ReadFlowControl()  # why this connection is not being read (flow_control.py)
@@ -675,16 +679,19 @@ class ClientConnection(asyncio.Protocol):
         ones (AUTH_CHALLENGE, as a broker does), or close the connection of a client that cannot refresh
         them, which then connects again with fresh ones. Without this, with tc-server's authentication
         off nothing ever asked: every forwarded request failed for the rest of the connection."""
-        if self._closing or self._upstream_challenge_sent:
+        if self._closing:
             return
+        asked_at = self._upstream_challenge_at
+        if asked_at is not None and self._loop.time() - asked_at < UPSTREAM_REFRESH_WAIT_S:
+            return  # asked already (several forwards find out at once): the answer is on its way
         connect = self._connect
         flags = connect.feature_flags if connect is not None else None
-        if connect is None or not (flags and flags.supports_auth_refresh):
+        if connect is None or not (flags and flags.supports_auth_refresh) or asked_at is not None:
             self._log.warning("closing: a broker refused the client's credentials, which it had taken before, and "
-                              "the client cannot refresh them on this connection")
+                              "the client cannot refresh them on this connection (or did not answer when asked)")
             self._loop.call_soon(self.close)  # after the answer of the request that found out
             return
-        self._upstream_challenge_sent = True
+        self._upstream_challenge_at = self._loop.time()
         self._log.info("a broker refused the client's credentials, which it had taken before; asking for fresh ones")
         self.send(AuthChallenge(SERVER_VERSION, connect.auth_method_name, REFRESH_AUTH_DATA, connect.protocol_version))
 
@@ -692,16 +699,16 @@ class ClientConnection(asyncio.Protocol):
         """AUTH_RESPONSE to a refresh challenge: fresh credentials of the same role, or the end."""
         session = self._auth
         if session is None:
-            if self._upstream_challenge_sent and self._forwarding is not None and self._connect is not None:
+            if self._upstream_challenge_at is not None and self._forwarding is not None and self._connect is not None:
                 # Authentication is off here: the brokers judge them.
-                self._upstream_challenge_sent = False
+                self._upstream_challenge_at = None
                 self._connect = replace(self._connect, auth_data=cmd.response_data)
                 self._forwarding.refresh_credentials(cmd.response_data)
                 self._log.info("fresh credentials for forwarded requests")
                 return
             self._log_repeated("ignoring AUTH_RESPONSE: authentication is off")
             return
-        self._upstream_challenge_sent = False
+        self._upstream_challenge_at = None
         try:
             session.refresh(self._ctx.authenticator, cmd.response_data, self._peer_certificate())
         except AuthenticationFailed as exc:
