@@ -278,8 +278,14 @@ def _export(args: argparse.Namespace) -> int:
     from tc_server.app import open_configured_store
     from tc_server.store.api import StoreError
     from tc_server.store.embedded import StoreInUseError
-    from tc_server.workers import WORKERS_FILE
+    from tc_server.workers import SINGLE_STORE_FILE, WORKERS_FILE
 
+    if settings.store == "embedded" and not (Path(settings.data_dir) / SINGLE_STORE_FILE).exists() \
+            and not (Path(settings.data_dir) / WORKERS_FILE).exists():
+        # Opening it would create an empty store, and its export would look like a clean, empty one.
+        print(f"tc-server: cannot export: {settings.data_dir} holds no embedded store ({SINGLE_STORE_FILE}): "
+              "check --data-dir / TC_SERVER_DATA_DIR", file=sys.stderr)
+        return 2
     if settings.store == "embedded" and (Path(settings.data_dir) / WORKERS_FILE).exists():
         # --workers N keeps one store per worker (tc_server/workers.py); opening the directory itself
         # would create an empty store and export nothing.

@@ -47,3 +47,15 @@ def test_export_of_a_store_a_server_holds_says_to_stop_it(tmp_path: Path,
     assert err.startswith("tc-server: cannot export: ") and "in use by another tc-server" in err, err
     assert "stop the tc-server" in err and "--store oxia" in err, err
     assert not (tmp_path / "snap" / "snapshot.json").exists()
+
+
+def test_export_of_a_directory_without_a_store_says_so_and_creates_none(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # A mistyped --data-dir (or the default ./data from another directory): the export created an empty
+    # store there and wrote an empty snapshot, which an audit then passed as a clean store.
+    typo = tmp_path / "dta"
+    assert export(typo, tmp_path / "snap") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no embedded store" in err and str(typo) in err, err
+    assert not (typo / DB_FILENAME).exists()
+    assert not (tmp_path / "snap" / "snapshot.json").exists()
