@@ -72,6 +72,7 @@ class BrokerDelivery:
         if not upstream_urls:
             raise ValueError("delivering decisions needs at least one upstream URL")
         self._urls = list(upstream_urls)
+        self._preferred = 0  # the index of the upstream URL lookups go to first (_pass_over)
         self._use_tls = any(url.startswith("pulsar+ssl://") for url in upstream_urls)
         self._pool = pool
         # One timer per 100 ms of requests rather than an asyncio.timeout() each (~5 us, issue 13).
@@ -139,8 +140,12 @@ class BrokerDelivery:
         if cached is not None:
             return cached
         conn, url = await self._upstream_connection()
-        answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
-                                        request_id_for=lambda c: c.next_request_id())
+        try:
+            answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
+                                            request_id_for=lambda c: c.next_request_id())
+        except (ClientError, asyncio.CancelledError):  # cancelled: the lookup's deadline passed
+            self._pass_over(url)
+            raise
         failure = error_of(answer)
         if failure is not None:
             raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
@@ -155,14 +160,29 @@ class BrokerDelivery:
         return owner
 
     async def _upstream_connection(self) -> tuple[PulsarConnection, str]:
+        """A connection to the upstream URL that answered last, else the next ones in turn."""
         last: ClientError | None = None
-        for url in self._urls:
+        for attempt in range(len(self._urls)):
+            url = self._urls[(self._preferred + attempt) % len(self._urls)]
             try:
-                return await self._pool.get(url), url
-            except ConnectionFailed as exc:
+                conn = await self._pool.get(url)
+            except (ConnectionFailed, HandshakeRefused) as exc:
                 last = exc
+                self._pass_over(url)
+                continue
+            except asyncio.CancelledError:  # the deadline passed while connecting (a host that is gone)
+                self._pass_over(url)
+                raise
+            return conn, url
         assert last is not None
         raise last
+
+    def _pass_over(self, url: str) -> None:
+        """A lookup at upstream ``url`` failed (refused, unanswered within its deadline, a hung broker
+        that still answers PING): the next lookups go to the next URL first. Before, every lookup went
+        to the first URL, and one that took connections but answered no lookup held every delivery."""
+        if self._urls[self._preferred] == url:
+            self._preferred = (self._preferred + 1) % len(self._urls)
 
     async def _send(self, broker: str, participant: Participant, most: int, least: int, committed: bool,
                     low_watermark: int) -> None:

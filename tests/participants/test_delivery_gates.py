@@ -1,6 +1,7 @@
 """BrokerDelivery's bounds (--delivery-max-in-flight, --delivery-max-in-flight-per-broker): a broker that
 never answers holds its own slots only. The brokers here are in-process stand-ins behind the connection
-pool's interface: a real broker cannot be made to hang on cue (the real ones are in test_real_broker.py)."""
+pool's interface, or on real sockets (tests/support/stand_in_broker.py): a real broker cannot be made to hang
+on cue (the real ones are in test_real_broker.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from tc_server.client import ConnectionPool, connect_command
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.participants.delivery import BrokerDelivery
+from tc_server.wire import EndTxnOnPartition, EndTxnOnPartitionResponse, decode_command, encode_command
+from tests.support.stand_in_broker import StandInBroker as SocketStandIn
+from tests.support.stand_in_broker import connect_to
 
 HANGING = "pulsar://hanging:6650"
 HEALTHY = "pulsar://healthy:6650"
@@ -62,3 +67,37 @@ async def test_deliveries_queued_for_a_hanging_broker_do_not_hold_the_others_bac
         for task in queued:
             task.cancel()
         await asyncio.gather(*queued, return_exceptions=True)
+
+
+class OwnerBroker(SocketStandIn):
+    """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once."""
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        command = decode_command(frame)
+        if isinstance(command, EndTxnOnPartition):
+            writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most,
+                                                                  command.least, None, None)))
+            return
+        await super()._on_frame(frame, writer)
+
+
+async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_the_next() -> None:
+    # --upstream-url A,B: delivery asked A for every lookup and went to B only when A refused the
+    # connection. A broker that takes connections and answers PING but no LOOKUP (it lost its metadata
+    # session) held every delivery whose owner was not known yet, for good.
+    hung = await SocketStandIn(answer=lambda lookup: None).start()
+    owner = await OwnerBroker().start()
+    answering = await SocketStandIn(connect_to(owner.url)).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([hung.url, answering.url], pool, request_timeout_s=1.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("failover"))
+    try:
+        for least in range(3):
+            await asyncio.wait_for(delivery.end_txn_on(Participant(f"persistent://t/n/topic-{least}"), 0, least,
+                                                       True, lambda: -1), 30)
+        assert len(hung.lookup_frames) == 1  # once, then the next URL for the later lookups too
+        assert len(answering.lookup_frames) == 3
+    finally:
+        await pool.close()
+        for broker in (hung, owner, answering):
+            broker.stop()
