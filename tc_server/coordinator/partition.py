@@ -83,6 +83,9 @@ ENCODED_PARTICIPANTS = 4096
 MAX_PARTICIPANTS_PER_ADD = 256
 
 
+# Topics without a transaction buffer (Pulsar's NonPersistentTopic refuses transactional operations).
+NON_PERSISTENT = "non-persistent://"
+
 class ParticipantSender(Protocol):
     """Tells one participant broker a decision (tc_server/participants/delivery.py); returns once the
     broker acknowledged it, retrying as long as it takes (cancel to stop)."""
@@ -385,6 +388,12 @@ class CoordinatorPartition:
                                                  and not participant.subscription.strip()):
                 raise NotAllowed(f"transaction ({self.tc_id},{least}): empty topic or subscription name "
                                  f"in {participant}")
+            if participant.topic.startswith(NON_PERSISTENT):
+                # Its broker has no transaction buffer: it refuses transactional sends and answers every
+                # END_TXN_ON_* with an error, so the decision could never be delivered, and the pinned
+                # low watermark would hold back every later txn of this coordinator.
+                raise NotAllowed(f"transaction ({self.tc_id},{least}): {participant.topic}: non-persistent topics "
+                                 "take no part in transactions")
         decision, header = await self._apply(least, Request.ADD, principal)
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")

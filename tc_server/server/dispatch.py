@@ -240,8 +240,8 @@ def _txn_id(cmd: TxnRequest) -> tuple[int, int]:
 
 
 # The topics of Pulsar 5's metadata-backed transaction buffer: their brokers read the decision from the
-# store (PIP-473), nobody tells them. persistent:// and non-persistent:// topics keep the legacy buffer in
-# 5.x too, which waits for END_TXN_ON_PARTITION / _SUBSCRIPTION.
+# store (PIP-473), nobody tells them. persistent:// topics keep the legacy buffer in 5.x too, which waits
+# for END_TXN_ON_PARTITION / _SUBSCRIPTION (non-persistent:// ones have none: the partition refuses them).
 _SCALABLE_TOPIC_SCHEMES = ("segment://", "topic://")
 
 

@@ -788,3 +788,16 @@ async def test_a_participant_record_that_landed_after_its_add_gave_up_is_told_th
     assert await eventually(lambda: not partition.undelivered())
     assert [r async for r in store.scan_prefix(layout.participants_prefix(0, least))] == []
     await partition.stop()
+
+
+async def test_a_non_persistent_topic_is_refused_before_anything_is_written(store: MetadataStore) -> None:
+    # Recorded, it was told the decision forever: a broker's non-persistent topic has no transaction
+    # buffer and answers END_TXN_ON_* with an error, and the undelivered txn pinned the low watermark.
+    async with led(store) as tc:
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        for bad in (Participant("non-persistent://public/default/t"), Participant("non-persistent://p/d/t", "sub")):
+            with pytest.raises(NotAllowed, match="non-persistent topics take no part in transactions"):
+                await p.add_participants(least, None, [Participant(OTHER), bad])
+        assert await records(store, 0, least) == {}
+        await p.add_participants(least, None, [Participant(TOPIC)])  # the txn goes on
