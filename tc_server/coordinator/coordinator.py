@@ -395,6 +395,9 @@ class TransactionCoordinator:
             # As in PIP-473, only the leader of partition 0 sweeps, so instances do not race (a
             # worker with its own store: the leader of its first coordinator, CoordinatorConfig).
             if not self.leads(self.config.gc_coordinator):
+                # The sweep's count is the GC leader's to give: a value left from when this instance led
+                # would be summed with the new leader's for good.
+                self.metrics.outstanding_ops.set(0)
                 continue
             try:
                 await collect_garbage(self.store, self.metrics, self._clock(), self.config.gc_retention_s)

@@ -469,3 +469,21 @@ async def test_an_instance_restarted_in_place_is_not_ready_while_its_predecessor
     finally:
         await after.stop()
         await before.stop()
+
+
+async def test_the_outstanding_ops_gauge_is_zero_on_an_instance_that_does_not_run_gc():
+    # Set only by the GC leader's sweep: an instance that had led coordinator 0 kept exporting its last
+    # count for good after another took over, and cluster-wide sums counted it twice.
+    store = MemoryStore()
+    metrics = Metrics("test")
+    config = CoordinatorConfig(partitions=2, timeout_sweep=False, gc_interval_s=1, campaign=frozenset({1}))
+    tc = TransactionCoordinator(store, config, metrics, FakeClock())
+    metrics.outstanding_ops.set(7)  # what its sweeps counted while it led coordinator 0
+    await tc.start()
+    try:
+        assert not tc.leads(0)
+        assert await eventually(lambda: metrics.registry.get_sample_value(
+            "pulsar_txn_metadata_store_outstanding_op_records") == 0, attempts=100, delay=0.05)
+    finally:
+        await tc.stop()
+        await store.close()
