@@ -21,6 +21,7 @@ from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.partition import CoordinatorPartition
 from tc_server.metrics import Metrics
 from tc_server.store.api import Record, StoreError
 
@@ -112,6 +113,14 @@ def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
     }
 
 
+def _low_watermark(partition: CoordinatorPartition) -> int:
+    """The lowest txn held here (open, or decided but not yet told to its brokers) minus one; 0 with none,
+    as Pulsar's getLowWaterMark."""
+    held = [least for least in (partition.lowest_open(), min(partition.undelivered(), default=None))
+            if least is not None]
+    return min(held) - 1 if held else 0
+
+
 class StartingRoutes:
     """The admin port while the start waits for a store that does not answer yet (app.open_store_waiting):
     the process lives (/healthz 200), and is not ready (/readyz 503 naming the store's last error)."""
@@ -185,9 +194,10 @@ class AdminRoutes:
             return {
                 "state": "Ready" if led else "NotLeader",
                 "leader": self._tc.leader_url(tc_id),
-                # The next id this instance may hand out is below this (ids are reserved in blocks).
-                "leastSigBits": partition.reserved_next if partition else 0,
-                "lowWaterMark": _or_minus_one(partition.lowest_open()) if partition else -1,
+                # As Pulsar's broker: the last id handed out, and the lowest txn still held (open or, here,
+                # not yet delivered to its brokers: what END_TXN_ON_* carries) minus one, 0 with none.
+                "leastSigBits": partition.last_issued if partition else -1,
+                "lowWaterMark": _low_watermark(partition) if partition else -1,
                 "ongoingTxnSize": partition.open_count if partition else 0,
                 "recoverStartTime": 0,
                 "recoverEndTime": 0,
@@ -370,6 +380,3 @@ class AdminRoutes:
         doc["finalizedTimestamp"] = parsed.finalized_ms
         return doc
 
-
-def _or_minus_one(value: int | None) -> int:
-    return -1 if value is None else value

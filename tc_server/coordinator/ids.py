@@ -27,6 +27,7 @@ class IdAllocator:
         self._block_size = block_size
         self._blocks: list[tuple[int, int]] = []  # reserved [start, end) ranges, oldest first
         self._next = 0
+        self.last_issued = -1  # the last id handed out by this allocator (-1: none yet)
         self._end = 0
         self._refill: asyncio.Task[None] | None = None
         self._error: Exception | None = None
@@ -54,6 +55,7 @@ class IdAllocator:
             self._next, self._end = self._blocks.pop(0)
         least = self._next
         self._next += 1
+        self.last_issued = least
         if not self._blocks and self._end - self._next <= self._block_size // 2 and self._refill is None:
             # Prefetch so that the block runs out without anyone waiting on the store.
             self._refill = asyncio.create_task(self._reserve_quietly())

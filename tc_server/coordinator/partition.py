@@ -295,6 +295,11 @@ class CoordinatorPartition:
     def reserved_next(self) -> int:
         return self._ids.reserved_next
 
+    @property
+    def last_issued(self) -> int:
+        """The last txn id this instance handed out on this coordinator since it led it (-1: none)."""
+        return self._ids.last_issued
+
     # -- requests --------------------------------------------------------------------------------
 
     async def new_txn(self, ttl_ms: int, owner: str | None) -> int:

@@ -57,3 +57,21 @@ async def test_a_coordinator_id_past_the_configured_number_is_404_on_every_endpo
                          (f"/admin/v3/transactions/undelivered?coordinatorId={n}", "GET")):
         status, doc = await get(app, path, method)
         assert status == 404 and doc["reason"] == f"no transaction coordinator {n} (there are {n})", (path, doc)
+
+
+async def test_coordinator_stats_count_as_pulsars_do(app, client):
+    # lowWaterMark is Pulsar's (MLTransactionMetadataStore.getLowWaterMark): the lowest open txn's id
+    # minus one, 0 with none open; it was the lowest open id itself, -1 with none. leastSigBits is the
+    # last id handed out; it was the end of the reserved id block.
+    _, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=4")
+    assert (stats["lowWaterMark"], stats["leastSigBits"]) == (0, -1)
+    first = await client.new_txn(tc_id=4)
+    second = await client.new_txn(tc_id=4)
+    _, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=4")
+    assert (stats["lowWaterMark"], stats["leastSigBits"]) == (first.least - 1, second.least)
+    await client.end_txn(4, first.least, commit=True)
+    _, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=4")
+    assert stats["lowWaterMark"] == second.least - 1
+    await client.end_txn(4, second.least, commit=False)
+    _, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=4")
+    assert (stats["lowWaterMark"], stats["leastSigBits"]) == (0, second.least)
