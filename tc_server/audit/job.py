@@ -374,7 +374,6 @@ def run_audit(
     }
     if "generator" in doc:
         snapshot["generator"] = doc["generator"]
-    rejects = doc.get("rejects") or {}
     summary: dict[str, Any] = {
         "snapshot": snapshot,
         "params": {
@@ -393,7 +392,7 @@ def run_audit(
         "violation_total": sum(violations.values()),
         "latency_ms": latency_ms,
         "pinning": {"segments": int(pinning_stats[0]), "oldest_age_ms": pinning_stats[1]},
-        "export_rejects": sum(int(v) for v in rejects.values()) if isinstance(rejects, dict) else 0,
+        "export_rejects": _export_rejects(doc),
         "rejects_file": REJECTS_JSONL if local_in and (local_in / REJECTS_JSONL).exists() else None,
         "tables": {name: f"{name}/" for name in (*VIOLATIONS, *INFO_TABLES)},
         "duration_s": None,
@@ -518,15 +517,35 @@ def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
     finally:
         if spark is not None and owned:
             spark.stop()
-    violations = summary["violations"]
-    found = {k: v for k, v in violations.items() if v}
-    print(
-        f"audited {summary['total_txns']:,} txns and {summary['total_ops']:,} ops "
-        f"in {summary['duration_s']} s; "
-        + (", ".join(f"{k}={v:,}" for k, v in found.items()) if found else "no violations")
-        + f"; report: {args.output.rstrip('/')}/report.html"
-    )
-    return EXIT_VIOLATIONS if found else EXIT_OK
+    code, line = outcome(summary)
+    print(line + f"; report: {args.output.rstrip('/')}/report.html")
+    return code
+
+
+def _export_rejects(snapshot: dict[str, Any]) -> int:
+    """Records the export could not read, in every table (participant records are an optional table)."""
+    counted = 0
+    for rejects in (snapshot.get("rejects"), *(table.get("rejects") for table in
+                                               (snapshot.get("optional_tables") or {}).values()
+                                               if isinstance(table, dict))):
+        if isinstance(rejects, dict):
+            counted += sum(int(v) for v in rejects.values())
+        elif isinstance(rejects, int):
+            counted += rejects
+    return counted
+
+
+def outcome(summary: dict[str, Any]) -> tuple[int, str]:
+    """The exit code and one line for a finished audit. Records the export could not read fail it like a
+    violation: they were not audited (a damaged header is skipped by the coordinator's scans as well, and
+    a damaged participant record is never told its decision), so "no violations" would not be true."""
+    found = {k: v for k, v in summary["violations"].items() if v}
+    rejects = int(summary.get("export_rejects") or 0)
+    text = (f"audited {summary['total_txns']:,} txns and {summary['total_ops']:,} ops in {summary['duration_s']} s; "
+            + (", ".join(f"{k}={v:,}" for k, v in found.items()) if found else "no violations"))
+    if rejects:
+        text += f"; {rejects:,} records the export could not read (its {REJECTS_JSONL}) were not audited"
+    return (EXIT_VIOLATIONS if found or rejects else EXIT_OK), text
 
 
 if __name__ == "__main__":

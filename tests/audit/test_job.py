@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tc_server.audit import cli, findings, generate
+from tc_server.audit import cli, findings, generate, job
 from tc_server.audit.job import EXIT_OK, EXIT_VIOLATIONS
 from tc_server.audit.schema import VIOLATIONS
 
@@ -219,3 +219,16 @@ def _schema(table: str) -> Any:
 
 def _ids(df: Any) -> list[tuple[int, int]]:
     return sorted((r["txn_most"], r["txn_least"]) for r in df.collect())
+
+
+def test_records_the_export_could_not_read_fail_the_audit_in_every_table() -> None:
+    # Rejects were only counted (and those of participant records not even that): an audit of a store with
+    # a damaged header, which the coordinator's scans skip too, said "no violations" and exited 0.
+    snapshot = {"rejects": {"headers": 1, "ops": 0, "tc_seq": 0},
+                "optional_tables": {"participants": {"rows": 3, "rejects": 1}}}
+    assert job._export_rejects(snapshot) == 2
+    summary = {"violations": {name: 0 for name in VIOLATIONS}, "total_txns": 5, "total_ops": 0,
+               "duration_s": 1.0, "export_rejects": 2}
+    code, line = job.outcome(summary)
+    assert code == job.EXIT_VIOLATIONS and "2 records the export could not read" in line, line
+    assert job.outcome({**summary, "export_rejects": 0}) == (job.EXIT_OK, line.split("; 2 records")[0])
