@@ -47,7 +47,7 @@ def annotate_ops(headers: DataFrame, ops: DataFrame) -> DataFrame:
     return ops.join(h.hint("shuffle_hash"), on=TXN_ID, how="left")
 
 
-def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, gc_due_ms: int) -> DataFrame:
+def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, gc_due_ms: int, skew_ms: int = 0) -> DataFrame:
     """The annotated ops any op-based finding can select: orphans, ops of OPEN txns, of GC-backlog
     txns, and late ops; a superset of what :func:`orphan_ops`, :func:`late_ops`,
     :func:`gc_backlog_ops` and :func:`pinning` keep. In a healthy store this is a small fraction
@@ -57,7 +57,7 @@ def ops_of_interest(annotated_ops: DataFrame, *, now_ms: int, gc_due_ms: int) ->
         F.col("h_present").isNull()
         | (h_state == "OPEN")
         | (_is_terminal(h_state) & (F.col("h_finalized_ms") < F.lit(now_ms - gc_due_ms)))
-        | ((F.col("created_ms") > 0) & (F.col("created_ms") > F.col("h_finalized_ms")))
+        | ((F.col("created_ms") > 0) & (F.col("created_ms") > F.col("h_finalized_ms") + F.lit(skew_ms)))
     )
 
 
@@ -119,13 +119,15 @@ def orphan_ops(annotated_ops: DataFrame) -> DataFrame:
     return annotated_ops.where(F.col("h_present").isNull()).select(*OP_COLUMNS)
 
 
-def late_ops(annotated_ops: DataFrame) -> DataFrame:
-    """Op records the store created after their txn was finalized: a participant kept writing for
-    a decided txn. Ops with an unknown create time (0) cannot be judged and are skipped."""
+def late_ops(annotated_ops: DataFrame, *, skew_ms: int = 0) -> DataFrame:
+    """Op records the store created more than ``skew_ms`` after their txn was finalized: a participant
+    kept writing for a decided txn. The create time is the store's clock, the finalization time the
+    coordinator's; ``skew_ms`` is how far apart they may be. Ops with an unknown create time (0) cannot
+    be judged and are skipped."""
     return annotated_ops.where(
         (F.col("created_ms") > 0)
         & F.col("h_finalized_ms").isNotNull()
-        & (F.col("created_ms") > F.col("h_finalized_ms"))
+        & (F.col("created_ms") > F.col("h_finalized_ms") + F.lit(skew_ms))
     ).select(
         *OP_COLUMNS,
         F.col("h_state").alias("state"),

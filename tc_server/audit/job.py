@@ -50,6 +50,9 @@ EXIT_FAILED = 3
 DEFAULT_RETENTION_S = 900  # the coordinator's GC retention (docs/semantics.md §6)
 DEFAULT_GC_INTERVAL_S = 300  # the coordinator's --gc-interval-s: GC deletes on its first pass after retention
 DEFAULT_GRACE_S = 60  # Pulsar's own sweep runs every 60 s; later than that is "behind"
+# An op's create time is the store's clock (Oxia's shard leader), its txn's finalization time the
+# coordinator's: an op written a moment before the commit can look later by the skew between them.
+DEFAULT_CLOCK_SKEW_MS = 1000
 INFO_TABLES = ("pinning", "counts_by_state", "latency_percentiles", "latency_histogram", "throughput")
 _SAMPLE_ROWS = 20
 _BROADCAST_MAX_ROWS = 4_000_000
@@ -66,6 +69,7 @@ class AuditParams:
     retention_s: int = DEFAULT_RETENTION_S
     gc_interval_s: int = DEFAULT_GC_INTERVAL_S
     grace_s: int = DEFAULT_GRACE_S
+    clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS
 
 
 # -- input validation ---------------------------------------------------------------------------
@@ -254,7 +258,7 @@ def configure_for_master(spark: Any) -> None:
 # -- the job ------------------------------------------------------------------------------------
 
 
-def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, gc_due_ms: int) -> Any:
+def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, gc_due_ms: int, skew_ms: int = 0) -> Any:
     """``findings.ops_of_interest(findings.annotate_ops(headers, ops))``, computed in two passes and
     persisted (memory, spilling to disk).
 
@@ -268,7 +272,8 @@ def _ops_of_interest(headers: Any, ops: Any, *, now_ms: int, gc_due_ms: int) -> 
 
     narrow_ops = ops.select(*fx.OP_KEY, "created_ms")
     keys = (
-        fx.ops_of_interest(fx.annotate_ops(headers, narrow_ops), now_ms=now_ms, gc_due_ms=gc_due_ms)
+        fx.ops_of_interest(fx.annotate_ops(headers, narrow_ops), now_ms=now_ms, gc_due_ms=gc_due_ms,
+                           skew_ms=skew_ms)
         .drop("created_ms")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
@@ -311,7 +316,7 @@ def run_audit(
     # Seconds per step, in the summary: where the time goes is the first question about a slow audit.
     timings: dict[str, float] = {}
     mark = time.monotonic()
-    annotated = _ops_of_interest(headers, ops, now_ms=now_ms, gc_due_ms=gc_due_ms)
+    annotated = _ops_of_interest(headers, ops, now_ms=now_ms, gc_due_ms=gc_due_ms, skew_ms=params.clock_skew_ms)
     timings["ops_join"] = round(time.monotonic() - mark, 3)
 
     def write(name: str, df: Any) -> Any:
@@ -325,7 +330,7 @@ def run_audit(
         "gc_backlog": fx.gc_backlog(headers, now_ms=now_ms, gc_due_ms=gc_due_ms),
         "gc_backlog_ops": fx.gc_backlog_ops(annotated, now_ms=now_ms, gc_due_ms=gc_due_ms),
         "orphan_ops": fx.orphan_ops(annotated),
-        "late_ops": fx.late_ops(annotated),
+        "late_ops": fx.late_ops(annotated, skew_ms=params.clock_skew_ms),
         "id_reuse_risk": fx.id_reuse_risk(headers, tc_seq),
         "illegal_headers": fx.illegal_headers(headers),
         "undelivered_decisions": fx.undelivered_decisions(headers, participants, now_ms=now_ms, grace_ms=grace_ms),
@@ -382,6 +387,7 @@ def run_audit(
             "retention_s": params.retention_s,
             "gc_interval_s": params.gc_interval_s,
             "grace_s": params.grace_s,
+            "clock_skew_ms": params.clock_skew_ms,
             "master": spark.sparkContext.master,
         },
         "total_txns": total_txns,
@@ -481,17 +487,20 @@ def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
     parser.add_argument("--gc-interval-s", type=int, default=DEFAULT_GC_INTERVAL_S,
                         help="the coordinator's GC interval (300)")
     parser.add_argument("--grace-s", type=int, default=DEFAULT_GRACE_S, help="timeout sweep grace (60)")
+    parser.add_argument("--clock-skew-ms", type=int, default=DEFAULT_CLOCK_SKEW_MS,
+                        help="an op is late only this much after its txn's finalization: the two times come "
+                             "from the store's clock and the coordinator's (1000)")
     parser.add_argument("--verbose", action="store_true", help="Spark's warnings and full tracebacks on failure")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
     args = build_parser(prog).parse_args(argv)
-    if args.retention_s < 0 or args.grace_s < 0 or args.gc_interval_s < 0:
-        print(f"{prog}: --retention-s, --gc-interval-s and --grace-s must be >= 0", file=sys.stderr)
+    if args.retention_s < 0 or args.grace_s < 0 or args.gc_interval_s < 0 or args.clock_skew_ms < 0:
+        print(f"{prog}: --retention-s, --gc-interval-s, --grace-s and --clock-skew-ms must be >= 0", file=sys.stderr)
         return EXIT_BAD_INPUT
     params = AuditParams(now_ms=args.now_ms, retention_s=args.retention_s, gc_interval_s=args.gc_interval_s,
-                         grace_s=args.grace_s)
+                         grace_s=args.grace_s, clock_skew_ms=args.clock_skew_ms)
     local_in = _local_path(args.input)
     spark = None
     owned = False

@@ -232,3 +232,16 @@ def test_records_the_export_could_not_read_fail_the_audit_in_every_table() -> No
     code, line = job.outcome(summary)
     assert code == job.EXIT_VIOLATIONS and "2 records the export could not read" in line, line
     assert job.outcome({**summary, "export_rejects": 0}) == (job.EXIT_OK, line.split("; 2 records")[0])
+
+
+def test_an_op_within_the_clock_skew_of_its_commit_is_not_late(spark: Any) -> None:
+    # The op's create time is the store's clock, the commit's the coordinator's: an Oxia host a few ms
+    # ahead made the op written just before END_TXN look late, and a healthy cluster failed the audit.
+    headers = spark.createDataFrame([(0, 1, 0, "COMMITTED", 0, 60_000, 60_000, 10_000, None, 2)],
+                                    schema=_schema("headers"))
+    ops = spark.createDataFrame([(0, 1, 1, "WRITE", "s", None, 1, 1, 10_400),  # 400 ms "after" the commit
+                                 (0, 1, 2, "WRITE", "s", None, 1, 2, 12_000)],  # 2 s after: late
+                                schema=_schema("ops"))
+    annotated = findings.annotate_ops(headers, ops)
+    assert [r["seq"] for r in findings.late_ops(annotated).collect()] == [1, 2]  # no tolerance
+    assert [r["seq"] for r in findings.late_ops(annotated, skew_ms=1000).collect()] == [2]
