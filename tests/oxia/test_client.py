@@ -6,6 +6,7 @@ server, not the server's behaviour itself."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -250,16 +251,22 @@ async def test_ephemeral_records_removed_on_close(oxia3: StandinOxia) -> None:
         await other.close()
 
 
+async def renewed_lease(store: OxiaStore, key: str, what: str) -> Callable[[], float]:
+    """The lease of ``key``, written now as an ephemeral record, once a keep-alive has renewed it."""
+    await store.put(key, b"me", ephemeral=True)
+    lease = store.ephemeral_lease(key)
+    assert lease is not None
+    first = lease()
+    assert first > lease_clock()
+    await eventually(lambda: lease() > first, what)
+    return lease
+
+
 async def test_the_lease_of_an_ephemeral_record_follows_its_session(oxia: StandinOxia) -> None:
     # A heartbeat every 0.2 s at the shortest session timeout (2 s); the lease is 90 % of it past each one.
     owner = await connect(oxia.address, session_timeout_ms=2_000)
     try:
-        await owner.put("/l/leader", b"me", ephemeral=True)
-        lease = owner.ephemeral_lease("/l/leader")
-        assert lease is not None
-        first = lease()
-        assert first > lease_clock()
-        await eventually(lambda: lease() > first, "a keep-alive renews the lease")
+        lease = await renewed_lease(owner, "/l/leader", "a keep-alive renews the lease")
         (session_id,) = oxia.sessions
         oxia.close_session(session_id)  # as the server does when the session times out
         await eventually(lambda: lease() == 0.0, "the lease ends once the session is found gone")
@@ -565,11 +572,7 @@ async def test_heartbeats_answered_slower_than_their_period_still_renew_the_leas
     server, beats = await serve_keepalives(monkeypatch, slowly)
     store = await connect(server.address, session_timeout_ms=2000)
     try:
-        await store.put("/c/leader", b"me", ephemeral=True)
-        lease = store.ephemeral_lease("/c/leader")
-        assert lease is not None
-        first = lease()
-        await eventually(lambda: lease() > first, "a slow heartbeat's answer renews the lease")
+        await renewed_lease(store, "/c/leader", "a slow heartbeat's answer renews the lease")
     finally:
         await store.close()
         await server.stop()
