@@ -168,6 +168,11 @@ class AdminRoutes:
             problems.append(f"metadata store unreachable: {exc!r}")
         if not self._tc.ready:
             problems.append("not every transaction coordinator has a leader yet")
+        lapsed = [p.tc_id for p in self._tc.led_partitions() if p.lease_lapsed()]
+        if lapsed:
+            problems.append(f"transaction coordinators {lapsed}: no store keep-alive answered within the session "
+                            "timeout, so this instance may no longer hold them; their requests are refused until one "
+                            "is, or another instance leads them")
         problems.extend(self._tc.health.problems())
         if problems:
             return json_response(503, {"ready": False, "problems": problems})

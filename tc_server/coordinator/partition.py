@@ -295,6 +295,12 @@ class CoordinatorPartition:
     def reserved_next(self) -> int:
         return self._ids.reserved_next
 
+    def lease_lapsed(self) -> bool:
+        """Whether this instance's hold on the coordinator may have lapsed (MetadataStore.ephemeral_lease):
+        its writes are then answered TransactionCoordinatorNotFound until a keep-alive renews it, or the
+        session expires and another instance leads."""
+        return self._lease is not None and lease_clock() >= self._lease()
+
     @property
     def last_issued(self) -> int:
         """The last txn id this instance handed out on this coordinator since it led it (-1: none)."""

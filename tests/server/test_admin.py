@@ -75,3 +75,11 @@ async def test_coordinator_stats_count_as_pulsars_do(app, client):
     await client.end_txn(4, second.least, commit=False)
     _, stats = await get(app, "/admin/v3/transactions/coordinatorStats?coordinatorId=4")
     assert (stats["lowWaterMark"], stats["leastSigBits"]) == (0, second.least)
+
+
+async def test_readyz_names_coordinators_whose_lease_lapsed(app, client):
+    # Their writes were refused (the session may have expired unnoticed, docs/semantics.md §8), yet the
+    # instance said ready: nothing but the refusals showed it until the session expired.
+    app.coordinator.partition(3)._lease = lambda: 0.0  # a lease that ran out (Oxia's; the memory store has none)
+    status, doc = await get(app, "/readyz")
+    assert status == 503 and any("[3]" in problem and "keep-alive" in problem for problem in doc["problems"]), doc
