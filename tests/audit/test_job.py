@@ -71,6 +71,7 @@ def test_summary_contents(audited: tuple[int, Path, dict[str, Any]]) -> None:
         "retention_s": 900,
         "gc_interval_s": 300,
         "grace_s": 60,
+        "clock_skew_ms": 1000,
         "master": "local[2]",
     }
     for state in ("COMMITTED", "ABORTED"):
