@@ -52,6 +52,11 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL or HOST:PORT writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def parse_address(text: str) -> tuple[str, int]:
     """HOST:PORT of a server to connect to or to hand to clients. Stricter than parse_hostport, which also
     reads listening addresses: the host must be given, an IPv6 address in brackets as URLs write it

@@ -13,21 +13,26 @@ import ssl
 import urllib.error
 import urllib.request
 
-from tc_server.config import Settings, parse_hostport
+from tc_server.config import Settings, parse_hostport, url_host
 
 # Docker's HEALTHCHECK --timeout in the Dockerfile is 3 s; the interpreter's start takes part of it.
 HEALTH_TIMEOUT_S = 2.0
 
-# asyncio binds "::" IPv6-only, so a server on [::] is not reachable at 127.0.0.1.
-_LOOPBACK_OF_WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+# asyncio (and aiohttp on it) binds "::" IPv6-only, so an admin port on [::] is not reachable at 127.0.0.1.
+_LOOPBACK_OF_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+
+
+def admin_base_url(settings: Settings, port_offset: int = 0) -> str:
+    """``http(s)://HOST:PORT`` of the admin port these settings describe, as a process on this host asks it
+    (a wildcard address as the loopback address of its family); ``port_offset``: a worker's admin port
+    (tc_server/workers.py, port + 1 + k)."""
+    host, port = parse_hostport(settings.admin_listen)
+    host = url_host(_LOOPBACK_OF_WILDCARD.get(host, host))
+    return f"{'https' if settings.admin_tls else 'http'}://{host}:{port + port_offset}"
 
 
 def health_url(settings: Settings) -> str:
-    host, port = parse_hostport(settings.admin_listen)
-    host = _LOOPBACK_OF_WILDCARD.get(host, host)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{'https' if settings.admin_tls else 'http'}://{host}:{port}/healthz"
+    return admin_base_url(settings) + "/healthz"
 
 
 def admin_probe_tls_context(settings: Settings) -> ssl.SSLContext | None:

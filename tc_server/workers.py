@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tc_server.config import ConfigError, Settings, parse_hostport
+from tc_server.config import ConfigError, Settings, parse_hostport, url_host
+from tc_server.healthcheck import admin_base_url
 
 # Holds N in the data directory of a supervisor's workers (plain decimal text).
 WORKERS_FILE = "workers"
@@ -40,12 +41,7 @@ def coordinators_of(index: int, count: int, coordinators: int) -> frozenset[int]
 
 def _shifted(address: str, offset: int) -> str:
     host, port = parse_hostport(address)
-    return f"[{host}]:{port + offset}" if ":" in host else f"{host}:{port + offset}"
-
-
-def _url_host(host: str) -> str:
-    """``host`` as a URL writes it: an IPv6 address in brackets."""
-    return f"[{host}]" if ":" in host else host
+    return f"{url_host(host)}:{port + offset}"
 
 
 def _advertised_host_port(advertised: str, listen: str) -> tuple[str, int]:
@@ -55,9 +51,9 @@ def _advertised_host_port(advertised: str, listen: str) -> tuple[str, int]:
     if advertised:
         parts = urlsplit(advertised)
         assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
-        return _url_host(parts.hostname), parts.port
+        return url_host(parts.hostname), parts.port
     host, port = parse_hostport(listen)
-    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else _url_host(host)), port
+    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else url_host(host)), port
 
 
 def worker_url(settings: Settings, index: int) -> str:
@@ -80,10 +76,7 @@ def worker_main_url(settings: Settings, index: int) -> str:
 
 def worker_admin_url(settings: Settings, index: int) -> str:
     """``http(s)://HOST:PORT`` of worker ``index``'s admin port, as the supervisor reaches it."""
-    host, port = parse_hostport(settings.admin_listen)
-    # The admin server (aiohttp) binds ``::`` to IPv6 only: asked on [::1], not 127.0.0.1.
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"{'https' if settings.admin_tls else 'http'}://{_url_host(host)}:{port + 1 + index}"
+    return admin_base_url(settings, 1 + index)
 
 
 def worker_data_dir(settings: Settings, index: int) -> str:

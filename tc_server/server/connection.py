@@ -24,13 +24,12 @@ from tc_server.server.dispatch import Dispatcher, TxnRequest
 from tc_server.server.flow_control import ReadFlowControl
 from tc_server.server.handshake import (
     MIN_TC_CLIENT_CONNECT_VERSION,
-    REFRESH_AUTH_DATA,
-    SERVER_VERSION,
     AuthenticationFailed,
     Authenticator,
     AuthSession,
     RefreshAction,
     negotiate,
+    refresh_challenge,
     wall_clock_ms,
 )
 from tc_server.server.log_limit import LogLimiter
@@ -39,7 +38,6 @@ from tc_server.server.upstream import ForwardingSession, Upstream, host_port
 from tc_server.wire import (
     AddPartitionToTxn,
     AddSubscriptionToTxn,
-    AuthChallenge,
     AuthResponse,
     Command,
     Connect,
@@ -693,7 +691,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._upstream_challenge_at = self._loop.time()
         self._log.info("a broker refused the client's credentials, which it had taken before; asking for fresh ones")
-        self.send(AuthChallenge(SERVER_VERSION, connect.auth_method_name, REFRESH_AUTH_DATA, connect.protocol_version))
+        self.send(refresh_challenge(connect.auth_method_name, connect.protocol_version))
 
     def _on_auth_response(self, cmd: Any, frame: bytes) -> None:
         """AUTH_RESPONSE to a refresh challenge: fresh credentials of the same role, or the end."""

@@ -40,6 +40,7 @@ __all__ = [
     "NoAuthentication",
     "RefreshAction",
     "negotiate",
+    "refresh_challenge",
 ]
 
 # ProtocolVersion v21 is the newest the Java client sends (Commands.getCurrentProtocolVersion).
@@ -76,6 +77,11 @@ class RefreshAction(Enum):
     CLOSE = "close"  # expired and cannot or did not refresh
 
 
+def refresh_challenge(method: str | None, protocol_version: int) -> AuthChallenge:
+    """AUTH_CHALLENGE asking a client for fresh credentials of ``method`` (ServerCnx's refresh)."""
+    return AuthChallenge(SERVER_VERSION, method, REFRESH_AUTH_DATA, protocol_version)
+
+
 class AuthSession:
     """The credentials of one authenticated connection, and where their refresh stands."""
 
@@ -109,7 +115,7 @@ class AuthSession:
         return RefreshAction.CHALLENGE, "credentials expired: challenging the client"
 
     def challenge(self) -> AuthChallenge:
-        return AuthChallenge(SERVER_VERSION, self.credentials.method, REFRESH_AUTH_DATA, self.protocol_version)
+        return refresh_challenge(self.credentials.method, self.protocol_version)
 
     def refresh(self, authenticator: Authenticator, response_data: bytes | None,
                 peer_certificate: bytes | None) -> None:
