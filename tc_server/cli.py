@@ -96,6 +96,8 @@ HELP = {
     "token_audience_claim": "the token claim that holds the audience (checked when --token-audience is set)",
     "token_audience": "tokens must name this audience (empty: not checked)",
     "superuser_roles": "comma-separated roles that may end or extend any txn and use the admin API",
+    "proxy_roles": "comma-separated roles of Pulsar proxies: their connections act as the client the proxy "
+                   "names (CONNECT's original_principal), which must be given",
     "authentication_refresh_check_s": "how often expiring credentials are checked; expired ones are "
                                       "challenged (AUTH_CHALLENGE), then the connection is closed",
     "authenticate_metrics_endpoint": "/metrics needs an authenticated role too (probes stay open)",

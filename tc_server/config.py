@@ -216,6 +216,8 @@ class Settings:
     token_audience_claim: str = "aud"  # noqa: S105
     token_audience: str = ""
     superuser_roles: str = ""
+    # Roles of Pulsar proxies: a connection proving one acts as CONNECT's original_principal (docs/security.md).
+    proxy_roles: str = ""
     authentication_refresh_check_s: float = 60.0
     authenticate_metrics_endpoint: bool = False
     # HOST:PORT of the pulsar+ssl:// listener; empty: none. An empty --listen turns the plain one off.

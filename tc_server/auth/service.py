@@ -44,9 +44,11 @@ def provider_methods(text: str) -> list[str]:
 
 
 class AuthenticationService:
-    def __init__(self, providers: Iterable[AuthenticationProvider] = (), superusers: Iterable[str] = ()) -> None:
+    def __init__(self, providers: Iterable[AuthenticationProvider] = (), superusers: Iterable[str] = (),
+                 proxy_roles: Iterable[str] = ()) -> None:
         self._providers = {provider.method: provider for provider in providers}
         self.superusers = frozenset(superusers)
+        self.proxy_roles = frozenset(proxy_roles)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AuthenticationService:
@@ -57,7 +59,7 @@ class AuthenticationService:
                 providers.append(_token_provider(settings))
             else:
                 providers.append(tls.TlsProvider())
-        return cls(providers, split_list(settings.superuser_roles))
+        return cls(providers, split_list(settings.superuser_roles), split_list(settings.proxy_roles))
 
     @property
     def enabled(self) -> bool:
@@ -99,6 +101,9 @@ class AuthenticationService:
 
     def is_superuser(self, role: str | None) -> bool:
         return role is not None and role in self.superusers
+
+    def is_proxy_role(self, role: str | None) -> bool:
+        return role is not None and role in self.proxy_roles
 
 
 def _token_provider(settings: Settings) -> token.TokenProvider:

@@ -121,7 +121,6 @@ class PartitionConfig:
     default_timeout_ms: int = 60_000
     max_timeout_ms: int = 3_600_000
     id_block_size: int = 1000
-    superusers: frozenset[str] = frozenset()
     # Open txns tracked here before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator); 0: none.
     max_active_txns: int = 0
     # Open txns of one principal across the coordinators led here before NEW_TXN is refused; 0: none.
@@ -385,7 +384,7 @@ class CoordinatorPartition:
         self._complete.add(least)
 
     async def add_participants(self, least: int, principal: str | None,
-                               participants: Sequence[Participant] = ()) -> None:
+                               participants: Sequence[Participant] = (), superuser: bool = False) -> None:
         """ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the txn must be OPEN and in time. The
         participants (today's brokers; v5 participants pass none) are recorded before this returns,
         so a decision can always reach them (docs/participants.md). An empty topic or subscription
@@ -405,7 +404,7 @@ class CoordinatorPartition:
                 # low watermark would hold back every later txn of this coordinator.
                 raise NotAllowed(f"transaction ({self.tc_id},{least}): {participant.topic}: non-persistent topics "
                                  "take no part in transactions")
-        decision, header = await self._apply(least, Request.ADD, principal)
+        decision, header = await self._apply(least, Request.ADD, principal, superuser)
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
         if decision is Decision.CONFLICT:
@@ -413,12 +412,14 @@ class CoordinatorPartition:
         if participants:
             await self._record(least, participants)
 
-    async def end_txn(self, least: int, commit: bool, principal: str | None) -> asyncio.Future[None] | None:
-        """END_TXN. Idempotent: ending a txn again in the same way succeeds. Returns, while the
+    async def end_txn(self, least: int, commit: bool, principal: str | None,
+                      superuser: bool = False) -> asyncio.Future[None] | None:
+        """END_TXN, by ``principal`` (its owner, or a superuser: either may end it). Idempotent: ending a
+        txn again in the same way succeeds. Returns, while the
         decision's delivery to the participants is under way, its future (done once every broker
         acknowledged); None when there is nothing to wait for."""
         request = Request.COMMIT if commit else Request.ABORT
-        decision, header = await self._apply(least, request, principal)
+        decision, header = await self._apply(least, request, principal, superuser)
         if decision is Decision.EXPIRE:
             raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
         if decision is Decision.CONFLICT:
@@ -435,7 +436,7 @@ class CoordinatorPartition:
 
     async def force_abort(self, least: int) -> TxnState:
         """Operator abort (apache/pulsar#19786): no owner check; returns the final state."""
-        _, header = await self._apply(least, Request.ABORT, None, check_owner=False)
+        _, header = await self._apply(least, Request.ABORT, None, superuser=True)
         return header.state
 
     def tracks(self, least: int) -> bool:
@@ -449,10 +450,12 @@ class CoordinatorPartition:
     # -- the state machine -----------------------------------------------------------------------
 
     async def _apply(
-        self, least: int, request: Request, principal: str | None, check_owner: bool = True
+        self, least: int, request: Request, principal: str | None, superuser: bool = False
     ) -> tuple[Decision, TxnHeader]:
         """Read the header, decide by the transition table, CAS if the decision writes, publish
-        events after a successful CAS (never before: participants rely on that order)."""
+        events after a successful CAS (never before: participants rely on that order). Only the txn's
+        owner acts on it, or a ``superuser`` (a superuser role's request, the timeout sweep, an admin's
+        force-abort)."""
         key = layout.txn_key(self.tc_id, least)
         path = layout.header_path(self.tc_id, least)
         for _ in range(MAX_CAS_ATTEMPTS):
@@ -475,7 +478,7 @@ class CoordinatorPartition:
                     # (below), or an earlier leader's. Take the decision's own steps now, before
                     # anything answers from this header.
                     await self._adopt_decision(least, header)
-            if check_owner and not self._may_act(header, principal):
+            if not (superuser or header.owner is None or header.owner == principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed: the
                 # same words as for an id that does not exist (above), not a word more.
                 raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
@@ -563,9 +566,6 @@ class CoordinatorPartition:
                                       f"lapsed (no store keep-alive answered within the session timeout) while "
                                       f"the {what} of ({self.tc_id},{least}) was being written; look it up again")
 
-    def _may_act(self, header: TxnHeader, principal: str | None) -> bool:
-        return header.owner is None or header.owner == principal or principal in self._config.superusers
-
     async def _publish(self, least: int, decision: TxnState) -> None:
         """Write the decision's events. Should that fail or be cancelled, the decision is kept for the
         sweeper (publish_pending) and stop() to write again, whichever path published it."""
@@ -630,7 +630,7 @@ class CoordinatorPartition:
         was unknown: a decision found is delivered (_apply), a txn still in time goes back to its
         deadline."""
         try:
-            _, header = await self._apply(least, Request.TIMEOUT, None, check_owner=False)
+            _, header = await self._apply(least, Request.TIMEOUT, None, superuser=True)
         except TransactionNotFound:
             if self._headers.pop(least, None) is not None and not self._stopped:
                 # Its NEW_TXN's header landed after this read was made and before its answer came

@@ -27,6 +27,7 @@ from tc_server.server.handshake import (
     AuthenticationFailed,
     Authenticator,
     AuthSession,
+    InvalidRoles,
     RefreshAction,
     negotiate,
     refresh_challenge,
@@ -181,7 +182,10 @@ class ClientConnection(asyncio.Protocol):
         self._connected = False
         self._closing = False
         self._eof = False  # the client shut down its sending side (see eof_received)
+        # Who txn requests act as: the txn owner and whether they may act on any txn (handshake.py).
         self._principal: str | None = None
+        self._superuser = False
+        self._proxied = False  # a Pulsar proxy's connection (--proxy-roles)
         # The proven credentials (None: authentication off) and the timer that checks their expiry.
         self._auth: AuthSession | None = None
         self._auth_check: asyncio.TimerHandle | None = None
@@ -393,7 +397,7 @@ class ClientConnection(asyncio.Protocol):
     # Each handler takes the decoded command and its BaseCommand bytes; what has no route here is
     # forwarded to the upstream broker (or refused without one): see _forward_or_refuse.
     def _on_txn_request(self, cmd: Any, frame: bytes) -> None:
-        self._start(self._ctx.dispatcher.transaction(cmd, self._principal), cmd)
+        self._start(self._ctx.dispatcher.transaction(cmd, self._principal, self._superuser), cmd)
 
     def _on_ping(self, cmd: Any, frame: bytes) -> None:
         self.send(Pong())
@@ -439,7 +443,7 @@ class ClientConnection(asyncio.Protocol):
         if upstream is not None and self._connect is not None:
             if self._forwarding is None:
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
-                                                     self._upstream_credentials_expired)
+                                                     self._upstream_credentials_expired, proxied=self._proxied)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         request_id = getattr(cmd, "request_id", None)
@@ -461,6 +465,12 @@ class ClientConnection(asyncio.Protocol):
         except AuthenticationFailed as exc:
             self._refuse_authentication("authentication failed", connect.auth_method_name, exc)
             return
+        except InvalidRoles as exc:
+            self._log.warning("connection refused", error=str(exc))
+            self._ctx.metrics.request_errors.labels("CONNECT", ServerError.AuthorizationError.name).inc()
+            self.send(Error(NO_REQUEST_ID, ServerError.AuthorizationError, str(exc)))
+            self.close()
+            return
         self._connect = connect
         target = connect.proxy_to_broker_url
         if target and host_port(target) not in self._ctx.own_addresses:
@@ -468,6 +478,8 @@ class ClientConnection(asyncio.Protocol):
             return
         self._connected = True
         self._principal = result.principal
+        self._superuser = result.superuser
+        self._proxied = result.proxied
         self._start_auth_refresh(result.session)
         self._log = self._log.bind(client=connect.client_version, protocol=result.protocol_version)
         if result.protocol_version < MIN_TC_CLIENT_CONNECT_VERSION:

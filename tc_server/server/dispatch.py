@@ -157,10 +157,10 @@ class Dispatcher:
 
     # -- transaction requests (awaited; many in flight per connection) -------------------------
 
-    async def transaction(self, cmd: TxnRequest, principal: str | None) -> TxnResponse:
-        """Serve one txn request; never raises. The response always carries txnid_most_bits = tcId,
-        errors included: the Java client routes responses by it and closes the connection on an
-        unknown one (pulsar-protocol.md §3, Routing)."""
+    async def transaction(self, cmd: TxnRequest, principal: str | None, superuser: bool = False) -> TxnResponse:
+        """Serve one txn request, as ``principal`` (a superuser acts on any txn); never raises. The
+        response always carries txnid_most_bits = tcId, errors included: the Java client routes
+        responses by it and closes the connection on an unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
         name, response_type = _KINDS[type(cmd)]
         most, least = _txn_id(cmd)
@@ -176,9 +176,9 @@ class Dispatcher:
                     least = await partition.new_txn(cmd.ttl_ms, principal)
                 elif isinstance(cmd, EndTxn):
                     delivery = await partition.end_txn(least, commit=cmd.action is TxnAction.COMMIT,
-                                                       principal=principal)
+                                                       principal=principal, superuser=superuser)
                 else:
-                    await partition.add_participants(least, principal, _participants(cmd))
+                    await partition.add_participants(least, principal, _participants(cmd), superuser=superuser)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a typed answer
             error, message = to_server_error(exc, name)
             self.metrics.request_errors.labels(name, error.name).inc()

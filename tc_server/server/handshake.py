@@ -14,8 +14,15 @@ back what to answer; it owns the timer that calls :meth:`AuthSession.check`.
   ``supports_auth_refresh``; a client that cannot refresh, or has not answered by the next check, is
   disconnected. The refreshed role must be the same.
 
-CONNECT's ``original_principal`` (set by a Pulsar proxy) is ignored: the principal is always the
-role this connection proved, so no client can name its own owner.
+Proxies (``--proxy-roles``, the brokers' ``proxyRoles``). A Pulsar proxy connects with its own
+credentials and names the client it carries in CONNECT's ``original_principal``. A connection that proves a
+proxy role acts as that client: its txns are owned by ``original_principal``, and it is a superuser only
+when the proxy role and the client both are (a broker's ServerCnx.isSuperUser). The proxy must name a
+client, and that client must not be a proxy role itself; otherwise ERROR AuthorizationError and the
+connection closes, as a broker answers such a CONNECT ("Invalid roles.",
+AuthorizationService.isValidOriginalPrincipal). Anyone else's ``original_principal`` is ignored: the
+principal is the role the connection proved, so no client names its own owner (brokers still take it from
+a non-proxy role, with a warning that they will stop).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "AuthenticationFailed",
     "Authenticator",
     "HandshakeResult",
+    "InvalidRoles",
     "NoAuthentication",
     "RefreshAction",
     "negotiate",
@@ -59,12 +67,26 @@ class Authenticator(Protocol):
         principal None). Raises AuthenticationFailed with a message fit for the client."""
         ...
 
+    def is_superuser(self, role: str | None) -> bool: ...
+
+    def is_proxy_role(self, role: str | None) -> bool: ...
+
+
+class InvalidRoles(Exception):  # noqa: N818 - named as the broker's answer ("Invalid roles.")
+    """A proxy role without a client to act as, or naming another proxy role: answered AuthorizationError."""
+
 
 class NoAuthentication:
     """Authentication disabled, as Pulsar's default: everyone connects and owns nothing."""
 
     def authenticate(self, method: str | None, data: AuthenticationData) -> Authenticated | None:
         return None
+
+    def is_superuser(self, role: str | None) -> bool:
+        return False
+
+    def is_proxy_role(self, role: str | None) -> bool:
+        return False
 
 
 def wall_clock_ms() -> int:
@@ -138,16 +160,22 @@ class HandshakeResult:
     protocol_version: int
     # None when authentication is off.
     session: AuthSession | None
+    # Who the connection's txn requests act as: the txn owner (None when authentication is off; the
+    # client a proxy names, see the module text), and whether they may act on any txn.
+    principal: str | None = None
+    superuser: bool = False
 
     @property
-    def principal(self) -> str | None:
-        return None if self.session is None else self.session.role
+    def proxied(self) -> bool:
+        """A Pulsar proxy's connection, acting for the client it names."""
+        return self.session is not None and self.principal != self.session.role
 
 
 def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: int,
               peer_certificate: bytes | None = None) -> HandshakeResult:
     """The CONNECTED answer: ``protocol_version = min(ours, client's)`` as Commands.newConnectedCommand.
-    Raises AuthenticationFailed.
+    Raises AuthenticationFailed, or InvalidRoles for a proxy role's CONNECT that names no client to
+    act as (or another proxy).
 
     The C++ client (Python wheel) speaks v20, the Java client v21: never assume one version."""
     version = min(SERVER_PROTOCOL_VERSION, max(0, connect.protocol_version))
@@ -156,10 +184,13 @@ def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: 
         AuthenticationData(command_data=connect.auth_data or b"", peer_certificate=peer_certificate),
     )
     session = None
+    principal: str | None = None
+    superuser = False
     if credentials is not None:
         flags = connect.feature_flags
         session = AuthSession(credentials, supports_refresh=bool(flags and flags.supports_auth_refresh),
                               protocol_version=version)
+        principal, superuser = _acting_as(credentials.role, connect.original_principal, authenticator)
     connected = Connected(
         server_version=SERVER_VERSION,
         protocol_version=version,
@@ -168,4 +199,17 @@ def negotiate(connect: Connect, authenticator: Authenticator, max_message_size: 
         feature_flags=FeatureFlags(supports_get_partitioned_metadata_without_auto_creation=True,
                                    supports_tc_metadata_discovery=True),
     )
-    return HandshakeResult(connected, version, session)
+    return HandshakeResult(connected, version, session, principal, superuser)
+
+
+def _acting_as(role: str, original_principal: str | None, authenticator: Authenticator) -> tuple[str, bool]:
+    """(principal, superuser) of a connection that proved ``role`` (see the module text)."""
+    if not authenticator.is_proxy_role(role):
+        return role, authenticator.is_superuser(role)
+    if not original_principal or not original_principal.strip():
+        raise InvalidRoles(f"Invalid roles: role {role!r} is a proxy role (--proxy-roles) and must name the "
+                           "client it connects for in CONNECT's original_principal")
+    if authenticator.is_proxy_role(original_principal):
+        raise InvalidRoles(f"Invalid roles: the original_principal {original_principal[:64]!r} of proxy role "
+                           f"{role!r} is a proxy role itself")
+    return original_principal, authenticator.is_superuser(role) and authenticator.is_superuser(original_principal)

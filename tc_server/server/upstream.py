@@ -245,15 +245,19 @@ class ForwardingSession:
     client's credentials) and the requests it forwarded that have not been answered yet."""
 
     def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None],
-                 credentials_expired: Callable[[], None] | None = None) -> None:
+                 credentials_expired: Callable[[], None] | None = None, proxied: bool = False) -> None:
         self._upstream = upstream
         # Called when a broker refuses the client's credentials after it had taken them (expired): the
         # client connection asks the client for fresh ones (refresh_credentials brings them here).
         self._credentials_expired = credentials_expired
         self._admitted = False  # a broker took the client's credentials once
         # The client's CONNECT as a broker should see it: its credentials and version, not the proxy fields.
-        self._connect = replace(client_connect, proxy_to_broker_url=None, original_principal=None,
-                                original_auth_data=None, original_auth_method=None)
+        # A Pulsar proxy's connection (``proxied``, --proxy-roles) keeps the client it names: brokers list
+        # the proxy's role in their proxyRoles too, and authorize that client, as for the proxy's own
+        # connections to them (a broker refuses a proxy role that names none).
+        self._connect = replace(client_connect, proxy_to_broker_url=None) if proxied else replace(
+            client_connect, proxy_to_broker_url=None, original_principal=None, original_auth_data=None,
+            original_auth_method=None)
         self._reply = reply
         # Open connections by broker URL, the primary (to whichever upstream URL answered) under
         # PRIMARY, and the openings under way by the same keys: one at a time per key, however many

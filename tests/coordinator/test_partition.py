@@ -160,7 +160,7 @@ async def test_timeout_queue_aborts_due_txns(setup):
 
 async def test_owner_checks():
     store = MemoryStore()
-    tc = make(store, superusers=frozenset({"admin"}))
+    tc = make(store)
     await tc.start()
     p = tc.partition(0)
     least = await p.new_txn(10_000, "alice")
@@ -171,7 +171,7 @@ async def test_owner_checks():
     with pytest.raises(TransactionNotFound):
         await p.end_txn(least, commit=True, principal=None)
     await p.add_participants(least, "alice")
-    await p.end_txn(least, commit=True, principal="admin")
+    await p.end_txn(least, commit=True, principal="admin", superuser=True)
     await tc.stop()
 
 

@@ -31,8 +31,7 @@ async def test_recovered_open_txns_are_served_and_time_out_as_before() -> None:
     await store.close()
 
     store = MemoryStore(backend)
-    second = make(store, clock, block=1000, max_open_txns_per_principal=2 * PER_OWNER + 1,
-                  superusers=frozenset({"ops"}))
+    second = make(store, clock, block=1000, max_open_txns_per_principal=2 * PER_OWNER + 1)
     await second.start()
     try:
         await second.wait_recovered()
@@ -50,8 +49,8 @@ async def test_recovered_open_txns_are_served_and_time_out_as_before() -> None:
             await partition.end_txn(least, commit=False, principal="alice")
         assert (await header(store, most, least)).state is TxnState.COMMITTED
         most, least = opened[("bob", LONG_MS)][1]
-        await second.partition(most).add_participants(least, "ops", [])  # a superuser may act on it
-        await second.partition(most).end_txn(least, commit=False, principal="ops")
+        await second.partition(most).add_participants(least, "ops", [], superuser=True)  # a superuser may act on it
+        await second.partition(most).end_txn(least, commit=False, principal="ops", superuser=True)
         assert (await header(store, most, least)).state is TxnState.ABORTED
         assert second.open_by_principal.snapshot() == {"alice": 2 * PER_OWNER - 1, "bob": 2 * PER_OWNER - 1}
         # alice has room for two more (limit 2 x PER_OWNER + 1), then is refused.

@@ -8,7 +8,14 @@ import pytest
 from tc_server.auth.api import Authenticated, AuthenticationFailed
 from tc_server.auth.service import AuthenticationService
 from tc_server.auth.token import TokenProvider
-from tc_server.server.handshake import REFRESH_AUTH_DATA, AuthSession, NoAuthentication, RefreshAction, negotiate
+from tc_server.server.handshake import (
+    REFRESH_AUTH_DATA,
+    AuthSession,
+    InvalidRoles,
+    NoAuthentication,
+    RefreshAction,
+    negotiate,
+)
 from tc_server.wire import Connect, FeatureFlags
 from tests.security.pki import make_token
 
@@ -40,7 +47,44 @@ def test_a_token_proves_its_role_and_expiry():
 def test_original_principal_is_ignored():
     token = make_token(SECRET, "HS256", "alice")
     forged = Connect("test", 21, auth_method_name="token", auth_data=token.encode(), original_principal="admin")
-    assert negotiate(forged, service(), 5 << 20).principal == "alice"
+    result = negotiate(forged, service(), 5 << 20)
+    assert (result.principal, result.superuser, result.proxied) == ("alice", False, False)
+
+
+def proxies(superusers: tuple[str, ...] = ("admin",)) -> AuthenticationService:
+    return AuthenticationService([TokenProvider.with_secret_key(SECRET)], superusers=superusers,
+                                 proxy_roles=["proxy", "proxy-2"])
+
+
+def via_proxy(role: str, original_principal: str | None) -> Connect:
+    token = make_token(SECRET, "HS256", role)
+    return Connect("test", 21, auth_method_name="token", auth_data=token.encode(),
+                   original_principal=original_principal)
+
+
+def test_a_proxy_role_acts_as_the_client_it_names():
+    result = negotiate(via_proxy("proxy", "alice"), proxies(), 5 << 20)
+    assert (result.principal, result.superuser, result.proxied) == ("alice", False, True)
+    assert result.session is not None and result.session.role == "proxy"  # the proxy's own credentials refresh
+
+
+def test_a_proxied_client_is_a_superuser_only_when_the_proxy_role_is_one_too():
+    """As a broker's ServerCnx.isSuperUser: both the proxy's role and the client it names."""
+    assert negotiate(via_proxy("proxy", "admin"), proxies(), 5 << 20).superuser is False
+    assert negotiate(via_proxy("proxy", "admin"), proxies(("admin", "proxy")), 5 << 20).superuser is True
+    assert negotiate(via_proxy("proxy", "alice"), proxies(("admin", "proxy")), 5 << 20).superuser is False
+
+
+@pytest.mark.parametrize(("original", "problem"), [
+    (None, "must name the client"),
+    ("", "must name the client"),
+    ("  ", "must name the client"),
+    ("proxy-2", "is a proxy role itself"),
+    ("proxy", "is a proxy role itself"),
+])
+def test_a_proxy_role_must_name_a_client_that_is_no_proxy(original, problem):
+    with pytest.raises(InvalidRoles, match=problem):
+        negotiate(via_proxy("proxy", original), proxies(), 5 << 20)
 
 
 def test_refused_credentials_raise_with_the_reason():
