@@ -1,5 +1,6 @@
 # A real Apache Pulsar broker for the tests and benchmarks (tc_server/bench/pulsar_broker.py starts it standalone).
 #   make pulsar-broker   -- org.apache.pulsar:pulsar-broker and its runtime jars in .cache/pulsar-broker/lib
+#   make pulsar-proxy    -- org.apache.pulsar:pulsar-proxy and its runtime jars in .cache/pulsar-proxy/lib
 #   make test-broker     -- resolve it, build the interop harnesses, and run only the tests that start a broker
 #                           (tests/broker, tests/e2e)
 #
@@ -39,6 +40,20 @@ mv $(3).partial $(3)
 @touch $@
 endef
 
+# The Pulsar proxy (pulsar-proxy 4.0.8, the newest on Maven Central) that tests/e2e/test_pulsar_proxy.py
+# puts in front of tc-server; a class path of its own (tests/proxy/pom.xml), about 200 jars, once.
+PROXY_POM := tests/proxy/pom.xml
+PROXY_CACHE := .cache/pulsar-proxy
+PROXY_LIB := $(PROXY_CACHE)/lib
+PROXY_STAMP := $(PROXY_CACHE)/lib.stamp
+
+.PHONY: pulsar-proxy
+pulsar-proxy: $(PROXY_STAMP)
+TEST_DEPS += pulsar-proxy
+
+$(PROXY_STAMP): $(PROXY_POM) | $(BROKER_STAMP)
+	$(call resolve_broker_lib,$(PROXY_POM),$(PROXY_CACHE),$(PROXY_LIB),Pulsar proxy,pulsar-proxy)
+
 # tests/e2e drives the broker with the stock clients, so the interop harnesses are built too (mk/interop.mk).
-test-broker: setup pulsar-broker interop-java interop-go
+test-broker: setup pulsar-broker pulsar-proxy interop-java interop-go
 	$(PY) -m pytest tests/broker tests/e2e $(PYTEST_ARGS)
