@@ -480,6 +480,11 @@ class ClientConnection(asyncio.Protocol):
         self._principal = result.principal
         self._superuser = result.superuser
         self._proxied = result.proxied
+        if connect.original_principal and result.session is not None and not result.proxied:
+            # Ignored (handshake.py). Most likely a Pulsar proxy whose role is not in --proxy-roles: its
+            # clients would all act as the proxy, and the brokers refuse the lookups forwarded for them.
+            self._log.warning("original_principal ignored: the role is not in --proxy-roles",
+                              role=result.session.role, original_principal=connect.original_principal[:64])
         self._start_auth_refresh(result.session)
         self._log = self._log.bind(client=connect.client_version, protocol=result.protocol_version)
         if result.protocol_version < MIN_TC_CLIENT_CONNECT_VERSION:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from structlog.testing import capture_logs
+
 from tc_server.client import TcClient, connect_command, open_connection
 from tc_server.wire import Error, ServerError
 from tests.security.pki import data_url, make_token
@@ -90,3 +92,19 @@ async def test_a_proxy_that_names_no_client_or_another_proxy_is_refused(start, s
         assert (await alice.new_txn(tc_id=0)).error is None
     finally:
         alice.close()
+
+
+async def test_a_role_not_listed_as_a_proxy_is_itself_and_the_log_says_why(start, secret):
+    """A proxy whose role was left out of --proxy-roles: its CONNECT is served as its own role (no client
+    names its own owner), and the log names the setting, for the operator whose proxied lookups fail."""
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret))
+    with capture_logs() as logged:
+        unlisted = await through_proxy(app, secret, "pulsar-proxy", "alice")
+    try:
+        txn = await unlisted.new_txn(tc_id=0)
+        assert await owner_of(app, txn.most, txn.least) == "pulsar-proxy"
+        [line] = [entry for entry in logged if "original_principal ignored" in entry["event"]]
+        assert (line["role"], line["original_principal"]) == ("pulsar-proxy", "alice")
+        assert "--proxy-roles" in line["event"]
+    finally:
+        unlisted.close()
