@@ -10,19 +10,14 @@ refused on it). Needs `make pulsar-broker pulsar-proxy interop-java`; any missin
 
 from __future__ import annotations
 
-import json
-import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tc_server.bench.pulsar_broker import BrokerStartError
 from tests.interop.conftest import Harness
-from tests.security.pki import make_token
+from tests.security.support import Keys, admin_json
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, running_broker, token_auth_broker
 from tests.support.pulsar_proxy import MAKE_COMMAND, PulsarProxy
@@ -33,16 +28,6 @@ pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(600)]
 PROXY_ROLE = "pulsar-proxy"
 PARTITIONS = 2
 MESSAGES = 10
-
-
-class Keys:
-    """One HS256 key for the broker, tc-server and the proxy: a client's token is valid at all three."""
-
-    def __init__(self) -> None:
-        self.secret = os.urandom(32)
-
-    def token(self, role: str) -> str:
-        return make_token(self.secret, "HS256", role, expires_in_s=None)
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +98,3 @@ def test_each_client_behind_a_pulsar_proxy_owns_its_txns(java_harness: Harness, 
     assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
     log = tc_server.log_path.read_text()
     assert '"role": "pulsar-proxy"' in log or "role=pulsar-proxy" in log, tc_server.log_tail()
-
-
-def admin_json(server: TcServerProcess, path: str, token: str) -> tuple[int, Any]:
-    request = urllib.request.Request(server.admin_url + path, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())

@@ -4,14 +4,21 @@ bare CONNECT on a raw socket that reports whether the server closed the connecti
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import ssl
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from tc_server.bench.process import TcServerProcess
 from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader
 from tc_server.wire import Command, Connect, FrameDecoder, decode_command, encode_command
+from tests.security.pki import make_token
 
 # Bounds every wait of these tests: a server that neither answers nor closes fails the test.
 WAIT_S = 10.0
@@ -71,3 +78,24 @@ async def owner_of(app, most: int, least: int) -> str | None:
     record = await app.coordinator.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
     assert record is not None
     return TxnHeader.from_json(record.value).owner
+
+
+class Keys:
+    """One HS256 key for brokers, tc-server and proxies of a test module, so a client's token is valid at
+    each of them (one identity)."""
+
+    def __init__(self) -> None:
+        self.secret = os.urandom(32)
+
+    def token(self, role: str) -> str:
+        return make_token(self.secret, "HS256", role, expires_in_s=None)
+
+
+def admin_json(server: TcServerProcess, path: str, token: str) -> tuple[int, Any]:
+    """GET ``path`` of tc-server's admin port with a Bearer ``token``: (status, the JSON body)."""
+    request = urllib.request.Request(server.admin_url + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -7,19 +7,14 @@ client's lookups were authorized as the client (docs/security.md). Needs `make p
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tests.interop.conftest import Harness
-from tests.security.pki import make_token
+from tests.security.support import Keys, admin_json
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, running_broker, token_auth_broker
 
@@ -27,17 +22,6 @@ pytestmark = [pytest.mark.java, pytest.mark.golang, pytest.mark.slow, pytest.mar
 
 PARTITIONS = 2
 MESSAGES = 20
-
-
-class Keys:
-    """One HS256 key for the broker and tc-server, so a client's token is valid at both (one identity)."""
-
-    def __init__(self) -> None:
-        self.secret = os.urandom(32)
-        self.data_url = "data:;base64," + base64.b64encode(self.secret).decode()
-
-    def token(self, role: str) -> str:
-        return make_token(self.secret, "HS256", role, expires_in_s=None)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +81,7 @@ def test_non_superuser_client_commits_through_tc_server(client: str, secure_brok
     assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
     assert len(result["markers_sent"]) == PARTITIONS
     # The txn is the client's: recorded with its role as owner (read with a tc-server superuser token).
-    status, header = _admin_json(secure_tc_server, f"/admin/v3/transactions/transactionMetadata/"
+    status, header = admin_json(secure_tc_server, f"/admin/v3/transactions/transactionMetadata/"
                                                    f"{result['most']}/{result['least']}", keys.token("tc-admin"))
     assert status == 200 and header["owner"] == "app" and header["status"] == "COMMITTED", header
 
@@ -182,19 +166,10 @@ def test_a_non_superuser_broker_credential_cannot_deliver_the_decision(
         assert result["end"]["outcome"] == "ok", (result, server.log_tail())
         # ...but no broker was told, so nothing of the txn arrives.
         assert result["received_after_end"] == [], result
-        status, undelivered = _admin_json(server, "/admin/v3/transactions/undelivered", keys.token("tc-admin"))
+        status, undelivered = admin_json(server, "/admin/v3/transactions/undelivered", keys.token("tc-admin"))
         assert status == 200
         assert f"({result['most']},{result['least']})" in [entry["txnId"] for entry in undelivered], undelivered
         log = server.log_path.read_text()
         assert "END_TXN_ON_PARTITION refused by the broker" in log and "super user" in log, server.log_tail()
     finally:
         server.stop()
-
-
-def _admin_json(server: TcServerProcess, path: str, token: str) -> tuple[int, Any]:
-    request = urllib.request.Request(server.admin_url + path, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
