@@ -117,6 +117,14 @@ def op_prefix(most: int, least: int) -> str:
     return OP_PREFIX + txn_key(most, least)
 
 
+def parse_op_key(key: str) -> tuple[int, int]:
+    """``/txn/op/<most>_<least>-<seq>`` (an op record's key) -> (most, least); ValueError for any other."""
+    txn, dash, seq = key[len(OP_PREFIX):].rpartition("-") if key.startswith(OP_PREFIX) else ("", "", "")
+    if not dash or not seq.isdigit():
+        raise ValueError(f"not an op record key: {key[:120]!r}")
+    return parse_txn_key(txn)
+
+
 def op_records_prefix(most: int, least: int) -> str:
     """Every op record of one txn, and nothing else, starts with this (``/txn/op/1_0-`` cannot be the
     start of txn ``1_01``'s keys); with the txn key as partition key the scan reads one shard."""
@@ -223,6 +231,14 @@ def exact_index_range(secondary: str) -> IndexRange:
 
 def ops_by_txn_range(most: int, least: int) -> IndexRange:
     return exact_index_range(ops_by_txn_index_key(most, least))
+
+
+def ops_by_txn_coordinator_range(most: int) -> IndexRange:
+    """Every ``idx:ops-by-txn`` entry of coordinator ``most``'s txns: ``/txn/op/<most>_`` up to
+    ``/txn/op/<most>_~`` (``/txn/op/1_`` is no start of coordinator 10's keys; both bounds have the
+    secondary keys' count of ``/``, see participants_by_coordinator_range)."""
+    prefix = secondary_key(OP_PARENT, f"{most}_")
+    return prefix, prefix + INDEX_END
 
 
 def deadline_ranges(before_ms: int | None = None) -> tuple[IndexRange, IndexRange]:

@@ -257,14 +257,14 @@ class CoordinatorPartition:
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
         # Decisions whose events are not all written (a failed write, or the sweeper's timeout abort
-        # cancelled just now between its CAS and its events): this list lives only here, and no next
-        # leader looks for such txns (GC re-publishes only past the retention). One more try now.
+        # cancelled just now between its CAS and its events): this list lives only here. One more try
+        # now; the next leader writes what is left as it takes over (_publish_owed_events).
         if self._unpublished:
             with contextlib.suppress(StoreError, TimeoutError):
                 await asyncio.wait_for(self.publish_pending(), STOP_PUBLISH_TIMEOUT_S)
             if self._unpublished:
-                self._log.warning("decisions whose events could not be written before stepping down; GC "
-                                  "writes them once past the retention", txns=sorted(self._unpublished)[:20],
+                self._log.warning("decisions whose events could not be written before stepping down; the "
+                                  "next leader writes them", txns=sorted(self._unpublished)[:20],
                                   count=len(self._unpublished))
         # Deliveries stop with leadership; the records stay and the next leader re-drives them.
         tasks = [task for outbox in self._undelivered.values() for task in outbox.tasks]
@@ -921,7 +921,44 @@ class CoordinatorPartition:
         self._gone_while_recovering.clear()
         if redriven:
             self._log.info("re-driving undelivered decisions", count=redriven)
+        await self._publish_owed_events()
         return redriven
+
+    async def _publish_owed_events(self) -> None:
+        """At leadership: write again the events of every decided txn of this coordinator whose op
+        records remain (Pulsar 5's participants delete theirs once they applied the decision).
+
+        A participant re-reads a header only on an event (or at its own recovery), and the events
+        follow the CAS: a leader that died between the two, or whose event writes failed until it
+        stopped, left its participants waiting, for good or until GC past the retention. Its list of
+        what it owed died with it, so the next leader writes them all again; a second event is harmless
+        (docs/semantics.md §4). OPEN txns are skipped without a read; the cost is one header read per
+        decided txn whose participants have not finished."""
+        start, end = layout.ops_by_txn_coordinator_range(self.tc_id)
+        owed: set[int] = set()
+        async for record in self._store.scan_index(layout.IDX_OPS_BY_TXN, start, end):
+            try:
+                most, least = layout.parse_op_key(record.key)
+            except ValueError:
+                continue  # not Pulsar's op key form: its writer is not a participant we can tell
+            if most == self.tc_id and least not in self._open:
+                owed.add(least)
+        published = 0
+        for least in sorted(owed):
+            if self._stopped:
+                return
+            stored = await self._store.get(layout.header_path(self.tc_id, least),
+                                           partition_key=layout.txn_key(self.tc_id, least))
+            try:
+                header = None if stored is None else TxnHeader.from_json(stored.value)
+            except ValueError:
+                continue  # logged where it is served (_apply); no decision to tell
+            if header is not None and header.state.terminal:
+                await self._publish(least, header.state)
+                published += 1
+        if published:
+            self._log.info("wrote again the events of decided txns whose participants have not finished",
+                           count=published)
 
     def low_watermark(self) -> int:
         """What END_TXN_ON_* carries: (the smallest txn id of this coordinator that is OPEN or has

@@ -336,6 +336,7 @@ async def test_decision_events_are_retried_after_a_failed_publication():
     store = FailBatch()
     tc = coordinator(store, "pulsar://a:1", partitions=1)
     await tc.start()
+    await tc.wait_recovered()  # the takeover's own pass over owed events is over: only the sweeper writes
     p = tc.partition(0)
     least = await p.new_txn(60_000, None)
     op = layout.TxnOp(layout.OpKind.WRITE, "seg", 1, 1)
@@ -560,13 +561,13 @@ async def committed_without_events(store: FailEvents, partition: CoordinatorPart
 
 
 async def test_events_a_stepping_down_partition_still_owes_are_written_as_it_stops():
-    # The list of decisions whose events failed lives in the partition, and no next leader looks for
-    # such txns: they are written once more as the partition stops, or a v5 participant waits for GC.
+    # The list of decisions whose events failed lives in the partition: they are written once more as
+    # the partition stops, so a v5 participant does not wait for the next leader's takeover.
     store = FailEvents()
     tc = await started(store)
     old = tc.partition(0)
     least = await committed_without_events(store, old)
-    await stepped_down_and_led_again(tc, old)
+    await old.stop()  # as it steps down (the next leader would write them too: this is the stop's own)
     assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
     await tc.stop()
 
@@ -579,7 +580,7 @@ async def test_a_timeout_abort_cancelled_between_its_cas_and_its_events_still_wr
     await write_v5_op(store, least)
     store.gate.clear()  # the events are slow: the sweeper's abort waits on them after its CAS
     assert await eventually(lambda: least not in old.open_txns())
-    stopping = asyncio.create_task(stepped_down_and_led_again(tc, old))  # cancels the sweeper mid-publish
+    stopping = asyncio.create_task(old.stop())  # as it steps down: cancels the sweeper mid-publish
     await asyncio.sleep(0.1)
     store.gate.set()
     await stopping
@@ -599,6 +600,36 @@ async def test_a_repeated_end_txn_whose_events_fail_is_retried_by_the_sweeper():
     store.failing = False
     assert await eventually(lambda: not partition._unpublished)
     assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
+    await tc.stop()
+
+
+async def test_the_next_leader_writes_at_once_the_events_a_crashed_leader_owed():
+    """A leader that dies between a decision's CAS and its events (kill -9: its list of what it owes is
+    gone, and it never stops) leaves Pulsar 5's participants waiting: they re-read headers only on an
+    event. The next leader writes the events as it takes the coordinator over, for a commit (whose
+    client may never retry) and a timeout abort alike, not GC a retention later."""
+    store = FailEvents()
+    clock = FakeClock()
+    tc = await started(store, clock)
+    old = tc.partition(0)
+    committed = await committed_without_events(store, old)
+    timed_out = await old.new_txn(1_000, None)
+    await write_v5_op(store, timed_out)
+    still_open = await old.new_txn(60_000, None)
+    await write_v5_op(store, still_open)
+    clock.now += 1_500
+    store.failing = True
+    await old.expire(timed_out)  # the timeout sweep's abort: its CAS lands, its events fail (logged, kept)
+    store.failing = False
+    assert (await header(store, 0, timed_out)).state is TxnState.ABORTED
+    assert await decision_events(store) == []
+    old._unpublished.clear()  # as after a crash: what the dead leader owed was in its memory only
+    new = await stepped_down_and_led_again(tc, old)
+    assert sorted(await decision_events(store)) == sorted([
+        f'{{"txnId":"0_{committed}","decision":"COMMITTED"}}'.encode(),
+        f'{{"txnId":"0_{timed_out}","decision":"ABORTED"}}'.encode(),
+    ])  # and none for the txn still open
+    assert still_open in new.open_txns()
     await tc.stop()
 
 

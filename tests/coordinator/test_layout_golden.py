@@ -377,3 +377,10 @@ async def test_records_in_the_earlier_tc_server_form_are_served_and_upgraded() -
     assert await store.get("/txn/id/0_1", partition_key="0_1") is None
     await tc.stop()
     await store.close()
+
+
+@pytest.mark.parametrize("key", ["/txn/op/1_0", "/txn/op/1_0-", "/txn/op/1_0-12a", "/txn/id/1_0-00000000000000000001",
+                                 "/txn/op/1_0_0-00000000000000000001", "/txn/op/x-00000000000000000001"])
+def test_an_op_record_key_of_another_shape_is_named(key: str) -> None:
+    with pytest.raises(ValueError, match="not an op record key|not a txn key"):
+        layout.parse_op_key(key)

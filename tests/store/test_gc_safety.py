@@ -188,3 +188,16 @@ async def test_gc_keeps_every_header_of_a_page_when_an_op_record_is_indexed_only
     result = await collect_garbage(store, Metrics("gc-safety"), AFTER_RETENTION_MS, RETENTION_S)
     assert await headers_left(store, [(5, 1), (5, 2)]) == {(5, 2)}
     assert (result.deleted, result.republished) == (1, 1)
+
+
+async def test_the_ops_by_txn_range_of_a_coordinator_holds_its_op_records_only(store: MetadataStore) -> None:
+    """What a next leader scans for the events a crashed leader owed (partition._publish_owed_events):
+    coordinator 1's op records, with Pulsar's index keys, and none of coordinators 0, 10 or 11's, on every
+    store (Oxia compares ``<secondary>\\x01<primary>``; coordinator 10's keys start ``/txn/op/10_``)."""
+    mine = {await put_op(store, 1, least, "pulsar-index") for least in (0, 7, 123, -5)}
+    for most in (0, 10, 11):
+        await put_op(store, most, 7, "pulsar-index")
+    start, end = layout.ops_by_txn_coordinator_range(1)
+    found = [record.key async for record in store.scan_index(layout.IDX_OPS_BY_TXN, start, end)]
+    assert sorted(found) == sorted(mine)
+    assert sorted(layout.parse_op_key(key) for key in found) == [(1, -5), (1, 0), (1, 7), (1, 123)]
