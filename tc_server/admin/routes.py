@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
-from tc_server.coordinator.errors import CoordinatorNotFound, TransactionNotFound
+from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
 from tc_server.metrics import Metrics
@@ -155,6 +155,7 @@ class AdminRoutes:
         app.router.add_get(f"{PREFIX}/slowTransactions/{_ID % 'timeout'}", self.slow)
         app.router.add_post(f"{PREFIX}/abort/{_ID % 'most'}/{_ID % 'least'}", self.force_abort)
         app.router.add_get(f"{PREFIX}/undelivered", self.undelivered)
+        app.router.add_post(f"{PREFIX}/undelivered/{_ID % 'most'}/{_ID % 'least'}/drop", self.drop_participant)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return json_response(200, {"status": "ok"})
@@ -306,6 +307,33 @@ class AdminRoutes:
             return json_response(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
                                        "status": state.value})
         return json_response(200, {"txnId": f"({most},{least})", "status": state.value})
+
+    async def drop_participant(self, request: web.Request) -> web.Response:
+        """Forget one participant of a decided txn that can never be told (docs/participants.md, "A
+        participant that can never be told"): ``?topic=`` (and ``&subscription=`` for an ack's), or
+        ``?key=`` the record's key as ``undelivered`` lists an unreadable one. Its broker never learns
+        the decision."""
+        most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
+        if (missing := self._no_such_coordinator(most)) is not None:
+            return missing
+        topic, subscription, key = (request.query.get(name) for name in ("topic", "subscription", "key"))
+        if (topic is None) == (key is None) or (subscription is not None and topic is None):
+            raise web.HTTPBadRequest(reason="name the participant: ?topic=T (with &subscription=S for an "
+                                            "acknowledgement's), or ?key=K, the record key 'undelivered' lists")
+        if key is None:
+            assert topic is not None
+            key = layout.participants_prefix(most, least) + layout.Participant(topic, subscription).name()
+        try:
+            left = await self._tc.partition(most).drop_participant(least, key)
+        except CoordinatorNotFound as exc:
+            return json_response(409, {"reason": str(exc), "leader": self._tc.leader_url(most)})
+        except TransactionNotFound as exc:
+            return json_response(404, {"reason": str(exc)})
+        except InvalidTxnStatus as exc:
+            return json_response(409, {"reason": str(exc)})
+        except StoreError as exc:
+            return json_response(503, {"reason": f"metadata store error: {exc!r}"})
+        return json_response(200, {"txnId": txn_id(most, least), "dropped": key, "participantsLeft": left})
 
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,

@@ -975,6 +975,36 @@ class CoordinatorPartition:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
         return min(lowest) - 1
 
+    async def drop_participant(self, least: int, record_key: str) -> int:
+        """An operator's last resort (admin): forget the participant record ``record_key`` of a decided
+        txn in the outbox, a participant that can never be told (its topic or namespace deleted), so it
+        no longer holds the txn in the outbox and the low watermark below it. Its broker never learns the
+        decision. The txn's delivery starts over with the participants left. Returns how many are left.
+        Raises TransactionNotFound (no such record of this txn), InvalidTxnStatus (the txn is not in the
+        outbox here: open, or delivered), CoordinatorNotFound (stepped down), StoreError."""
+        txn = f"({self.tc_id},{least})"
+        outbox = self._undelivered.get(least)
+        if self._stopped:
+            raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} stepped down on this instance")
+        if outbox is None:
+            raise InvalidTxnStatus(f"transaction {txn} has no decision waiting for its participants here")
+        key = layout.txn_key(self.tc_id, least)
+        if not record_key.startswith(layout.participants_prefix(self.tc_id, least)) or (
+                await self._store.get(record_key, partition_key=key)) is None:
+            raise TransactionNotFound(f"transaction {txn} has no participant record {record_key!r}")
+        # The delivery under way tells every participant together: stopped, then started over below.
+        tasks = list(outbox.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._store.delete(record_key, partition_key=key)
+        left = await self._read_participants(least)
+        self._log.warning("participant dropped by an operator: its broker is never told the decision",
+                          txn=txn, record=record_key, decision=outbox.state.value, participants_left=len(left))
+        if self._undelivered.get(least) is outbox:
+            self._start_delivery(least, outbox.state, left, outbox.decided_ms)
+        return len(left)
+
     def undelivered(self) -> dict[int, int]:
         """least -> decision time (ms) of each decided txn still in the outbox here."""
         return {least: outbox.decided_ms for least, outbox in self._undelivered.items()}

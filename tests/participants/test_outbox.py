@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from tc_server.coordinator import events as events_module
 from tc_server.coordinator import layout
 from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import InvalidTxnStatus, NotAllowed
+from tc_server.coordinator.errors import InvalidTxnStatus, NotAllowed, TransactionNotFound
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.partition import (
     MAX_PARTICIPANTS_PER_ADD,
@@ -801,3 +802,86 @@ async def test_a_non_persistent_topic_is_refused_before_anything_is_written(stor
                 await p.add_participants(least, None, [Participant(OTHER), bad])
         assert await records(store, 0, least) == {}
         await p.add_participants(least, None, [Participant(TOPIC)])  # the txn goes on
+
+
+def http_post_json(url: str) -> tuple[int, Any]:
+    request = urllib.request.Request(url, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - loopback http
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return int(exc.code), json.loads(body) if body.startswith(b"{") else body.decode()
+
+
+async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: Path) -> None:
+    """Admin ``POST .../undelivered/{most}/{least}/drop``: the txn leaves the outbox once its last
+    participant is told or dropped, and stops holding the low watermark; each drop is named in the log."""
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
+                        log_format="json", data_dir=str(tmp_path / "data"))
+    app = await start_app(settings)
+    client = await connect("127.0.0.1", app.listener.port if app.listener else 0)
+    try:
+        decided = await client.new_txn(tc_id=0)
+        await client.add_partition(0, decided.least, TOPIC)
+        await client.add_subscription(0, decided.least, OTHER, "sub")
+        assert (await client.end_txn(0, decided.least, commit=True)).error is None
+        still_open = await client.new_txn(tc_id=0)
+        partition = app.coordinator.partition(0)
+        assert partition.undelivered().keys() == {decided.least}
+        base = f"http://127.0.0.1:{app.admin.port}/admin/v3/transactions/undelivered"
+        drop = f"{base}/0/{decided.least}/drop"
+
+        quoted = urllib.parse.quote(TOPIC, safe="")
+        assert await asyncio.to_thread(http_post_json, f"{drop}?topic={quoted}") == (
+            200, {"txnId": f"(0,{decided.least})", "dropped": Participant(TOPIC).path(0, decided.least),
+                  "participantsLeft": 1})
+        assert partition.undelivered().keys() == {decided.least}  # the acknowledgement's participant holds it
+        # Named by the record's key this time, as the listing names an unreadable record.
+        key = urllib.parse.quote(Participant(OTHER, "sub").path(0, decided.least), safe="")
+        status, body = await asyncio.to_thread(http_post_json, f"{drop}?key={key}")
+        assert (status, body["participantsLeft"]) == (200, 0)
+        assert await eventually(lambda: not partition.undelivered())
+        assert await records(app.store, 0, decided.least) == {}
+        assert await asyncio.to_thread(http_json, base) == (200, [])
+
+        # Refusals name the problem: no participant named, no such record, an open txn, no such coordinator.
+        assert (await asyncio.to_thread(http_post_json, drop))[0] == 400
+        status, body = await asyncio.to_thread(http_post_json, f"{drop}?topic={quoted}")
+        assert status == 409 and "no decision waiting" in body["reason"]
+        status, body = await asyncio.to_thread(http_post_json, f"{base}/0/{still_open.least}/drop?topic={quoted}")
+        assert status == 409 and "no decision waiting" in body["reason"]
+        assert (await asyncio.to_thread(http_post_json, f"{base}/7/1/drop?topic={quoted}"))[0] == 404
+    finally:
+        client.close()
+        await app.stop()
+
+
+class HangingOnTopic(RecordingSender):
+    """TOPIC's broker never answers (its namespace is gone); every other one acknowledges."""
+
+    async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                         low_watermark: Callable[[], int]) -> None:
+        if participant.topic == TOPIC:
+            await asyncio.Event().wait()
+        await super().end_txn_on(participant, most, least, committed, low_watermark)
+
+
+async def test_dropping_the_participant_a_delivery_waits_on_lets_the_others_finish(store: MetadataStore) -> None:
+    sender = HangingOnTopic()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await partition.end_txn(least, commit=True, principal=None)
+    later = await partition.new_txn(60_000, None)
+    assert await eventually(lambda: [told.participant for told in sender.told] == [Participant(OTHER)])
+    assert partition.undelivered().keys() == {least}
+    assert partition.low_watermark() == least - 1  # held below the undelivered txn
+    with pytest.raises(TransactionNotFound):
+        await partition.drop_participant(least, Participant(OTHER, "no-such").path(0, least))
+    assert await partition.drop_participant(least, Participant(TOPIC).path(0, least)) == 1
+    assert await eventually(lambda: not partition.undelivered())
+    assert await records(store, 0, least) == {}
+    assert partition.low_watermark() == later - 1  # only the open txn holds it now
+    await partition.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.interop.conftest import Harness, java_harness
+from tests.participants.test_outbox import http_post_json
 from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
 from tests.support.server_process import started
 
@@ -178,3 +180,40 @@ async def test_end_txn_answers_after_the_wait_while_the_broker_is_down(pulsar_br
     finally:
         client.close()
         server.stop()
+
+
+async def test_an_operator_drops_the_participant_of_a_deleted_namespace(pulsar_broker: PulsarBroker,
+                                                                         tmp_path: Path) -> None:
+    """A participant's namespace is deleted before the commit reaches it: no broker can ever be told, and
+    the txn holds its coordinator's low watermark for good. The admin drop forgets that participant
+    (docs/participants.md); the txn leaves the outbox, and nothing else is touched."""
+    namespace = f"public/gone-{uuid.uuid4().hex[:8]}"
+    pulsar_broker.create_namespace(namespace, {})
+    topic = f"persistent://{namespace}/orders"
+    pulsar_broker.create_topic(topic)
+    server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", str(SHORT_WAIT_S))
+    client = await connect("127.0.0.1", server.port)
+    try:
+        opened = await client.new_txn(tc_id=5)
+        assert (await client.add_partition(5, opened.least, topic)).error is None
+        for path in (f"/admin/v2/persistent/{namespace}/orders", f"/admin/v2/namespaces/{namespace}"):
+            code, body = pulsar_broker.request("DELETE", path)
+            assert code in (200, 204), (path, code, body)
+        assert (await client.end_txn(5, opened.least, commit=True)).error is None  # after the wait
+        assert [entry["txnId"] for entry in await asyncio.to_thread(undelivered, server)] == [f"(5,{opened.least})"]
+        failed = 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="'
+        assert metric(server, failed) - metric(server, failed + 'ok"}') >= 1, server.log_tail()
+
+        drop = (f"{server.admin_url}/admin/v3/transactions/undelivered/5/{opened.least}/drop?"
+                + urllib.parse.urlencode({"topic": topic}))
+        status, body = await asyncio.to_thread(http_post_json, drop)
+        assert (status, body["participantsLeft"]) == (200, 0), body
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(undelivered, server):
+            assert time.monotonic() < deadline, server.log_tail()
+            await asyncio.sleep(0.2)
+        assert "participant dropped by an operator" in server.log_path.read_text()
+    finally:
+        client.close()
+        server.stop()
+
