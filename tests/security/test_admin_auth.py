@@ -58,6 +58,9 @@ async def test_admin_needs_a_superuser_token(start, secret):
     status, _, doc = await admin(app, f"/admin/v3/transactions/transactionMetadata/{txn.most}/{txn.least}",
                                  token=alice_token)
     assert status == 403
+    drop = f"/admin/v3/transactions/undelivered/{txn.most}/{txn.least}/drop?topic=t"
+    assert (await admin(app, drop, "POST"))[0] == 401
+    assert (await admin(app, drop, "POST", token=alice_token))[0] == 403
 
     superuser = make_token(secret, "HS256", "admin")
     status, _, doc = await admin(app, f"/admin/v3/transactions/transactionMetadata/{txn.most}/{txn.least}",

@@ -54,7 +54,8 @@ async def test_a_coordinator_id_past_the_configured_number_is_404_on_every_endpo
     for path, method in ((f"/admin/v3/transactions/abort/{n}/1", "POST"),
                          (f"/admin/v3/transactions/slowTransactions/0?coordinatorId={n}", "GET"),
                          (f"/admin/v3/transactions/coordinatorStats?coordinatorId={n}", "GET"),
-                         (f"/admin/v3/transactions/undelivered?coordinatorId={n}", "GET")):
+                         (f"/admin/v3/transactions/undelivered?coordinatorId={n}", "GET"),
+                         (f"/admin/v3/transactions/undelivered/{n}/1/drop?topic=t", "POST")):
         status, doc = await get(app, path, method)
         assert status == 404 and doc["reason"] == f"no transaction coordinator {n} (there are {n})", (path, doc)
 
