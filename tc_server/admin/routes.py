@@ -310,30 +310,28 @@ class AdminRoutes:
 
     async def drop_participant(self, request: web.Request) -> web.Response:
         """Forget one participant of a decided txn that can never be told (docs/participants.md, "A
-        participant that can never be told"): ``?topic=`` (and ``&subscription=`` for an ack's), or
-        ``?key=`` the record's key as ``undelivered`` lists an unreadable one. Its broker never learns
-        the decision."""
+        participant that can never be told"): ``?topic=``, and ``&subscription=`` for an
+        acknowledgement's. Its broker never learns the decision."""
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
         if (missing := self._no_such_coordinator(most)) is not None:
             return missing
-        topic, subscription, key = (request.query.get(name) for name in ("topic", "subscription", "key"))
-        if (topic is None) == (key is None) or (subscription is not None and topic is None):
-            raise web.HTTPBadRequest(reason="name the participant: ?topic=T (with &subscription=S for an "
-                                            "acknowledgement's), or ?key=K, the record key 'undelivered' lists")
-        if key is None:
-            assert topic is not None
-            key = layout.participants_prefix(most, least) + layout.Participant(topic, subscription).name()
+        topic, subscription = request.query.get("topic"), request.query.get("subscription")
+        if not topic:
+            raise web.HTTPBadRequest(reason="name the participant: ?topic=T, with &subscription=S for an "
+                                            "acknowledgement's (as 'undelivered' lists it)")
+        participant = layout.Participant(topic, subscription)
         try:
-            left = await self._tc.partition(most).drop_participant(least, key)
+            left = await self._tc.partition(most).drop_participant(least, participant)
         except CoordinatorNotFound as exc:
             return json_response(409, {"reason": str(exc), "leader": self._tc.leader_url(most)})
         except TransactionNotFound as exc:
             return json_response(404, {"reason": str(exc)})
         except InvalidTxnStatus as exc:
             return json_response(409, {"reason": str(exc)})
-        except StoreError as exc:
+        except (StoreError, TimeoutError) as exc:
             return json_response(503, {"reason": f"metadata store error: {exc!r}"})
-        return json_response(200, {"txnId": txn_id(most, least), "dropped": key, "participantsLeft": left})
+        return json_response(200, {"txnId": txn_id(most, least), "dropped": {"topic": topic, **(
+            {"subscription": subscription} if subscription is not None else {})}, "participantsLeft": left})
 
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,

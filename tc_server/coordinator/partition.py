@@ -188,6 +188,8 @@ class CoordinatorPartition:
         # timeout): the sweeper writes them again so participants do not wait for GC.
         self._unpublished: dict[int, TxnState] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._dropping = asyncio.Lock()  # admin drops of participants, one at a time (drop_participant)
+        self._owed_events: asyncio.Task[None] | None = None  # see _publish_owed_events
         self._log = log.bind(coordinator_id=tc_id)
         # -- participants of today's brokers (docs/participants.md) --
         self._sender = sender
@@ -252,10 +254,11 @@ class CoordinatorPartition:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
+        for background in (self._sweeper, self._owed_events):
+            if background is not None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
+        self._sweeper = None
         # Decisions whose events are not all written (a failed write, or the sweeper's timeout abort
         # cancelled just now between its CAS and its events): this list lives only here. One more try
         # now; the next leader writes what is left as it takes over (_publish_owed_events).
@@ -921,8 +924,22 @@ class CoordinatorPartition:
         self._gone_while_recovering.clear()
         if redriven:
             self._log.info("re-driving undelivered decisions", count=redriven)
-        await self._publish_owed_events()
+        # Its own task, retried on its own: a failure here must not send the coordinator through the
+        # whole recovery again (a second deadline scan, without the guard _gone_while_recovering was).
+        if self._owed_events is None and not self._stopped:
+            self._owed_events = asyncio.create_task(self._publish_owed_events_retrying(),
+                                                    name=f"owed-events-{self.tc_id}")
         return redriven
+
+    async def _publish_owed_events_retrying(self) -> None:
+        backoff = Backoff(OUTBOX_RETRY_INITIAL_S, OUTBOX_RETRY_MAX_S)
+        while not self._stopped:
+            try:
+                await self._publish_owed_events()
+                return
+            except (StoreError, TimeoutError) as exc:
+                self._log.warning("writing the events a previous leader owed failed; retrying", error=repr(exc))
+                await asyncio.sleep(backoff.next_delay())
 
     async def _publish_owed_events(self) -> None:
         """At leadership: write again the events of every decided txn of this coordinator whose op
@@ -975,34 +992,59 @@ class CoordinatorPartition:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
         return min(lowest) - 1
 
-    async def drop_participant(self, least: int, record_key: str) -> int:
-        """An operator's last resort (admin): forget the participant record ``record_key`` of a decided
-        txn in the outbox, a participant that can never be told (its topic or namespace deleted), so it
-        no longer holds the txn in the outbox and the low watermark below it. Its broker never learns the
-        decision. The txn's delivery starts over with the participants left. Returns how many are left.
-        Raises TransactionNotFound (no such record of this txn), InvalidTxnStatus (the txn is not in the
-        outbox here: open, or delivered), CoordinatorNotFound (stepped down), StoreError."""
+    async def drop_participant(self, least: int, participant: Participant) -> int:
+        """An operator's last resort (admin): forget ``participant`` of a decided txn in the outbox, one
+        that can never be told (its topic or namespace deleted), so it no longer holds the txn in the
+        outbox and the low watermark below it. Its broker never learns the decision. The txn's delivery
+        starts over with the participants left. Returns how many are left. Raises TransactionNotFound (no
+        such participant record of this txn), InvalidTxnStatus (not in the outbox here as decided: open,
+        delivered, or its header unreadable), CoordinatorNotFound (not leading), StoreError, TimeoutError.
+
+        Drops run one at a time (a second drop of the same txn would start a delivery from records the
+        first is deleting). A step-down in the moment of the delete answers CoordinatorNotFound: the next
+        leader may have read the record already and tell that broker from memory; the same drop there
+        answers TransactionNotFound, having started that txn's delivery again from the records."""
+        async with self._dropping:
+            return await self._drop_participant(least, participant)
+
+    async def _drop_participant(self, least: int, participant: Participant) -> int:
         txn = f"({self.tc_id},{least})"
         outbox = self._undelivered.get(least)
         if self._stopped:
-            raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} stepped down on this instance")
-        if outbox is None:
+            raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} is not led by this instance")
+        if outbox is None or not outbox.state.terminal:
+            # Not terminal: held because its header is unreadable (_hold_undeliverable). Delivering the
+            # others would tell them a decision nobody can read.
             raise InvalidTxnStatus(f"transaction {txn} has no decision waiting for its participants here")
         key = layout.txn_key(self.tc_id, least)
-        if not record_key.startswith(layout.participants_prefix(self.tc_id, least)) or (
-                await self._store.get(record_key, partition_key=key)) is None:
-            raise TransactionNotFound(f"transaction {txn} has no participant record {record_key!r}")
-        # The delivery under way tells every participant together: stopped, then started over below.
+        record_key = participant.path(self.tc_id, least)
+        present = await self._store.get(record_key, partition_key=key) is not None
+        # The delivery under way tells every participant together: stopped, and started over in any case
+        # (should the delete fail, with every participant, or the txn would wait for a leadership change).
+        # Also when the record is gone already: dropped at a leader that stepped down in that moment,
+        # whose successor may have read it before, and tells that broker from memory.
         tasks = list(outbox.tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._store.delete(record_key, partition_key=key)
-        left = await self._read_participants(least)
-        self._log.warning("participant dropped by an operator: its broker is never told the decision",
-                          txn=txn, record=record_key, decision=outbox.state.value, participants_left=len(left))
-        if self._undelivered.get(least) is outbox:
-            self._start_delivery(least, outbox.state, left, outbox.decided_ms)
+        left: list[tuple[str, Participant]] | None = None
+        try:
+            if not present:
+                named = f"topic {participant.topic!r}" + (
+                    "" if participant.subscription is None else f" subscription {participant.subscription!r}")
+                raise TransactionNotFound(f"transaction {txn} has no participant {named} (its delivery was "
+                                          "started again from the participant records)")
+            self._check_still_leading(least, "participant drop")
+            await self._store.delete(record_key, partition_key=key)
+            left = await self._read_participants(least)
+            self._log.warning("participant dropped by an operator: its broker is never told the decision",
+                              txn=txn, topic=participant.topic, subscription=participant.subscription,
+                              decision=outbox.state.value,
+                              participants_left=len(left))
+        finally:
+            if self._undelivered.get(least) is outbox:
+                self._start_delivery(least, outbox.state, left, outbox.decided_ms)
+        self._check_still_leading(least, "participant drop")
         return len(left)
 
     def undelivered(self) -> dict[int, int]:

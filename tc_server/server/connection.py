@@ -480,6 +480,8 @@ class ClientConnection(asyncio.Protocol):
         self._principal = result.principal
         self._superuser = result.superuser
         self._proxied = result.proxied
+        if result.proxied:
+            self._log = self._log.bind(acting_as=(result.principal or "")[:128])  # the client behind the proxy
         if connect.original_principal and result.session is not None and not result.proxied:
             # Ignored (handshake.py). Most likely a Pulsar proxy whose role is not in --proxy-roles: its
             # clients would all act as the proxy, and the brokers refuse the lookups forwarded for them.

@@ -625,11 +625,59 @@ async def test_the_next_leader_writes_at_once_the_events_a_crashed_leader_owed()
     assert await decision_events(store) == []
     old._unpublished.clear()  # as after a crash: what the dead leader owed was in its memory only
     new = await stepped_down_and_led_again(tc, old)
-    assert sorted(await decision_events(store)) == sorted([
-        f'{{"txnId":"0_{committed}","decision":"COMMITTED"}}'.encode(),
-        f'{{"txnId":"0_{timed_out}","decision":"ABORTED"}}'.encode(),
-    ])  # and none for the txn still open
+    expected = sorted([f'{{"txnId":"0_{committed}","decision":"COMMITTED"}}'.encode(),
+                       f'{{"txnId":"0_{timed_out}","decision":"ABORTED"}}'.encode()])  # none for the open txn
+    written: list[bytes] = []
+
+    async def all_written() -> bool:
+        written[:] = sorted(await decision_events(store))
+        return written == expected
+
+    for _ in range(100):
+        if await all_written():
+            break
+        await asyncio.sleep(0.05)
+    assert written == expected
     assert still_open in new.open_txns()
+    await tc.stop()
+
+
+class FailOpsScanOnce(FailEvents):
+    """The first coordinator-wide scan of idx:ops-by-txn fails (the next leader's look for owed events)."""
+
+    failed = False
+    deadline_scans = 0  # the recovery's scans of the open txns
+
+    def scan_index(self, index_name: str, start_inclusive: str, end_exclusive: str, *,
+                   partition_key: str | None = None) -> AsyncIterator[Record]:
+        self.deadline_scans += index_name == layout.IDX_TXN_BY_DEADLINE
+        if index_name == layout.IDX_OPS_BY_TXN and partition_key is None and not self.failed:
+            self.failed = True
+
+            async def failing() -> AsyncIterator[Record]:
+                raise StoreUnavailableError("scan failed")
+                yield  # an async generator
+
+            return failing()
+        return super().scan_index(index_name, start_inclusive, end_exclusive, partition_key=partition_key)
+
+
+async def test_owed_events_are_retried_on_their_own_when_their_scan_fails():
+    """Not by sending the coordinator through recovery again: the deadline scan runs once."""
+    store = FailOpsScanOnce()
+    store.failed = True  # not the first leader's look
+    clock = FakeClock()
+    tc = await started(store, clock)
+    one_recovery = store.deadline_scans
+    old = tc.partition(0)
+    committed = await committed_without_events(store, old)
+    old._unpublished.clear()  # as after a crash
+    store.failed = False
+    new = await stepped_down_and_led_again(tc, old)
+    assert store.failed
+    assert await eventually(lambda: new._owed_events is not None and new._owed_events.done())
+    assert await decision_events(store) == [f'{{"txnId":"0_{committed}","decision":"COMMITTED"}}'.encode()]
+    assert store.deadline_scans == 2 * one_recovery
     await tc.stop()
 
 

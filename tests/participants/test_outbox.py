@@ -834,13 +834,14 @@ async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: 
 
         quoted = urllib.parse.quote(TOPIC, safe="")
         assert await asyncio.to_thread(http_post_json, f"{drop}?topic={quoted}") == (
-            200, {"txnId": f"(0,{decided.least})", "dropped": Participant(TOPIC).path(0, decided.least),
-                  "participantsLeft": 1})
+            200, {"txnId": f"(0,{decided.least})", "dropped": {"topic": TOPIC}, "participantsLeft": 1})
         assert partition.undelivered().keys() == {decided.least}  # the acknowledgement's participant holds it
-        # Named by the record's key this time, as the listing names an unreadable record.
-        key = urllib.parse.quote(Participant(OTHER, "sub").path(0, decided.least), safe="")
-        status, body = await asyncio.to_thread(http_post_json, f"{drop}?key={key}")
-        assert (status, body["participantsLeft"]) == (200, 0)
+        status, body = await asyncio.to_thread(http_post_json, f"{drop}?{urllib.parse.urlencode({'topic': OTHER})}")
+        assert status == 404 and "no participant topic" in body["reason"]  # OTHER is there as a subscription only
+        ack = urllib.parse.urlencode({"topic": OTHER, "subscription": "sub"})
+        assert await asyncio.to_thread(http_post_json, f"{drop}?{ack}") == (
+            200, {"txnId": f"(0,{decided.least})", "dropped": {"topic": OTHER, "subscription": "sub"},
+                  "participantsLeft": 0})
         assert await eventually(lambda: not partition.undelivered())
         assert await records(app.store, 0, decided.least) == {}
         assert await asyncio.to_thread(http_json, base) == (200, [])
@@ -879,9 +880,80 @@ async def test_dropping_the_participant_a_delivery_waits_on_lets_the_others_fini
     assert partition.undelivered().keys() == {least}
     assert partition.low_watermark() == least - 1  # held below the undelivered txn
     with pytest.raises(TransactionNotFound):
-        await partition.drop_participant(least, Participant(OTHER, "no-such").path(0, least))
-    assert await partition.drop_participant(least, Participant(TOPIC).path(0, least)) == 1
+        await partition.drop_participant(least, Participant(OTHER, "no-such"))
+    assert partition.undelivered().keys() == {least}  # started over, still waiting on TOPIC
+    assert await partition.drop_participant(least, Participant(TOPIC)) == 1
     assert await eventually(lambda: not partition.undelivered())
     assert await records(store, 0, least) == {}
     assert partition.low_watermark() == later - 1  # only the open txn holds it now
+    await partition.stop()
+
+
+async def test_a_participant_of_a_txn_whose_header_is_unreadable_is_not_dropped(store: MetadataStore) -> None:
+    """Held because nobody can read its decision: dropping one participant would start telling the
+    others, and there is no decision to tell them."""
+    sender = RecordingSender()
+    previous = partition_on(store, None, FakeClock())
+    await previous.recover_outbox()
+    least = await previous.new_txn(60_000, None)
+    await previous.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await previous.stop()
+    await store.put(layout.header_path(0, least), b"{not json", partition_key=layout.txn_key(0, least))
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    assert partition.undelivered().keys() == {least}
+    with pytest.raises(InvalidTxnStatus):
+        await partition.drop_participant(least, Participant(TOPIC))
+    assert len(await records(store, 0, least)) == 2 and sender.told == []
+    await partition.stop()
+
+
+class FailDelete(MemoryStore):
+    """Deletes fail while ``failing``."""
+
+    failing = False
+
+    async def delete(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failing:
+            raise StoreUnavailableError("delete failed")
+        return await super().delete(*args, **kwargs)
+
+
+async def test_a_drop_whose_delete_fails_leaves_the_delivery_going() -> None:
+    store = FailDelete()
+    sender = HangingOnTopic()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await partition.end_txn(least, commit=True, principal=None)
+    assert await eventually(lambda: len(sender.told) == 1)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await partition.drop_participant(least, Participant(TOPIC))
+    # Started over with both: OTHER is told again (brokers ignore a repeat), TOPIC still waited on.
+    assert await eventually(lambda: len(sender.told) == 2)
+    assert partition.undelivered().keys() == {least}
+    store.failing = False
+    assert await partition.drop_participant(least, Participant(TOPIC)) == 1
+    assert await eventually(lambda: not partition.undelivered())
+    await partition.stop()
+
+
+async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_starts_over(
+        store: MetadataStore) -> None:
+    """The drop's leader stepped down as it deleted the record; the next leader had read it already and
+    tells that broker from memory. The same drop there answers TransactionNotFound and starts that txn's
+    delivery again from the records left."""
+    sender = HangingOnTopic()
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await partition.end_txn(least, commit=True, principal=None)
+    assert await eventually(lambda: len(sender.told) == 1)
+    await store.delete(Participant(TOPIC).path(0, least), partition_key=layout.txn_key(0, least))  # the other's
+    with pytest.raises(TransactionNotFound, match="started again"):
+        await partition.drop_participant(least, Participant(TOPIC))
+    assert await eventually(lambda: not partition.undelivered())
     await partition.stop()

@@ -42,9 +42,12 @@ async def client_as(start, secret):
 async def test_a_proxy_acts_as_each_client_it_names(start, secret, client_as):
     app = await start(authentication_providers="token", token_secret_key=data_url(secret),
                       proxy_roles="pulsar-proxy", superuser_roles="ops")
-    alice_via_proxy = await client_as(app, "pulsar-proxy", for_client="alice")
+    with capture_logs() as logged:
+        alice_via_proxy = await client_as(app, "pulsar-proxy", for_client="alice")
     bob_via_proxy = await client_as(app, "pulsar-proxy", for_client="bob")
     alice = await client_as(app, "alice")
+    [connected] = [entry for entry in logged if entry["event"] == "client connected"]
+    assert (connected["role"], connected["acting_as"]) == ("pulsar-proxy", "alice")  # who did what, in the log
     txn = await alice_via_proxy.new_txn(tc_id=3, ttl_ms=60_000)
     assert await owner_of(app, txn.most, txn.least) == "alice"  # not the proxy's role
     # Another client behind the same proxy cannot touch it, with the words of a missing id.
