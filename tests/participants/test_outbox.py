@@ -545,6 +545,18 @@ def partition_on(store: MetadataStore, sender: RecordingSender | None, clock: Fa
                                 sweep_timeouts=False, sender=sender)
 
 
+async def committed_to_topic_and_other(store: MetadataStore,
+                                       sender: RecordingSender) -> tuple[CoordinatorPartition, int]:
+    """A partition leading on ``store`` with ``sender`` as the brokers, and a txn committed there with
+    TOPIC and OTHER as participants (its delivery under way)."""
+    partition = partition_on(store, sender, FakeClock())
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
+    await partition.end_txn(least, commit=True, principal=None)
+    return partition, least
+
+
 async def test_a_decision_the_previous_leader_took_after_the_scan_is_delivered_at_once(store: MetadataStore) -> None:
     # The new leader adopted T as OPEN from its deadline scan; the previous one then decided T and
     # stepped down before its brokers acknowledged. The new leader's outbox scan delivers T now, not at
@@ -659,11 +671,7 @@ class FailingOnTopic(RecordingSender):
 
 async def test_a_failed_delivery_leaves_no_sibling_running(store: MetadataStore) -> None:
     sender = FailingOnTopic()
-    partition = partition_on(store, sender, FakeClock())
-    await partition.recover_outbox()
-    least = await partition.new_txn(60_000, None)
-    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
-    await partition.end_txn(least, commit=True, principal=None)
+    partition, least = await committed_to_topic_and_other(store, sender)
     # The failure cancels the other participant's delivery (it starts over later from the records)
     # instead of leaving it running untracked, past a stop() and beside the restarted one.
     await asyncio.wait_for(sender.other_cancelled.wait(), 5.0)
@@ -870,11 +878,7 @@ class HangingOnTopic(RecordingSender):
 
 async def test_dropping_the_participant_a_delivery_waits_on_lets_the_others_finish(store: MetadataStore) -> None:
     sender = HangingOnTopic()
-    partition = partition_on(store, sender, FakeClock())
-    await partition.recover_outbox()
-    least = await partition.new_txn(60_000, None)
-    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
-    await partition.end_txn(least, commit=True, principal=None)
+    partition, least = await committed_to_topic_and_other(store, sender)
     later = await partition.new_txn(60_000, None)
     assert await eventually(lambda: [told.participant for told in sender.told] == [Participant(OTHER)])
     assert partition.undelivered().keys() == {least}
@@ -922,11 +926,7 @@ class FailDelete(MemoryStore):
 async def test_a_drop_whose_delete_fails_leaves_the_delivery_going() -> None:
     store = FailDelete()
     sender = HangingOnTopic()
-    partition = partition_on(store, sender, FakeClock())
-    await partition.recover_outbox()
-    least = await partition.new_txn(60_000, None)
-    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
-    await partition.end_txn(least, commit=True, principal=None)
+    partition, least = await committed_to_topic_and_other(store, sender)
     assert await eventually(lambda: len(sender.told) == 1)
     store.failing = True
     with pytest.raises(StoreUnavailableError):
@@ -946,11 +946,7 @@ async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_sta
     tells that broker from memory. The same drop there answers TransactionNotFound and starts that txn's
     delivery again from the records left."""
     sender = HangingOnTopic()
-    partition = partition_on(store, sender, FakeClock())
-    await partition.recover_outbox()
-    least = await partition.new_txn(60_000, None)
-    await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER)])
-    await partition.end_txn(least, commit=True, principal=None)
+    partition, least = await committed_to_topic_and_other(store, sender)
     assert await eventually(lambda: len(sender.told) == 1)
     await store.delete(Participant(TOPIC).path(0, least), partition_key=layout.txn_key(0, least))  # the other's
     with pytest.raises(TransactionNotFound, match="started again"):
