@@ -1,5 +1,6 @@
 """Admin endpoints: probes, Prometheus, and the ``/admin/v3/transactions`` reads that
-``pulsar-admin transactions`` uses (pulsar-protocol.md §6), plus a force-abort (apache/pulsar#19786).
+``pulsar-admin transactions`` uses (pulsar-protocol.md §6), plus a force-abort (apache/pulsar#19786), the
+outbox listing and the drop of a participant that can never be told (docs/participants.md).
 
 aiohttp handlers; who may call which is decided before them, in tc_server/admin/http.py.
 """
