@@ -117,9 +117,8 @@ def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
 def _low_watermark(partition: CoordinatorPartition) -> int:
     """The lowest txn held here (open, or decided but not yet told to its brokers) minus one; 0 with none,
     as Pulsar's getLowWaterMark."""
-    held = [least for least in (partition.lowest_open(), min(partition.undelivered(), default=None))
-            if least is not None]
-    return min(held) - 1 if held else 0
+    held = partition.lowest_held()
+    return 0 if held is None else held - 1
 
 
 class StartingRoutes:

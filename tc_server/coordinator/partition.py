@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -85,6 +85,7 @@ MAX_PARTICIPANTS_PER_ADD = 256
 
 # Topics without a transaction buffer (Pulsar's NonPersistentTopic refuses transactional operations).
 NON_PERSISTENT = "non-persistent://"
+
 
 class ParticipantSender(Protocol):
     """Tells one participant broker a decision (tc_server/participants/delivery.py); returns once the
@@ -254,10 +255,7 @@ class CoordinatorPartition:
 
     async def stop(self) -> None:
         self._stopped = True
-        for background in (self._sweeper, self._owed_events):
-            if background is not None:
-                background.cancel()
-                await asyncio.gather(background, return_exceptions=True)
+        await _cancel_all(task for task in (self._sweeper, self._owed_events) if task is not None)
         self._sweeper = None
         # Decisions whose events are not all written (a failed write, or the sweeper's timeout abort
         # cancelled just now between its CAS and its events): this list lives only here. One more try
@@ -270,10 +268,7 @@ class CoordinatorPartition:
                                   "next leader writes them", txns=sorted(self._unpublished)[:20],
                                   count=len(self._unpublished))
         # Deliveries stop with leadership; the records stay and the next leader re-drives them.
-        tasks = [task for outbox in self._undelivered.values() for task in outbox.tasks]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
         for outbox in self._undelivered.values():
             if not outbox.done.done():
                 outbox.done.set_result(None)  # END_TXN waiting here answers now: the decision is durable
@@ -289,9 +284,12 @@ class CoordinatorPartition:
     def open_count(self) -> int:
         return len(self._open)
 
-    def lowest_open(self) -> int | None:
-        """The smallest id of the open txns tracked here (no copy of the open set)."""
-        return _smallest(self._open_ids, self._open)
+    def lowest_held(self) -> int | None:
+        """The smallest id of the txns held here: open, or decided and not yet told to every participant
+        (no copy of either set); None when none is."""
+        held = [least for least in (_smallest(self._open_ids, self._open),
+                                    _smallest(self._undelivered_ids, self._undelivered)) if least is not None]
+        return min(held, default=None)
 
     @property
     def reserved_next(self) -> int:
@@ -418,9 +416,8 @@ class CoordinatorPartition:
     async def end_txn(self, least: int, commit: bool, principal: str | None,
                       superuser: bool = False) -> asyncio.Future[None] | None:
         """END_TXN, by ``principal`` (its owner, or a superuser: either may end it). Idempotent: ending a
-        txn again in the same way succeeds. Returns, while the
-        decision's delivery to the participants is under way, its future (done once every broker
-        acknowledged); None when there is nothing to wait for."""
+        txn again in the same way succeeds. Returns, while the decision's delivery to the participants is
+        under way, its future (done once every broker acknowledged); None when there is nothing to wait for."""
         request = Request.COMMIT if commit else Request.ABORT
         decision, header = await self._apply(least, request, principal, superuser)
         if decision is Decision.EXPIRE:
@@ -564,7 +561,7 @@ class CoordinatorPartition:
         # (stalled longer than the session timeout): another instance may lead and have scanned the
         # store already, and would not track a txn whose NEW_TXN is answered here (its low watermark
         # could pass it). Answered only while the session surely lived when the write landed.
-        if self._lease is not None and lease_clock() >= self._lease():
+        if self.lease_lapsed():
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id}: this instance's hold on it may have "
                                       f"lapsed (no store keep-alive answered within the session timeout) while "
                                       f"the {what} of ({self.tc_id},{least}) was being written; look it up again")
@@ -985,12 +982,10 @@ class CoordinatorPartition:
             # Stopping: a txn decided meanwhile leaves the open set without entering the outbox (the next
             # leader re-drives it), so memory no longer holds everything below a watermark.
             return UNKNOWN_WATERMARK
-        lowest = [least for least in (_smallest(self._open_ids, self._open),
-                                      _smallest(self._undelivered_ids, self._undelivered))
-                  if least is not None]
-        if not lowest:
+        lowest = self.lowest_held()
+        if lowest is None:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
-        return min(lowest) - 1
+        return lowest - 1
 
     async def drop_participant(self, least: int, participant: Participant) -> int:
         """An operator's last resort (admin): forget ``participant`` of a decided txn in the outbox, one
@@ -1023,10 +1018,7 @@ class CoordinatorPartition:
         # (should the delete fail, with every participant, or the txn would wait for a leadership change).
         # Also when the record is gone already: dropped at a leader that stepped down in that moment,
         # whose successor may have read it before, and tells that broker from memory.
-        tasks = list(outbox.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(outbox.tasks)
         left: list[tuple[str, Participant]] | None = None
         try:
             if not present:
@@ -1064,6 +1056,15 @@ def _compact(heap: list[int], live: Mapping[int, object]) -> None:
     if len(heap) > 2 * len(live) + 1024:
         heap[:] = list(live)
         heapq.heapify(heap)
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended (a copy is taken: their done callbacks may change
+    the collection they came from)."""
+    cancelled = list(tasks)
+    for task in cancelled:
+        task.cancel()
+    await asyncio.gather(*cancelled, return_exceptions=True)
 
 
 def _smallest(heap: list[int], live: Mapping[int, object]) -> int | None:

@@ -466,10 +466,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_authentication("authentication failed", connect.auth_method_name, exc)
             return
         except InvalidRoles as exc:
-            self._log.warning("connection refused", error=str(exc))
-            self._ctx.metrics.request_errors.labels("CONNECT", ServerError.AuthorizationError.name).inc()
-            self.send(Error(NO_REQUEST_ID, ServerError.AuthorizationError, str(exc)))
-            self.close()
+            self._refuse("connection refused", ServerError.AuthorizationError, exc)
             return
         self._connect = connect
         target = connect.proxy_to_broker_url
@@ -659,9 +656,13 @@ class ClientConnection(asyncio.Protocol):
 
     def _refuse_authentication(self, event: str, method: str | None, exc: AuthenticationFailed) -> None:
         # The message names the problem, never the credentials (tc_server/auth/api.py).
-        self._log.warning(event, method=(method or "")[:64], error=str(exc))
-        self._ctx.metrics.request_errors.labels("CONNECT", ServerError.AuthenticationError.name).inc()
-        self.send(Error(NO_REQUEST_ID, ServerError.AuthenticationError, str(exc)))
+        self._refuse(event, ServerError.AuthenticationError, exc, method=(method or "")[:64])
+
+    def _refuse(self, event: str, error: ServerError, exc: Exception, **fields: Any) -> None:
+        """End the handshake: log ``event``, count it, answer ERROR ``error`` with ``exc``'s message, close."""
+        self._log.warning(event, error=str(exc), **fields)
+        self._ctx.metrics.request_errors.labels("CONNECT", error.name).inc()
+        self.send(Error(NO_REQUEST_ID, error, str(exc)))
         self.close()
 
     def _start_auth_refresh(self, session: AuthSession | None) -> None:

@@ -404,7 +404,7 @@ async def test_the_open_ids_heap_stays_bounded_when_nothing_asks_for_the_waterma
     for _ in range(5000):
         await partition.end_txn(await partition.new_txn(0, None), True, None)
     assert len(partition._open_ids) <= 2 * partition.open_count + 1024 + 1
-    assert partition.lowest_open() == oldest
+    assert partition.lowest_held() == oldest
     await tc.stop()
     await store.close()
 

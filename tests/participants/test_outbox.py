@@ -48,12 +48,15 @@ TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
 
 
-def http_json(url: str) -> tuple[int, Any]:
+def http_json(url: str, method: str = "GET") -> tuple[int, Any]:
+    """(status, JSON body) of an admin call; an error whose body is not JSON (aiohttp's own 400) as text."""
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback http
+        with urllib.request.urlopen(urllib.request.Request(url, method=method),  # noqa: S310 - loopback http
+                                    timeout=10) as resp:
             return int(resp.status), json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read())
+        body = exc.read()
+        return int(exc.code), json.loads(body) if body.startswith(b"{") else body.decode()
 
 
 @dataclass(frozen=True)
@@ -812,15 +815,6 @@ async def test_a_non_persistent_topic_is_refused_before_anything_is_written(stor
         await p.add_participants(least, None, [Participant(TOPIC)])  # the txn goes on
 
 
-def http_post_json(url: str) -> tuple[int, Any]:
-    request = urllib.request.Request(url, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - loopback http
-            return int(resp.status), json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        return int(exc.code), json.loads(body) if body.startswith(b"{") else body.decode()
-
 
 async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: Path) -> None:
     """Admin ``POST .../undelivered/{most}/{least}/drop``: the txn leaves the outbox once its last
@@ -841,13 +835,13 @@ async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: 
         drop = f"{base}/0/{decided.least}/drop"
 
         quoted = urllib.parse.quote(TOPIC, safe="")
-        assert await asyncio.to_thread(http_post_json, f"{drop}?topic={quoted}") == (
+        assert await asyncio.to_thread(http_json, f"{drop}?topic={quoted}", "POST") == (
             200, {"txnId": f"(0,{decided.least})", "dropped": {"topic": TOPIC}, "participantsLeft": 1})
         assert partition.undelivered().keys() == {decided.least}  # the acknowledgement's participant holds it
-        status, body = await asyncio.to_thread(http_post_json, f"{drop}?{urllib.parse.urlencode({'topic': OTHER})}")
+        status, body = await asyncio.to_thread(http_json, f"{drop}?{urllib.parse.urlencode({'topic': OTHER})}", "POST")
         assert status == 404 and "no participant topic" in body["reason"]  # OTHER is there as a subscription only
         ack = urllib.parse.urlencode({"topic": OTHER, "subscription": "sub"})
-        assert await asyncio.to_thread(http_post_json, f"{drop}?{ack}") == (
+        assert await asyncio.to_thread(http_json, f"{drop}?{ack}", "POST") == (
             200, {"txnId": f"(0,{decided.least})", "dropped": {"topic": OTHER, "subscription": "sub"},
                   "participantsLeft": 0})
         assert await eventually(lambda: not partition.undelivered())
@@ -855,12 +849,13 @@ async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: 
         assert await asyncio.to_thread(http_json, base) == (200, [])
 
         # Refusals name the problem: no participant named, no such record, an open txn, no such coordinator.
-        assert (await asyncio.to_thread(http_post_json, drop))[0] == 400
-        status, body = await asyncio.to_thread(http_post_json, f"{drop}?topic={quoted}")
+        assert (await asyncio.to_thread(http_json, drop, "POST"))[0] == 400
+        status, body = await asyncio.to_thread(http_json, f"{drop}?topic={quoted}", "POST")
         assert status == 409 and "no decision waiting" in body["reason"]
-        status, body = await asyncio.to_thread(http_post_json, f"{base}/0/{still_open.least}/drop?topic={quoted}")
+        status, body = await asyncio.to_thread(http_json, f"{base}/0/{still_open.least}/drop?topic={quoted}",
+                                               "POST")
         assert status == 409 and "no decision waiting" in body["reason"]
-        assert (await asyncio.to_thread(http_post_json, f"{base}/7/1/drop?topic={quoted}"))[0] == 404
+        assert (await asyncio.to_thread(http_json, f"{base}/7/1/drop?topic={quoted}", "POST"))[0] == 404
     finally:
         client.close()
         await app.stop()

@@ -22,7 +22,7 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.interop.conftest import Harness, java_harness
-from tests.participants.test_outbox import http_post_json
+from tests.participants.test_outbox import http_json
 from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
 from tests.support.server_process import started
 
@@ -206,7 +206,7 @@ async def test_an_operator_drops_the_participant_of_a_deleted_namespace(pulsar_b
 
         drop = (f"{server.admin_url}/admin/v3/transactions/undelivered/5/{opened.least}/drop?"
                 + urllib.parse.urlencode({"topic": topic}))
-        status, body = await asyncio.to_thread(http_post_json, drop)
+        status, body = await asyncio.to_thread(http_json, drop, "POST")
         assert (status, body["participantsLeft"]) == (200, 0), body
         deadline = time.monotonic() + 30
         while await asyncio.to_thread(undelivered, server):
