@@ -10,6 +10,9 @@ broker that is not told keeps the partition's read horizon pinned.
 - Retryable answers (ServiceNotReady, a timeout, a closed connection, a failed lookup) are retried with
   backoff and a fresh lookup; a non-retryable one (e.g. TransactionNotFound "... is not a super user")
   is logged with the broker and the error, counted, and retried slowly.
+- Deliveries to one topic share one lookup, and failures are logged at most once a second per command and
+  error: while a broker is down, every decision owed to its partitions retries, and each used to send
+  the upstream a lookup and the log a line of its own each round.
 - Requests in flight are bounded overall and per broker: Pulsar's own coordinator got stuck with an
   unbounded queue of these (apache/pulsar#23550).
 - A standalone broker answers LOOKUP with proxy_through_service_url=true; tc-server is not a client
@@ -19,6 +22,7 @@ broker that is not told keeps the partition's read horizon pinned.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 import structlog
@@ -37,6 +41,7 @@ from tc_server.client import (
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.server.deadlines import RequestDeadlines
+from tc_server.server.log_limit import LogLimiter
 from tc_server.server.upstream import follow_lookup
 from tc_server.wire import (
     EndTxnOnPartition,
@@ -82,6 +87,10 @@ class BrokerDelivery:
         self._per_broker: dict[str, asyncio.Semaphore] = {}
         # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
         self._owners: dict[str, str] = {}
+        # topic -> the lookup under way, which every delivery to that topic waits for (_owner).
+        self._lookups: dict[str, asyncio.Task[str]] = {}
+        # Failure lines, keyed by command and error: one per second, with how many were left out.
+        self._log_limiter = LogLimiter(interval_s=1.0)
         self._requests = metrics.participant_requests
         # The success counters resolved once: labels() costs microseconds per call (profiled).
         self._acknowledged = {command: self._requests.labels(command, "ok")
@@ -99,9 +108,8 @@ class BrokerDelivery:
                 # gates: a queue of decisions is not a broker failure.
                 async with self._overall:
                     broker = self._owners.get(participant.topic)
-                    if broker is None:  # a remembered owner needs no lookup, so no deadline of its own
-                        with self._deadlines.bound(f"the lookup of {participant.topic}"):
-                            broker = await self._owner(participant.topic)
+                    if broker is None:  # a remembered owner needs no lookup
+                        broker = await self._owner(participant.topic)
                 # The broker's own gate first, and an overall slot only inside it: a delivery queued
                 # for a broker that does not answer must not hold a slot the others need.
                 async with self._broker_gate(broker), self._overall:
@@ -117,13 +125,14 @@ class BrokerDelivery:
                          "error": str(exc) or type(exc).__name__}
                 if participant.subscription is not None:
                     where["subscription"] = participant.subscription
-                if isinstance(exc, TimeoutError) or is_retryable(exc):
-                    log.info(f"{command} failed; retrying", **where)
-                    await asyncio.sleep(backoff.next_delay())
-                else:
+                retryable = isinstance(exc, TimeoutError) or is_retryable(exc)
+                left_out = self._log_limiter.allow(f"{command}:{outcome}")
+                if left_out is not None and retryable:
+                    log.info(f"{command} failed; retrying", left_out_since_last_line=left_out, **where)
+                elif left_out is not None:
                     log.warning(f"{command} refused by the broker; the decision stands, retrying slowly",
-                                retry_in_s=NON_RETRYABLE_RETRY_S, **where)
-                    await asyncio.sleep(NON_RETRYABLE_RETRY_S)
+                                retry_in_s=NON_RETRYABLE_RETRY_S, left_out_since_last_line=left_out, **where)
+                await asyncio.sleep(backoff.next_delay() if retryable else NON_RETRYABLE_RETRY_S)
                 continue
             self._acknowledged[command].inc()
             return
@@ -135,10 +144,28 @@ class BrokerDelivery:
         return gate
 
     async def _owner(self, topic: str) -> str:
-        """The URL of the broker that owns ``topic``. Raises ClientError (BrokerError for a failed lookup)."""
-        cached = self._owners.get(topic)
-        if cached is not None:
-            return cached
+        """The URL of the broker that owns ``topic``, from the lookup under way for it if there is one, else
+        from a new one. Raises ClientError (BrokerError for a failed lookup), TimeoutError past the
+        lookup's deadline."""
+        lookup = self._lookups.get(topic)
+        if lookup is None:
+            lookup = self._lookups[topic] = asyncio.create_task(self._look_up(topic), name=f"lookup {topic}")
+            lookup.add_done_callback(functools.partial(self._lookup_done, topic))
+        # Shielded: a delivery cancelled while it waits (a stop) does not cancel the others' lookup.
+        return await asyncio.shield(lookup)
+
+    def _lookup_done(self, topic: str, lookup: asyncio.Task[str]) -> None:
+        if self._lookups.get(topic) is lookup:
+            del self._lookups[topic]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved here too: with every waiter gone, asyncio would log it as lost
+
+    async def _look_up(self, topic: str) -> str:
+        # The lookup's own deadline, not its waiters': one of them giving up must not end it for the rest.
+        with self._deadlines.bound(f"the lookup of {topic}"):
+            return await self._ask_owner(topic)
+
+    async def _ask_owner(self, topic: str) -> str:
         conn, url = await self._upstream_connection()
         try:
             answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,

@@ -70,11 +70,14 @@ async def test_deliveries_queued_for_a_hanging_broker_do_not_hold_the_others_bac
 
 
 class OwnerBroker(SocketStandIn):
-    """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once."""
+    """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once (``end_txns`` counts them)."""
+
+    end_txns = 0
 
     async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
         command = decode_command(frame)
         if isinstance(command, EndTxnOnPartition):
+            self.end_txns += 1
             writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most,
                                                                   command.least, None, None)))
             return
@@ -100,4 +103,43 @@ async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_
     finally:
         await pool.close()
         for broker in (hung, owner, answering):
+            broker.stop()
+
+
+def closed_port_url() -> str:
+    """A pulsar:// URL on which nothing listens (a broker that is down): connecting is refused at once."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"pulsar://127.0.0.1:{probe.getsockname()[1]}"
+
+
+async def test_deliveries_to_one_topic_share_one_lookup_while_its_broker_is_down() -> None:
+    # A broker down with many decisions owed to one of its partitions: every delivery retried with a lookup
+    # of its own, so the upstream got one lookup per txn per retry (here ~100 per round) for as long as the
+    # outage lasted. Deliveries to one topic now wait for one lookup between them.
+    down = closed_port_url()
+    upstream = await SocketStandIn(connect_to(down)).start()
+    owner = OwnerBroker()
+    await owner.start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=2.0, max_in_flight=1000,
+                              max_in_flight_per_broker=1000, metrics=Metrics("shared_lookups"))
+    topic = "persistent://t/n/busy-partition-0"
+    owed = [asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, least, True, lambda: -1))
+            for least in range(100)]
+    try:
+        await asyncio.sleep(1.5)  # several retry rounds against the broker that is down
+        assert not any(task.done() for task in owed)
+        lookups_while_down = len(upstream.lookup_frames)
+        assert 1 <= lookups_while_down <= 20, lookups_while_down  # before: ~100 per retry round
+        upstream.answer = connect_to(owner.url)  # the topic moved to a broker that is up
+        await asyncio.wait_for(asyncio.gather(*owed), 30)
+        assert owner.end_txns == 100
+    finally:
+        for task in owed:
+            task.cancel()
+        await asyncio.gather(*owed, return_exceptions=True)
+        await pool.close()
+        for broker in (upstream, owner):
             broker.stop()
