@@ -27,7 +27,7 @@ from tc_server.store import store_kinds_help
 # (every store object walked) ran every second; at 10,000 a steady load frees about as much as it
 # allocates and collections become rare, while cyclic garbage still goes within 10,000 objects.
 # Memory store, 30 s retention, 300,000 pairs: 53 full collections -> 1, and CPU per pair with GC
-# running stayed at the first rounds' level (README, "Memory store under sustained load").
+# running stayed at the first rounds' level (docs/performance.md, "Memory store under sustained load").
 GC_YOUNG_THRESHOLD = 10_000
 
 HELP = {

@@ -96,7 +96,7 @@ class LoopFamily(Generic[Child]):
 
     prometheus_client takes a lock on every ``inc()`` and ``observe()`` (0.64 and 1.3 us on this
     machine), ~8 us per transaction over its nine updates; without any of them the Java pair-bench's
-    event loop used ~10 % less CPU per pair (README *Performance*). Every update of these families runs
+    event loop used ~10 % less CPU per pair (docs/performance.md). Every update of these families runs
     on the event loop's thread, and so does the scrape (the admin port is on the same loop), so no lock
     is needed. The exposition is prometheus_client's: this is a collector in the same registry, with the
     same names, types, labels and buckets the library's classes gave."""

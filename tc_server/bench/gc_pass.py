@@ -7,7 +7,7 @@ records: what sustained pairs leave behind) into a fresh store, then runs one
 :func:`~tc_server.coordinator.sweeps.collect_garbage` pass past their retention and prints its wall
 time and its CPU time (this process's, the embedded store's writer process included) per deleted header. The
 server-level view of the same cost is ``python -m tc_server.bench --rounds R
---server-arg=--gc-retention-s=60`` (README, "Memory store under sustained load").
+--server-arg=--gc-retention-s=60`` (docs/performance.md, "Memory store under sustained load").
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class CoordinatorPartition:
         # and go straight to the CAS, saving a store read per request; a stale entry (someone else
         # wrote the header) only makes the CAS fail, and then the header is read. Recovered txns are
         # not cached: their header is read on their first request (500,000 recovered headers cost
-        # ~200 MB more, README "Limits").
+        # ~200 MB more, docs/performance.md, "500,000 open transactions").
         self._headers: dict[int, tuple[TxnHeader, int]] = {}
         # Open txns whose decision CAS ended with an unknown outcome (its request's deadline passed while
         # the store held the write): the header may be decided on disk although the txn is open here.

@@ -2,7 +2,7 @@
 
 ``asyncio.timeout()`` costs a Timeout object, a timer pushed on the loop's heap, its cancellation and
 the async context-manager protocol: ~5 us per use on uvloop, several percent of the server's CPU per
-transaction under load (profiled, README *Performance*). Here the deadlines that start within one tick
+transaction under load (profiled, docs/performance.md). Here the deadlines that start within one tick
 (100 ms) share one timer, which fires between ``timeout_s`` and ``timeout_s + tick_s`` after each of
 them started and cancels the tasks still inside theirs; each then sees :class:`TimeoutError`, as it
 would from ``asyncio.timeout()``. Used for the request timeout (--request-timeout-s) of client requests

@@ -56,7 +56,7 @@ SCAN_PAGE = 256
 # non-empty dict stays tracked (and a tuple nested in it could keep it tracked: a tuple is untracked
 # only once every tuple inside it is). With a 30 s GC retention the store held ~135,000 headers under
 # load, ~270,000 tracked objects that every full (generation 2) collection walked: 250-450 ms each,
-# every 2-3 s, about a fifth of the server's CPU once the window was full (README, "Memory store under
+# every 2-3 s, about a fifth of the server's CPU once the window was full (docs/performance.md, "Memory store under
 # sustained load"). A read builds the Record it returns.
 _Stored = tuple[bytes, int, int, int, int | None, *tuple[str, ...]]
 _SESSION: Final = 4

@@ -285,7 +285,7 @@ class TcClientConnectResponse:
 # The txn commands and their answers, from here to EndTxnOnSubscriptionResponse, are not frozen: one of
 # each is built per request, and a frozen dataclass's __init__ sets every field through
 # object.__setattr__. Unfrozen with TxnHeader, Record and Put, the Java pair-bench at 64 in flight used
-# ~7 % less CPU per pair (issue 13; README *Against Pulsar's own coordinator*, "A correction"). They are
+# ~7 % less CPU per pair (issue 13; docs/performance.md, *Against Pulsar's own coordinator*, "A correction"). They are
 # values all the same.
 @dataclass(slots=True)
 class NewTxn:
