@@ -525,12 +525,13 @@ class CoordinatorPartition:
             return decision, header
         raise CoordinatorError(f"header of ({self.tc_id},{least}) changed {MAX_CAS_ATTEMPTS} times in a row")
 
-    async def _decided(self, least: int, header: TxnHeader, timed_out: bool) -> None:
-        """What follows a decision's CAS: the outbox, the open set, the metrics, the events."""
+    async def _decided(self, least: int, header: TxnHeader, timed_out: bool, counted: bool = True) -> None:
+        """What follows a decision's CAS: the outbox, the open set, the metrics (unless ``counted`` is
+        False), the events."""
         # Into the outbox before leaving the open set, in the same step: the txn must never be
         # neither OPEN nor undelivered while its brokers have not heard (the low watermark).
         self._hold(least, header)
-        self._ended(least, header, timed_out=timed_out)
+        self._ended(least, header, timed_out=timed_out, counted=counted)
         await self._publish(least, header.state)
 
     async def _adopt_decision(self, least: int, header: TxnHeader) -> None:
@@ -539,7 +540,12 @@ class CoordinatorPartition:
         brokers abort a commit)."""
         timed_out = (header.state is TxnState.ABORTED and header.finalized_ms is not None
                      and header.finalized_ms >= header.deadline_ms)
-        await self._decided(least, header, timed_out=timed_out)
+        # Counted here only when the decision may be this leader's own CAS whose answer was lost (it
+        # counted nothing then). Otherwise an earlier leader took it and counted it when its CAS
+        # succeeded; counting it again made the cluster's pulsar_txn_committed_total / _aborted_total,
+        # summed over instances, count every txn decided around a hand-over twice. (An earlier
+        # leader's CAS whose answer it lost is then counted by no one: rarer, and never twice.)
+        await self._decided(least, header, timed_out=timed_out, counted=least in self._unsure)
 
     def _hold_undeliverable(self, least: int) -> None:
         """Keep a txn whose decision cannot be read in the outbox, undelivered: it holds the low
@@ -598,8 +604,10 @@ class CoordinatorPartition:
         self._open.pop(least, None)
         _compact(self._open_ids, self._open)  # nothing else may ask for the lowest open id (no deliveries)
 
-    def _ended(self, least: int, header: TxnHeader, timed_out: bool) -> None:
+    def _ended(self, least: int, header: TxnHeader, timed_out: bool, counted: bool = True) -> None:
         self._forget(least)
+        if not counted:
+            return
         if header.state is TxnState.COMMITTED:
             self._committed.inc()
         else:

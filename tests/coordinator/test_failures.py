@@ -21,7 +21,7 @@ from tc_server.metrics import Metrics
 from tc_server.store.api import MetadataStore, Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.coordinator.test_partition import FakeClock, eventually, header, make
-from tests.participants.test_outbox import OTHER, TOPIC, RecordingSender, led
+from tests.participants.test_outbox import OTHER, TOPIC, RecordingSender, committed_count, led
 from tests.participants.test_outbox import coordinator as coordinator_with_sender
 from tests.support.gated_store import GatedStore
 
@@ -124,6 +124,7 @@ async def test_decided_header_with_lost_reply_is_delivered_on_the_retry():
             await delivery
         assert [(t.least, t.participant.topic, t.committed) for t in sender.told] == [(least, TOPIC, True)]
         assert least not in partition.open_txns()
+        assert committed_count(tc.metrics) == 1  # this leader's own decision: counted once, by the retry
 
 
 async def new_txn_held_past_its_deadline(

@@ -543,9 +543,15 @@ class HangingSender(RecordingSender):
         await asyncio.Event().wait()
 
 
-def partition_on(store: MetadataStore, sender: RecordingSender | None, clock: FakeClock) -> CoordinatorPartition:
-    return CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), clock,
+def partition_on(store: MetadataStore, sender: RecordingSender | None, clock: FakeClock,
+                 metrics: Metrics | None = None) -> CoordinatorPartition:
+    return CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), metrics or Metrics("test"), clock,
                                 sweep_timeouts=False, sender=sender)
+
+
+def committed_count(metrics: Metrics) -> float:
+    """pulsar_txn_committed_total of coordinator 0 on ``metrics``."""
+    return metrics.committed.labels(**metrics.tc(0)).value
 
 
 async def committed_to_topic_and_other(store: MetadataStore,
@@ -565,12 +571,13 @@ async def test_a_decision_the_previous_leader_took_after_the_scan_is_delivered_a
     # stepped down before its brokers acknowledged. The new leader's outbox scan delivers T now, not at
     # T's deadline (an hour here).
     clock = FakeClock()
-    previous = partition_on(store, HangingSender(), clock)
+    previous_metrics, new_metrics = Metrics("previous"), Metrics("new")
+    previous = partition_on(store, HangingSender(), clock, previous_metrics)
     await previous.recover_outbox()
     least = await previous.new_txn(3_600_000, None)
     await previous.add_participants(least, None, [Participant(TOPIC)])
     sender = RecordingSender()
-    new = partition_on(store, sender, clock)
+    new = partition_on(store, sender, clock, new_metrics)
     new.adopt_one(least, clock.now + 3_600_000, None)
     await previous.end_txn(least, commit=True, principal=None)
     await previous.stop()
@@ -578,6 +585,8 @@ async def test_a_decision_the_previous_leader_took_after_the_scan_is_delivered_a
     assert await eventually(lambda: len(sender.told) == 1)
     assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
     assert least not in new.open_txns()
+    # Counted once in the cluster: by the leader whose CAS took the decision (the new one counted it too).
+    assert (committed_count(previous_metrics), committed_count(new_metrics)) == (1, 0)
     await new.stop()
 
 
