@@ -19,7 +19,7 @@ from tc_server.bench.pulsar_broker import BrokerStartError
 from tests.interop.conftest import Harness
 from tests.security.support import Keys, admin_json
 from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, running_broker, token_auth_broker
+from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, discard, running_broker, token_auth_broker
 from tests.support.pulsar_proxy import MAKE_COMMAND, PulsarProxy
 from tests.support.server_process import started
 
@@ -67,7 +67,7 @@ def proxy(tc_server: TcServerProcess, broker: PulsarBroker, keys: Keys,
     running = PulsarProxy(tmp_path_factory.mktemp("pulsar-proxy"), tc_server.url, broker.admin_url, keys.secret,
                           keys.token(PROXY_ROLE))
     yield started(running, "the Pulsar proxy", BrokerStartError, f"\n(to install it: `{MAKE_COMMAND}`)")
-    running.stop()
+    discard(running)
 
 
 def grant(broker: PulsarBroker, role: str) -> None:

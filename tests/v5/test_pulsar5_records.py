@@ -37,6 +37,7 @@ from tc_server.store.oxia import connect as connect_oxia
 from tc_server.wire import TxnAction
 from tc_server.wire.commands import EndTxn, NewTxn, TcClientConnect
 from tests.support.oxia_standin import StandinStartError, standin_oxia_process
+from tests.support.pulsar_broker import discard
 from tests.support.server_process import ServerProcess
 from tests.v5.broker5 import MAKE_COMMAND, Pulsar5Broker
 
@@ -75,7 +76,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, oxia_address: str) -> Itera
         server.stop()
         pytest.fail(f"the Pulsar 5 broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
     yield Shared(oxia_address, server, broker)
-    broker.stop()
+    discard(broker)
     server.stop()
 
 

@@ -73,6 +73,7 @@ from tc_server.coordinator.layout import TcLeader
 from tc_server.store.api import MetadataStore
 from tc_server.store.oxia import connect as connect_oxia
 from tests.support.oxia_standin import StandinStartError, standin_oxia_process
+from tests.support.pulsar_broker import discard
 from tests.support.server_process import ServerProcess
 from tests.v5.broker5 import MAKE_COMMAND, Pulsar5Broker
 from tests.v5.harness5 import HarnessMissing, HarnessRun, run_harness
@@ -124,7 +125,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     pytest.fail(f"the Pulsar 5 broker did not start: {exc}\n(to install it: `{MAKE_COMMAND}`)")
                 yield Cluster(server, broker, oxia_address)
             finally:
-                broker.stop()
+                discard(broker)
                 server.stop()
     except StandinStartError as exc:
         pytest.fail(str(exc))
