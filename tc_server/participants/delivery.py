@@ -163,28 +163,26 @@ class BrokerDelivery:
     async def _look_up(self, topic: str) -> str:
         # The lookup's own deadline, not its waiters': one of them giving up must not end it for the rest.
         with self._deadlines.bound(f"the lookup of {topic}"):
-            return await self._ask_owner(topic)
-
-    async def _ask_owner(self, topic: str) -> str:
-        conn, url = await self._upstream_connection()
-        try:
-            answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
-                                            request_id_for=lambda c: c.next_request_id())
-        except (ClientError, asyncio.CancelledError):  # cancelled: the lookup's deadline passed
-            self._pass_over(url)
-            raise
-        failure = error_of(answer)
-        if failure is not None:
-            raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
-        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
-            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} ended without a broker: {answer}")
-        owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
-        if not owner:
-            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
-        if len(self._owners) >= MAX_REMEMBERED_OWNERS:
-            self._owners.clear()
-        self._owners[topic] = owner
-        return owner
+            conn, url = await self._upstream_connection()
+            try:
+                answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
+                                                request_id_for=lambda c: c.next_request_id())
+            except (ClientError, asyncio.CancelledError):  # cancelled: the lookup's deadline passed
+                self._pass_over(url)
+                raise
+            failure = error_of(answer)
+            if failure is not None:
+                raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
+            if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
+                raise BrokerError(url, ServerError.ServiceNotReady,
+                                  f"lookup of {topic} ended without a broker: {answer}")
+            owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
+            if not owner:
+                raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
+            if len(self._owners) >= MAX_REMEMBERED_OWNERS:
+                self._owners.clear()
+            self._owners[topic] = owner
+            return owner
 
     async def _upstream_connection(self) -> tuple[PulsarConnection, str]:
         """A connection to the upstream URL that answered last, else the next ones in turn."""

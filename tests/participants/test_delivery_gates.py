@@ -9,6 +9,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from tc_server.bench.process import free_port
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
@@ -106,19 +107,11 @@ async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_
             broker.stop()
 
 
-def closed_port_url() -> str:
-    """A pulsar:// URL on which nothing listens (a broker that is down): connecting is refused at once."""
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"pulsar://127.0.0.1:{probe.getsockname()[1]}"
-
-
 async def test_deliveries_to_one_topic_share_one_lookup_while_its_broker_is_down() -> None:
     # A broker down with many decisions owed to one of its partitions: every delivery retried with a lookup
     # of its own, so the upstream got one lookup per txn per retry (here ~100 per round) for as long as the
     # outage lasted. Deliveries to one topic now wait for one lookup between them.
-    down = closed_port_url()
+    down = f"pulsar://127.0.0.1:{free_port()}"  # nothing listens there: connecting is refused at once
     upstream = await SocketStandIn(connect_to(down)).start()
     owner = OwnerBroker()
     await owner.start()
