@@ -23,6 +23,8 @@ from enum import Enum
 from typing import Any
 from urllib.parse import quote_plus
 
+from tc_server.store.api import exact_index_range
+
 TXN_ROOT = "/txn"
 # Parents of the header and op records: Pulsar's Oxia store writes every secondary key of a record
 # as ``<parent>/<key>`` (docs/record-layout.md, "Secondary index keys").
@@ -217,16 +219,6 @@ IndexRange = tuple[str, str]
 
 # Sorts after any 20-digit number: the end of a scan over every deadline / finalization time.
 INDEX_END = "~"
-
-
-def exact_index_range(secondary: str) -> IndexRange:
-    """The ``[start, end)`` range that matches exactly one secondary key, on every store.
-
-    Not ``key + "\\x00"``: Oxia stores an index entry as ``<secondaryKey>\\x01<primaryKey>`` and
-    compares the range with that, so the end must sort after ``\\x01``; no secondary key here holds a
-    control character, so nothing else falls in the range (docs/record-layout.md).
-    """
-    return secondary, secondary + "\x02"
 
 
 def ops_by_txn_range(most: int, least: int) -> IndexRange:

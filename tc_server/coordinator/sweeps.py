@@ -32,7 +32,7 @@ from tc_server.coordinator import layout
 from tc_server.coordinator.events import publish_decision
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.metrics import Metrics
-from tc_server.store.api import Delete, MetadataStore, Outcome, Record
+from tc_server.store.api import Delete, MetadataStore, Outcome, Record, exact_index_range
 
 log = structlog.get_logger("tc_server.gc")
 
@@ -155,7 +155,7 @@ async def _txns_with_participant_records(store: MetadataStore, page: list[_Candi
         spans[candidate.most] = (min(low, candidate.least), max(high, candidate.least))
     for most, (low, high) in spans.items():
         start = layout.participants_by_coordinator_key(most, low)
-        end = layout.exact_index_range(layout.participants_by_coordinator_key(most, high))[1]
+        end = exact_index_range(layout.participants_by_coordinator_key(most, high))[1]
         async for record in store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
             try:
                 found.add(layout.parse_participant_path(record.key))

@@ -224,6 +224,12 @@ class MetadataStore(Protocol):
         With ``partition_key``: that one shard, ordered; without: every shard."""
         ...
 
+    async def index_has(self, index_name: str, secondary_key: str, *, partition_key: str | None = None) -> bool:
+        """Whether some record holds exactly ``secondary_key`` in ``index_name`` (on that one shard with
+        ``partition_key``). What :meth:`scan_index` of :func:`exact_index_range` would say about being
+        empty, in one cheap round trip where the backend has one (Oxia: a get on the index, many to a call)."""
+        ...
+
     def notifications(self, key_prefix: str = "") -> AsyncIterator[Notification]:
         """Changes committed after the call to the keys that start with ``key_prefix`` (every key by
         default). Oxia has no per-range watch: the stream carries every key and tc-server filters."""
@@ -240,6 +246,16 @@ class MetadataStore(Protocol):
     async def close(self) -> None:
         """Release connections and end the session (its ephemeral records go away)."""
         ...
+
+
+def exact_index_range(secondary: str) -> tuple[str, str]:
+    """The ``[start, end)`` range that matches exactly one secondary key, on every store.
+
+    Not ``key + "\\x00"``: Oxia stores an index entry as ``<secondaryKey>\\x01<primaryKey>`` and
+    compares the range with that, so the end must sort after ``\\x01``; no secondary key here holds a
+    control character, so nothing else falls in the range (docs/record-layout.md).
+    """
+    return secondary, secondary + "\x02"
 
 
 def sequence_key(prefix: str, number: int) -> str:

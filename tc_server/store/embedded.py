@@ -77,7 +77,7 @@ from tc_server.store.api import (
     WriteResult,
     validate_put,
 )
-from tc_server.store.keys import is_child
+from tc_server.store.keys import index_has_by_scan, is_child
 from tc_server.store.notify import NotificationHub, Subscription
 from tc_server.store.sqlite_writer import (
     COMMITTED,
@@ -593,6 +593,8 @@ class EmbeddedStore(StoreWrites):
             if len(page) < limit:
                 return
             after = page[-1][0]
+
+    index_has = index_has_by_scan
 
     def notifications(self, key_prefix: str = "") -> Subscription:
         self._check_open()

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from tc_server.store.api import SEQUENCE_DIGITS
+from tc_server.store.api import SEQUENCE_DIGITS, exact_index_range
+
+if TYPE_CHECKING:
+    from tc_server.store.api import MetadataStore
 
 
 def is_child(key: str, prefix: str) -> bool:
     """True if ``key`` is directly under ``prefix`` (no further ``/``): the scan_prefix filter."""
     return key.startswith(prefix) and "/" not in key[len(prefix):]
+
+
+async def index_has_by_scan(store: MetadataStore, index_name: str, secondary_key: str, *,
+                            partition_key: str | None = None) -> bool:
+    """``MetadataStore.index_has`` of the in-process backends (their ``index_has``): their scans cost no
+    round trip. Reads the whole range, not just its first record: the few records of one secondary key,
+    and no scan is left open."""
+    found = False
+    async for _ in store.scan_index(index_name, *exact_index_range(secondary_key), partition_key=partition_key):
+        found = True
+    return found
 
 
 def sequence_suffix(key: str, prefix: str) -> int | None:

@@ -40,7 +40,7 @@ from tc_server.store.api import (
     sequence_key,
     validate_put,
 )
-from tc_server.store.keys import is_child, now_ms, sequence_suffix, sequence_upper_bound
+from tc_server.store.keys import index_has_by_scan, is_child, now_ms, sequence_suffix, sequence_upper_bound
 from tc_server.store.notify import NotificationHub, Subscription
 from tc_server.store.writes import StoreWrites, version_matches
 
@@ -279,6 +279,8 @@ class MemoryStore(StoreWrites):
             self._check_open()
             after, record = found
             yield record
+
+    index_has = index_has_by_scan
 
     def notifications(self, key_prefix: str = "") -> Subscription:
         self._check_open()

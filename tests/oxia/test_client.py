@@ -21,6 +21,7 @@ from tc_server.store.api import (
     NotificationType,
     Outcome,
     Put,
+    StoreClosedError,
     StoreUnavailableError,
     lease_clock,
 )
@@ -47,6 +48,30 @@ async def test_concurrent_puts_are_batched(store: OxiaStore, oxia: StandinOxia) 
     # 1000 operations submitted in one event-loop step: at most one batch of 1000 (plus none).
     assert oxia.write_requests - before <= 2
     assert oxia.write_ops >= 1000
+
+
+async def test_index_probes_of_one_turn_share_one_read(store: OxiaStore, oxia: StandinOxia) -> None:
+    # END_TXN's question "did a participant write op records?" (index_probes.py): 300 asked in one step
+    # are one Read call, each answered on its own.
+    await store.put("/o/1_7-01", b"", partition_key="1_7", secondary_indexes={"idx:ops": "/txn/op/1_7"})
+    before = oxia.read_requests
+    found = await asyncio.gather(*(store.index_has("idx:ops", f"/txn/op/1_{i}", partition_key="1_7")
+                                   for i in range(300)))
+    assert found == [i == 7 for i in range(300)]
+    assert oxia.read_requests - before == 1
+
+
+async def test_index_probes_fail_typed_when_oxia_is_gone_and_after_close(oxia: StandinOxia) -> None:
+    store = await connect(oxia.address, request_timeout_s=1.0)
+    try:
+        await oxia.stop()
+        probes = [store.index_has("idx:ops", f"/txn/op/1_{i}", partition_key="p") for i in range(5)]
+        for outcome in await asyncio.gather(*probes, return_exceptions=True):
+            assert isinstance(outcome, StoreUnavailableError), outcome
+    finally:
+        await store.close()
+    with pytest.raises(StoreClosedError):
+        await store.index_has("idx:ops", "/txn/op/1_1", partition_key="p")
 
 
 async def test_batch_limit_of_1000_ops(store: OxiaStore, oxia: StandinOxia) -> None:

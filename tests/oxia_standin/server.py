@@ -19,7 +19,8 @@ Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
   metadata on ``WriteStream``.
 * Sequence keys ``prefix-%020d`` (one delta per put only: the client never sends more).
 * Secondary indexes are per-record entries ``__oxia/idx/<name>/<secondary>\\x01<escaped primary>``
-  in the record's shard; index scans compare those keys.
+  in the record's shard; index scans compare those keys. A get on an index (``EQUAL`` only, as
+  tc-server sends it) answers the first record whose secondary key is the requested one.
 * Keys sort hierarchically (``CompareWithSlash``: segment by segment, a key with no further ``/``
   before any deeper one).
 * One notification batch per committed write batch with at least one visible change; at most one
@@ -31,7 +32,7 @@ Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
 * ``GetSequenceUpdates`` (not in protocol/oxia_client.proto, coded by hand): the highest sequence key
   of a prefix now and after each change; Pulsar 5's transaction participants wait on it.
 
-Test hooks: request counters, ``hold_writes``/``release_writes`` (keep write batches in flight),
+Test hooks: request counters (writes, reads), ``hold_writes``/``release_writes`` (keep write batches in flight),
 ``break_write_streams`` (kill every write stream), ``stop``/``start`` on the same port (data kept,
 as a durable server restart would).
 """
@@ -289,6 +290,7 @@ class StandinOxia:
         self._expiry: asyncio.Task[None] | None = None
         # Test hooks and counters.
         self.write_requests = 0
+        self.read_requests = 0  # Read calls (point and index gets)
         self.write_ops = 0
         self.write_streams_opened = 0
         self.notification_requests: list[pb.NotificationsRequest] = []
@@ -414,14 +416,28 @@ class _Servicer(pb_grpc.OxiaClientServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def Read(self, request, context):
+        self.oxia.read_requests += 1
         shard = self.oxia.shards[request.shard]
         response = pb.ReadResponse()
         for get in request.gets:
             result = response.gets.add()
-            entry = shard.kv.get(get.key)
-            if entry is None or get.comparison_type != pb.EQUAL or get.HasField("secondary_index_name"):
+            if get.comparison_type != pb.EQUAL:
                 result.status = pb.KEY_NOT_FOUND
                 continue
+            if get.HasField("secondary_index_name"):
+                # oxiad's secondaryIndexGet: the first entry of the index at or after the secondary key,
+                # answered only if its secondary key is that key; the record and both keys come back.
+                hits = shard.scan(get.key, get.key + "\x02", get.secondary_index_name)
+                if not hits:
+                    result.status = pb.KEY_NOT_FOUND
+                    continue
+                key, entry = hits[0]
+                result.key, result.secondary_index_key = key, get.key
+            else:
+                entry = shard.kv.get(get.key)
+                if entry is None:
+                    result.status = pb.KEY_NOT_FOUND
+                    continue
             result.status = pb.OK
             result.version.CopyFrom(entry.version())
             if get.include_value:

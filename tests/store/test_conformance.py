@@ -311,6 +311,28 @@ async def test_index_scan_ordered_by_secondary_then_primary_key(store: MetadataS
     assert await keys_of(store.scan_index("n", "0", "9", partition_key="p")) == ["/c/c", "/c/a", "/c/b"]
 
 
+async def test_index_has_exactly_the_secondary_key(store: MetadataStore) -> None:
+    # Pulsar 5's op records' shape (docs/record-layout.md): a secondary key with slashes, shared by
+    # every op of one txn, next to a txn whose key extends it (1_5 and 1_50).
+    for key, secondary in (("/c/1_5-01", "/txn/op/1_5"), ("/c/1_5-02", "/txn/op/1_5"), ("/c/1_50-01", "/txn/op/1_50")):
+        await store.put(key, b"", partition_key="p", secondary_indexes={"idx:ops": secondary})
+    assert await store.index_has("idx:ops", "/txn/op/1_5", partition_key="p")
+    assert await store.index_has("idx:ops", "/txn/op/1_50", partition_key="p")
+    assert await store.index_has("idx:ops", "/txn/op/1_50")  # every shard, without a partition key
+    for absent in ("/txn/op/1_", "/txn/op/1_4", "/txn/op/1_51", "/txn/op/1_500", "/txn/op"):
+        assert not await store.index_has("idx:ops", absent, partition_key="p"), absent
+    assert not await store.index_has("idx:other", "/txn/op/1_5", partition_key="p")
+    await store.delete("/c/1_50-01", partition_key="p")
+    assert not await store.index_has("idx:ops", "/txn/op/1_50", partition_key="p")
+
+
+async def test_index_has_answers_many_at_once(store: MetadataStore) -> None:
+    # As END_TXNs of the same moment ask (on Oxia: one Read per shard, index_probes.py), each its own answer.
+    await store.put("/c/hit", b"", partition_key="p", secondary_indexes={"n": "k7"})
+    answers = await asyncio.gather(*(store.index_has("n", f"k{i}", partition_key="p") for i in range(20)))
+    assert answers == [i == 7 for i in range(20)]
+
+
 async def test_put_replaces_index_entries(store: MetadataStore) -> None:
     await store.put("/c/a", b"", partition_key="p", secondary_indexes={"n": "1", "m": "x"})
     await store.put("/c/a", b"", partition_key="p", secondary_indexes={"n": "5"})

@@ -1,4 +1,4 @@
-"""Reads on one shard: point gets (``Read``) and range scans (``RangeScan``), docs/oxia-client.md.
+"""Reads on one shard: point gets and index gets (``Read``) and range scans (``RangeScan``), docs/oxia-client.md.
 
 Each function takes the stub of the shard's leader and applies the request timeout: the whole
 unary-stream call for a get, and every message of a scan (a scan of many records may take long in
@@ -68,6 +68,37 @@ async def get(stub: pb_grpc.OxiaClientStub, shard: int, key: str, timeout_s: flo
     except (grpc.RpcError, TimeoutError) as e:
         raise unavailable(f"get {key!r} on shard {shard}", e) from e
     raise StoreUnavailableError(f"get {key!r} on shard {shard}: the server sent no answer")
+
+
+async def index_gets(stub: pb_grpc.OxiaClientStub, shard: int, gets: list[pb.GetRequest],
+                     timeout_s: float) -> list[bool]:
+    """For each get on a secondary index (``secondary_index_name``, ``EQUAL``), in order, whether ``shard``
+    holds a record under its secondary key: all in one ``Read`` call. Raises :class:`StoreUnavailableError`
+    when the call fails, takes longer than ``timeout_s``, leaves a get unanswered or answers one with a
+    status other than ``OK`` or ``KEY_NOT_FOUND``."""
+    answers: list[pb.GetResponse] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            call = stub.Read(pb.ReadRequest(shard=shard, gets=gets))
+            try:
+                async for response in call:
+                    answers.extend(response.gets)
+                    if len(answers) >= len(gets):
+                        break
+            finally:
+                call.cancel()
+    except (grpc.RpcError, TimeoutError) as e:
+        raise unavailable(f"{len(gets)} index get(s) on shard {shard}", e) from e
+    if len(answers) != len(gets):
+        raise StoreUnavailableError(f"{len(gets)} index get(s) on shard {shard}: {len(answers)} answered")
+    found: list[bool] = []
+    for get, got in zip(gets, answers, strict=True):
+        if got.status not in (pb.OK, pb.KEY_NOT_FOUND):
+            # Any other failure must not pass for an absent record.
+            raise StoreUnavailableError(f"index get of {get.key!r} in {get.secondary_index_name} on shard "
+                                        f"{shard}: {status_name(got.status)}")
+        found.append(got.status == pb.OK)
+    return found
 
 
 async def range_scan(

@@ -50,6 +50,7 @@ from tc_server.store.api import (
 from tc_server.store.oxia import reads
 from tc_server.store.oxia.assignments import AssignmentWatcher
 from tc_server.store.oxia.connections import ConnectionPool
+from tc_server.store.oxia.index_probes import IndexProbes
 from tc_server.store.oxia.notifications import NotificationPump, OxiaSubscription
 from tc_server.store.oxia.routing import ShardInfo, ShardMap
 from tc_server.store.oxia.sessions import SessionManager, default_client_identity
@@ -111,6 +112,7 @@ class OxiaStore(StoreWrites):
             self._pool, self._leader_of, session_timeout_ms=session_timeout_ms,
             request_timeout_s=request_timeout_s, client_identity=client_identity or default_client_identity())
         self._pump = NotificationPump(self._pool, lambda: self._assignments.current)
+        self._probes = IndexProbes(lambda shard: self._pool.stub(self._leader_of(shard)), request_timeout_s)
         self._writers: dict[int, ShardWriter] = {}
         self._closing: set[asyncio.Task[None]] = set()  # writers of shards whose leader moved
         self._closed = False
@@ -348,6 +350,15 @@ class OxiaStore(StoreWrites):
                 if children_of is None or is_child(record.key, children_of):
                     yield record
 
+    async def index_has(self, index_name: str, secondary_key: str, *, partition_key: str | None = None) -> bool:
+        """See :meth:`MetadataStore.index_has`: a get on the index of the shard (every shard, one after the
+        other, without a partition key), sent with the other probes of this turn (index_probes.py)."""
+        self._check_open()
+        for info in self._shards(partition_key):
+            if await self._probes.has(info.shard, index_name, secondary_key):
+                return True
+        return False
+
     def notifications(self, key_prefix: str = "") -> OxiaSubscription:
         """Changes committed after the call on every shard to keys starting with ``key_prefix``
         (notifications.py says how exactly)."""
@@ -369,6 +380,7 @@ class OxiaStore(StoreWrites):
         for writer in list(self._writers.values()):
             await writer.close()
         self._writers.clear()
+        await self._probes.close()
         await self._pump.close()
         await self._assignments.close()
         await self._pool.close()
