@@ -565,9 +565,13 @@ class EmbeddedStore(StoreWrites):
         self._check_open()
         return self._scan_index(index_name, start_inclusive, end_exclusive, inline=partition_key is not None)
 
+    def _no_entries_in(self, index_name: str) -> bool:
+        """Whether no record of the file has an entry in ``index_name``, known without SQLite (_indexed)."""
+        return index_name not in self._indexed and self._names_complete
+
     async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
         # Checked when iterated: a scan made earlier sees later writes.
-        if name not in self._indexed and self._names_complete:
+        if self._no_entries_in(name):
             return
         limit = self._scan_page_rows
         after: tuple[str, str] | None = None
@@ -594,7 +598,11 @@ class EmbeddedStore(StoreWrites):
                 return
             after = page[-1][0]
 
-    index_has = index_has_by_scan
+    async def index_has(self, index_name: str, secondary_key: str, *, partition_key: str | None = None) -> bool:
+        self._check_open()
+        if self._no_entries_in(index_name):  # END_TXN's question on today's brokers: no coroutine more
+            return False
+        return await index_has_by_scan(self, index_name, secondary_key, partition_key=partition_key)
 
     def notifications(self, key_prefix: str = "") -> Subscription:
         self._check_open()
