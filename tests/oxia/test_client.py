@@ -28,6 +28,7 @@ from tc_server.store.api import (
 from tc_server.store.oxia import OxiaStore, connect
 from tc_server.store.oxia.routing import HASH_SPACE_MAX, ShardInfo, ShardMap, key_hash
 from tc_server.store.oxia.store import children_range, is_child
+from tc_server.store.oxia.write_stream import MAX_BATCHES_IN_FLIGHT
 from tests.oxia_standin import server as standin
 from tests.oxia_standin.server import StandinOxia, compare_with_slash
 
@@ -164,6 +165,48 @@ async def test_unanswered_write_times_out_typed(oxia: StandinOxia) -> None:
         await store.put("/t/k2", b"")
     finally:
         await store.close()
+
+
+async def test_start_put_without_a_task_fails_typed_like_put(store: OxiaStore, oxia: StandinOxia) -> None:
+    # NEW_TXN's header write (start_put) is resolved from the shard writer's answer, with no task of its
+    # own: a broken stream fails it as it fails put().
+    await store.put("/s/warm", b"")
+    oxia.hold_writes()
+    before = oxia.write_requests
+    pending = [store.start_put(f"/s/{i}", b"", expected_version=EXPECT_ABSENT) for i in range(10)]
+    await eventually(lambda: oxia.write_requests > before, "the batch reached the server")
+    oxia.break_write_streams()
+    oxia.release_writes()
+    outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(o, StoreUnavailableError) for o in outcomes), outcomes
+    record = await store.start_put("/s/after", b"ok", expected_version=EXPECT_ABSENT)
+    assert await store.get("/s/after") == record
+
+
+async def test_start_put_times_out_typed_and_an_unsent_one_is_never_sent(oxia: StandinOxia) -> None:
+    store = await connect(oxia.address, request_timeout_s=0.3)
+    try:
+        oxia.hold_writes()
+        with pytest.raises(StoreUnavailableError, match="no answer within"):
+            await store.start_put("/u/held", b"")  # in flight, held: its outcome stays unknown
+        # The writer keeps MAX_BATCHES_IN_FLIGHT batches in flight; the next one waits in its queue and
+        # times out unsent.
+        sent = []
+        writer = store.writers[0]
+        for i in range(MAX_BATCHES_IN_FLIGHT - 1):  # the held one above is the first
+            sent.append(store.start_put(f"/u/{i}", b""))
+            await eventually(lambda count=i + 2: writer.batches_sent >= count, f"batch {i} sent")
+        queued = store.start_put("/u/queued", b"")
+        with pytest.raises(StoreUnavailableError, match="no answer within"):
+            await queued
+        oxia.release_writes()
+        await asyncio.gather(*sent, return_exceptions=True)
+        await store.put("/u/after", b"")
+        assert await store.get("/u/queued") is None
+    finally:
+        await store.close()
+    with pytest.raises(StoreClosedError):
+        await store.start_put("/u/closed", b"")
 
 
 async def test_outage_fails_typed_then_recovers_by_itself(oxia: StandinOxia) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import structlog
 
@@ -55,7 +55,8 @@ from tc_server.store.oxia.notifications import NotificationPump, OxiaSubscriptio
 from tc_server.store.oxia.routing import ShardInfo, ShardMap
 from tc_server.store.oxia.sessions import SessionManager, default_client_identity
 from tc_server.store.oxia.write_stream import ShardWriter
-from tc_server.store.writes import StoreWrites
+from tc_server.store.oxia.write_stream import WriteResult as Answer
+from tc_server.store.writes import StoreWrites, checked_put, condition_failed
 
 log = structlog.get_logger(__name__)
 
@@ -201,6 +202,60 @@ class OxiaStore(StoreWrites):
         assert isinstance(response, pb.PutResponse)
         return self._record(op, response) if response.status == pb.OK else None
 
+    def start_put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        partition_key: str | None = None,
+        secondary_indexes: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[Record]:
+        """See :meth:`MetadataStore.start_put`. The shard writer's answer resolves the returned future from
+        a callback, as on the embedded store: no task and no gather per write (each NEW_TXN writes its
+        header this way, issue 13). Bounded by the request timeout as :meth:`put` is: one timer, and an
+        operation not sent by then is never sent."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[Record] = loop.create_future()
+        try:
+            self._check_open()
+            op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
+                             secondary_indexes=secondary_indexes)
+            request = self._request(op)
+            assert isinstance(request, pb.PutRequest)
+            info = self._route(op.key, op.partition_key)
+            sent = self._writer(info.shard).put(request)
+        except Exception as exc:  # noqa: BLE001 - reported through the future, as put() would raise it
+            outcome.set_exception(exc)
+            return outcome
+        timer = loop.call_later(self._timeout, self._put_timed_out, outcome, sent)
+        sent.add_done_callback(functools.partial(self._resolve_put, outcome, op, info, timer))
+        return outcome
+
+    def _put_timed_out(self, outcome: asyncio.Future[Record], sent: asyncio.Future[Answer]) -> None:
+        if not outcome.done():
+            outcome.set_exception(StoreUnavailableError(f"write of 1 operation(s): no answer within {self._timeout}s"))
+        sent.cancel()  # not sent yet: never sent (the writer skips it); sent: its outcome stays unknown
+
+    def _resolve_put(self, outcome: asyncio.Future[Record], op: Put, info: ShardInfo, timer: asyncio.TimerHandle,
+                     sent: asyncio.Future[Answer]) -> None:
+        timer.cancel()
+        if outcome.done():
+            return
+        try:
+            response = self._checked(op, info, sent.exception() or sent.result(), {})
+        except asyncio.CancelledError:
+            outcome.set_exception(StoreUnavailableError(f"write of {op.key!r} cancelled; its outcome is unknown"))
+            return
+        except Exception as exc:  # noqa: BLE001 - _checked's verdict, handed to whoever awaits the future
+            outcome.set_exception(exc)
+            return
+        assert isinstance(response, pb.PutResponse)
+        if response.status == pb.OK:
+            outcome.set_result(self._record(op, response))
+        else:
+            outcome.set_exception(condition_failed(op.key, op.expected_version))
+
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Send every operation at once: operations of one shard submitted together travel in one
         ``WriteRequest`` (up to the batch limits). Raises :class:`InvalidOperationError` before
@@ -259,31 +314,35 @@ class OxiaStore(StoreWrites):
         except TimeoutError:
             raise StoreUnavailableError(f"write of {len(ops)} operation(s): no answer within "
                                         f"{self._timeout}s") from None
-        out: list[pb.PutResponse | pb.DeleteResponse] = []
-        for (op, info), result in zip(routed, done, strict=True):
-            if isinstance(result, StoreError):
-                raise result
-            if isinstance(result, BaseException):
-                raise StoreUnavailableError(f"write failed: {result!r}") from result
-            if isinstance(result, pb.PutResponse) and result.status == pb.SESSION_DOES_NOT_EXIST:
-                self._sessions.forget(info.shard, sessions.get(info.shard, -1))
-                raise StoreUnavailableError(f"shard {info.shard}: the session expired; retry")
-            if result.status not in (_PUT_STATUSES if isinstance(op, Put) else _DELETE_STATUSES):
-                raise StoreUnavailableError(
-                    f"shard {info.shard}: {type(op).__name__.lower()} of {op.key!r} answered "
-                    f"{reads.status_name(result.status)}; its outcome is unknown")
-            if isinstance(op, Put) and op.sequential and result.status == pb.OK and not result.HasField("key"):
-                # Applied, but under a key only the server knows: the prefix is not the record's key.
-                raise StoreUnavailableError(
-                    f"shard {info.shard}: sequential put under {op.key!r} was answered without its key")
-            if isinstance(op, Put) and op.ephemeral and isinstance(result, pb.PutResponse) and result.status == pb.OK:
-                # So that close() can wait for the notification of its deletion (the Protocol: a
-                # closing stream ends after it). A later delete or durable put ends that by its own
-                # notification, like anyone else's.
-                key = result.key if result.HasField("key") else op.key
-                self._pump.note_own_ephemeral(info.shard, key, result.version.version_id)
-            out.append(result)
-        return out
+        return [self._checked(op, info, result, sessions) for (op, info), result in zip(routed, done, strict=True)]
+
+    def _checked(self, op: Put | Delete, info: ShardInfo, result: object,
+                 sessions: dict[int, int]) -> pb.PutResponse | pb.DeleteResponse:
+        """The answer of one operation of :meth:`_send` or :meth:`start_put`, or the exception it means
+        (see :meth:`_send`). ``sessions``: the session id each ephemeral put's shard was sent with."""
+        if isinstance(result, StoreError):
+            raise result
+        if isinstance(result, BaseException):
+            raise StoreUnavailableError(f"write failed: {result!r}") from result
+        assert isinstance(result, pb.PutResponse | pb.DeleteResponse)
+        if isinstance(result, pb.PutResponse) and result.status == pb.SESSION_DOES_NOT_EXIST:
+            self._sessions.forget(info.shard, sessions.get(info.shard, -1))
+            raise StoreUnavailableError(f"shard {info.shard}: the session expired; retry")
+        if result.status not in (_PUT_STATUSES if isinstance(op, Put) else _DELETE_STATUSES):
+            raise StoreUnavailableError(
+                f"shard {info.shard}: {type(op).__name__.lower()} of {op.key!r} answered "
+                f"{reads.status_name(result.status)}; its outcome is unknown")
+        if isinstance(op, Put) and op.sequential and result.status == pb.OK and not result.HasField("key"):
+            # Applied, but under a key only the server knows: the prefix is not the record's key.
+            raise StoreUnavailableError(
+                f"shard {info.shard}: sequential put under {op.key!r} was answered without its key")
+        if isinstance(op, Put) and op.ephemeral and isinstance(result, pb.PutResponse) and result.status == pb.OK:
+            # So that close() can wait for the notification of its deletion (the Protocol: a
+            # closing stream ends after it). A later delete or durable put ends that by its own
+            # notification, like anyone else's.
+            key = result.key if result.HasField("key") else op.key
+            self._pump.note_own_ephemeral(info.shard, key, result.version.version_id)
+        return result
 
     @staticmethod
     def _request(op: Put | Delete) -> pb.PutRequest | pb.DeleteRequest:
