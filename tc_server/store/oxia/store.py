@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import structlog
 
@@ -197,10 +198,13 @@ class OxiaStore(StoreWrites):
         return await reads.get(self._pool.stub(info.leader), info.shard, key, self._timeout)
 
     async def _put_record(self, op: Put) -> Record | None:
-        self._check_open()
-        (response,) = await self._send([op])
-        assert isinstance(response, pb.PutResponse)
-        return self._record(op, response) if response.status == pb.OK else None
+        if op.ephemeral:  # carries its shard's session, which _send gets first
+            self._check_open()
+            (response,) = await self._send([op])
+            assert isinstance(response, pb.PutResponse)
+            return self._record(op, response) if response.status == pb.OK else None
+        record: Record | None = await self._put_one(op, condition_raises=False)
+        return record
 
     def start_put(
         self,
@@ -211,36 +215,42 @@ class OxiaStore(StoreWrites):
         partition_key: str | None = None,
         secondary_indexes: Mapping[str, str] | None = None,
     ) -> asyncio.Future[Record]:
-        """See :meth:`MetadataStore.start_put`. The shard writer's answer resolves the returned future from
-        a callback, as on the embedded store: no task and no gather per write (each NEW_TXN writes its
-        header this way, issue 13). Bounded by the request timeout as :meth:`put` is: one timer, and an
-        operation not sent by then is never sent."""
-        loop = asyncio.get_running_loop()
-        outcome: asyncio.Future[Record] = loop.create_future()
+        """See :meth:`MetadataStore.start_put` (:meth:`_put_one`: no task; NEW_TXN writes its header this way)."""
         try:
-            self._check_open()
             op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
                              secondary_indexes=secondary_indexes)
-            request = self._request(op)
-            assert isinstance(request, pb.PutRequest)
-            info = self._route(op.key, op.partition_key)
-            sent = self._writer(info.shard).put(request)
+            return self._put_one(op, condition_raises=True)
         except Exception as exc:  # noqa: BLE001 - reported through the future, as put() would raise it
-            outcome.set_exception(exc)
-            return outcome
+            failed: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    def _put_one(self, op: Put, condition_raises: bool) -> asyncio.Future[Any]:
+        """One durable put, under way: a future the shard writer's answer resolves from a callback, with no
+        task and no gather (each header write of the coordinator goes this way, issue 13). It gives the
+        record, or for a failed condition :class:`BadVersionError` (``condition_raises``) or None, and
+        fails as :meth:`_send` would. Bounded by the request timeout with one timer: an operation not
+        sent by then is never sent. Raises at once what cannot be sent (closed, no shard, not encodable)."""
+        self._check_open()
+        request = self._request(op)
+        assert isinstance(request, pb.PutRequest)
+        info = self._route(op.key, op.partition_key)
+        sent = self._writer(info.shard).put(request)
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[Any] = loop.create_future()
         timer = loop.call_later(self._timeout, self._put_timed_out, outcome, sent)
-        sent.add_done_callback(functools.partial(self._resolve_put, outcome, op, info, timer))
+        sent.add_done_callback(functools.partial(self._resolve_put, outcome, op, info, timer, condition_raises))
         return outcome
 
-    def _put_timed_out(self, outcome: asyncio.Future[Record], sent: asyncio.Future[Answer]) -> None:
+    def _put_timed_out(self, outcome: asyncio.Future[Any], sent: asyncio.Future[Answer]) -> None:
         if not outcome.done():
             outcome.set_exception(StoreUnavailableError(f"write of 1 operation(s): no answer within {self._timeout}s"))
         sent.cancel()  # not sent yet: never sent (the writer skips it); sent: its outcome stays unknown
 
-    def _resolve_put(self, outcome: asyncio.Future[Record], op: Put, info: ShardInfo, timer: asyncio.TimerHandle,
-                     sent: asyncio.Future[Answer]) -> None:
+    def _resolve_put(self, outcome: asyncio.Future[Any], op: Put, info: ShardInfo, timer: asyncio.TimerHandle,
+                     condition_raises: bool, sent: asyncio.Future[Answer]) -> None:
         timer.cancel()
-        if outcome.done():
+        if outcome.done():  # timed out, or the caller stopped waiting (its outcome stays unknown)
             return
         try:
             response = self._checked(op, info, sent.exception() or sent.result(), {})
@@ -253,8 +263,10 @@ class OxiaStore(StoreWrites):
         assert isinstance(response, pb.PutResponse)
         if response.status == pb.OK:
             outcome.set_result(self._record(op, response))
-        else:
+        elif condition_raises:
             outcome.set_exception(condition_failed(op.key, op.expected_version))
+        else:
+            outcome.set_result(None)
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Send every operation at once: operations of one shard submitted together travel in one
