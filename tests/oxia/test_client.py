@@ -27,7 +27,7 @@ from tc_server.store.api import (
 )
 from tc_server.store.oxia import OxiaStore, connect
 from tc_server.store.oxia.routing import HASH_SPACE_MAX, ShardInfo, ShardMap, key_hash
-from tc_server.store.oxia.store import children_range, is_child
+from tc_server.store.oxia.store import INDEX_CHECK_PREFIX, children_range, is_child
 from tc_server.store.oxia.write_stream import MAX_BATCHES_IN_FLIGHT
 from tests.oxia_standin import server as standin
 from tests.oxia_standin.server import StandinOxia, compare_with_slash
@@ -55,10 +55,14 @@ async def test_index_probes_of_one_turn_share_one_read(store: OxiaStore, oxia: S
     # END_TXN's question "did a participant write op records?" (index_probes.py): 300 asked in one step
     # are one Read call, each answered on its own.
     await store.put("/o/1_7-01", b"", partition_key="1_7", secondary_indexes={"idx:ops": "/txn/op/1_7"})
-    before = oxia.read_requests
     found = await asyncio.gather(*(store.index_has("idx:ops", f"/txn/op/1_{i}", partition_key="1_7")
                                    for i in range(300)))
     assert found == [i == 7 for i in range(300)]
+    # The store's one check whether the server answers index gets, then one Read for all 300 (who
+    # waited for the check go on together).
+    assert oxia.read_requests == 2
+    before = oxia.read_requests
+    await asyncio.gather(*(store.index_has("idx:ops", f"/txn/op/1_{i}", partition_key="1_7") for i in range(300)))
     assert oxia.read_requests - before == 1
 
 
@@ -73,6 +77,61 @@ async def test_index_probes_fail_typed_when_oxia_is_gone_and_after_close(oxia: S
         await store.close()
     with pytest.raises(StoreClosedError):
         await store.index_has("idx:ops", "/txn/op/1_1", partition_key="p")
+
+
+async def test_index_has_scans_on_a_server_without_index_gets(caplog: pytest.LogCaptureFixture) -> None:
+    # A server before v0.13 takes a get on an index for a get of the key itself: index_has would say
+    # "no" to everything. The store finds out once (a record of its own, looked up through an index of
+    # its own, then deleted) and scans instead.
+    server = StandinOxia(shards=1, index_gets=False)
+    await server.start()
+    store = await connect(server.address, request_timeout_s=2.0)
+    try:
+        await store.put("/o/1_7-01", b"", partition_key="1_7", secondary_indexes={"idx:ops": "/txn/op/1_7"})
+        found = await asyncio.gather(*(store.index_has("idx:ops", f"/txn/op/1_{i}", partition_key="1_7")
+                                       for i in range(10)))
+        assert found == [i == 7 for i in range(10)]
+        reads_after_check = server.read_requests
+        assert await store.index_has("idx:ops", "/txn/op/1_7", partition_key="1_7")
+        assert server.read_requests == reads_after_check == 1  # the check's probe; scans since
+        assert [r async for r in store.scan_prefix(INDEX_CHECK_PREFIX)] == []
+    finally:
+        await store.close()
+        await server.stop()
+
+
+async def test_index_has_asks_the_server_once_whether_it_answers_index_gets(store: OxiaStore,
+                                                                          oxia: StandinOxia) -> None:
+    assert not await store.index_has("idx:ops", "/txn/op/1_1", partition_key="p")
+    assert oxia.read_requests == 2  # the check's probe, then this one
+    assert not await store.index_has("idx:ops", "/txn/op/1_2", partition_key="p")
+    assert oxia.read_requests == 3
+    assert [r async for r in store.scan_prefix(INDEX_CHECK_PREFIX)] == []
+
+
+async def test_a_cancelled_put_not_yet_sent_is_never_sent(oxia: StandinOxia) -> None:
+    # put()'s caller owns its write: END_TXN's deadline cancelling its CAS while the batch waits for the
+    # writer's window withdraws it (what _send's gather did by cancelling the writer's future).
+    store = await connect(oxia.address, request_timeout_s=5.0)
+    try:
+        await store.put("/w/warm", b"")
+        writer = store.writers[0]
+        oxia.hold_writes()
+        held = []
+        for i in range(MAX_BATCHES_IN_FLIGHT):  # the writer's window, full
+            held.append(store.start_put(f"/w/{i}", b""))
+            await eventually(lambda count=i + 2: writer.batches_sent >= count, f"batch {i} sent")
+        cancelled = asyncio.ensure_future(store.put("/w/cancelled", b""))
+        await asyncio.sleep(0.05)
+        assert writer.batches_sent == MAX_BATCHES_IN_FLIGHT + 1  # /w/cancelled waits in the queue
+        cancelled.cancel()
+        oxia.release_writes()
+        await asyncio.gather(*held)
+        await store.put("/w/after", b"")
+        assert await store.get("/w/cancelled") is None
+        assert await store.get("/w/after") is not None
+    finally:
+        await store.close()
 
 
 async def test_batch_limit_of_1000_ops(store: OxiaStore, oxia: StandinOxia) -> None:

@@ -20,7 +20,7 @@ Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
 * Sequence keys ``prefix-%020d`` (one delta per put only: the client never sends more).
 * Secondary indexes are per-record entries ``__oxia/idx/<name>/<secondary>\\x01<escaped primary>``
   in the record's shard; index scans compare those keys. A get on an index (``EQUAL`` only, as
-  tc-server sends it) answers the first record whose secondary key is the requested one.
+  tc-server sends it) takes the first entry at or after the key, as oxiad does (``Shard.index_get``).
 * Keys sort hierarchically (``CompareWithSlash``: segment by segment, a key with no further ``/``
   before any deeper one).
 * One notification batch per committed write batch with at least one visible change; at most one
@@ -44,6 +44,7 @@ import bisect
 import contextlib
 import functools
 import itertools
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -57,6 +58,8 @@ from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
 HASH_MAX = 0xFFFF_FFFF
 SEQUENCE_FORMAT = "{}-{:020d}"
 INDEX_PREFIX = "__oxia/idx/"
+# oxiad's secondaryIdxFormatRegex: an index entry's secondary key and escaped primary key.
+INDEX_ENTRY = re.compile("^" + INDEX_PREFIX + "[^/]+/([^\x01]+)\x01(.+)$")
 SCAN_CHUNK = 100
 MIN_SESSION_MS, MAX_SESSION_MS = 2_000, 300_000
 NOTIFICATION_RETENTION = 100_000
@@ -260,6 +263,20 @@ class Shard:
         async with self.changed:
             self.changed.notify_all()
 
+    def index_get(self, index: str, secondary: str) -> tuple[str, Entry] | None:
+        """oxiad's secondaryIndexGet with EQUAL: the first index entry at or after ``<index>/<secondary>``
+        (of every index: oxiad's iterator does not stop at the index's end), answered only if it parses
+        as an index entry whose secondary key compares equal to ``secondary``."""
+        search = f"{INDEX_PREFIX}{index}/{secondary}"
+        i = bisect.bisect_left(self.index_keys, hierarchical(search), key=hierarchical)
+        if i == len(self.index_keys):
+            return None
+        found = INDEX_ENTRY.match(self.index_keys[i])
+        if found is None or compare_with_slash(secondary, found.group(1)) != 0:
+            return None
+        primary = self.index_primary[self.index_keys[i]]
+        return primary, self.kv[primary]
+
     def scan(self, start: str, end: str, index: str | None) -> list[tuple[str, Entry]]:
         if index is None:
             hits = [(k, e) for k, e in self.kv.items() if in_range(k, start, end)]
@@ -278,8 +295,11 @@ class StandinOxia:
     """The stand-in server (see the module docstring). ``await start()``, use ``address``,
     ``await stop()``; ``start()`` again comes back on the same port with the same data."""
 
-    def __init__(self, shards: int = 1, namespace: str = "default") -> None:
+    def __init__(self, shards: int = 1, namespace: str = "default", index_gets: bool = True) -> None:
         self.namespace = namespace
+        # False: a get naming a secondary index is taken for a get of the key itself, as by servers
+        # before v0.13, whose GetRequest had no secondary_index_name (field 4 unknown to them).
+        self.index_gets = index_gets
         span = (HASH_MAX + 1) // shards
         self.shards = [
             Shard(i, i * span, HASH_MAX if i == shards - 1 else (i + 1) * span - 1) for i in range(shards)]
@@ -424,16 +444,14 @@ class _Servicer(pb_grpc.OxiaClientServicer):
             if get.comparison_type != pb.EQUAL:
                 result.status = pb.KEY_NOT_FOUND
                 continue
-            if get.HasField("secondary_index_name"):
-                # oxiad's secondaryIndexGet: the first entry of the index at or after the secondary key,
-                # answered only if its secondary key is that key; the record and both keys come back.
-                hits = shard.scan(get.key, get.key + "\x02", get.secondary_index_name)
-                if not hits:
+            if get.HasField("secondary_index_name") and self.oxia.index_gets:
+                hit = shard.index_get(get.secondary_index_name, get.key)
+                if hit is None:
                     result.status = pb.KEY_NOT_FOUND
                     continue
-                key, entry = hits[0]
+                key, entry = hit
                 result.key, result.secondary_index_key = key, get.key
-            else:
+            else:  # also a get on an index when imitating a server before v0.13 (index_gets=False)
                 entry = shard.kv.get(get.key)
                 if entry is None:
                     result.status = pb.KEY_NOT_FOUND

@@ -314,12 +314,18 @@ async def test_index_scan_ordered_by_secondary_then_primary_key(store: MetadataS
 async def test_index_has_exactly_the_secondary_key(store: MetadataStore) -> None:
     # Pulsar 5's op records' shape (docs/record-layout.md): a secondary key with slashes, shared by
     # every op of one txn, next to a txn whose key extends it (1_5 and 1_50).
-    for key, secondary in (("/c/1_5-01", "/txn/op/1_5"), ("/c/1_5-02", "/txn/op/1_5"), ("/c/1_50-01", "/txn/op/1_50")):
+    # Entries one level deeper and shallower too: Oxia seeks to the first entry at or after the key
+    # and compares that one only (oxiad's secondaryIndexGet, imitated by the stand-in).
+    for key, secondary in (("/c/1_5-01", "/txn/op/1_5"), ("/c/1_5-02", "/txn/op/1_5"), ("/c/1_50-01", "/txn/op/1_50"),
+                           ("/c/deeper", "/txn/op/1_6/x"), ("/c/shallower", "/txn/op")):
         await store.put(key, b"", partition_key="p", secondary_indexes={"idx:ops": secondary})
     assert await store.index_has("idx:ops", "/txn/op/1_5", partition_key="p")
     assert await store.index_has("idx:ops", "/txn/op/1_50", partition_key="p")
+    assert await store.index_has("idx:ops", "/txn/op/1_6/x", partition_key="p")
+    assert await store.index_has("idx:ops", "/txn/op", partition_key="p")
     assert await store.index_has("idx:ops", "/txn/op/1_50")  # every shard, without a partition key
-    for absent in ("/txn/op/1_", "/txn/op/1_4", "/txn/op/1_51", "/txn/op/1_500", "/txn/op"):
+    for absent in ("/txn/op/1_", "/txn/op/1_4", "/txn/op/1_51", "/txn/op/1_500", "/txn/op/1_6", "/txn/op/1_6/",
+                   "/txn/op/1_5/x", "/txn", "/txn/o"):
         assert not await store.index_has("idx:ops", absent, partition_key="p"), absent
     assert not await store.index_has("idx:other", "/txn/op/1_5", partition_key="p")
     await store.delete("/c/1_50-01", partition_key="p")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
-from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
+from tc_server.store.api import InvalidOperationError, StoreClosedError, StoreError, StoreUnavailableError
 from tc_server.store.oxia import reads
 
 # Gets per Read call: a turn's probes beyond this go in further calls (each get is ~100 bytes).
@@ -43,14 +43,19 @@ class IndexProbes:
         takes the probe out of a call not yet sent."""
         if self._closed:
             raise StoreClosedError("the Oxia store is closed")
+        try:
+            get = pb.GetRequest(key=secondary_key, include_value=False, comparison_type=pb.EQUAL,
+                                secondary_index_name=index_name)
+        except (TypeError, ValueError) as exc:  # e.g. a lone surrogate: what put() refuses the same way
+            raise InvalidOperationError(f"index get of {secondary_key!r} in {index_name!r} cannot be encoded: "
+                                        f"{exc}") from exc
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         probes = self._waiting.get(shard)
         if probes is None:
             probes = self._waiting[shard] = []
             loop.call_soon(self._send, shard)
-        probes.append((pb.GetRequest(key=secondary_key, include_value=False, comparison_type=pb.EQUAL,
-                                     secondary_index_name=index_name), future))
+        probes.append((get, future))
         return future
 
     def _send(self, shard: int) -> None:

@@ -48,6 +48,7 @@ from tc_server.store.api import (
     WriteResult,
     validate_put,
 )
+from tc_server.store.keys import index_has_by_scan
 from tc_server.store.oxia import reads
 from tc_server.store.oxia.assignments import AssignmentWatcher
 from tc_server.store.oxia.connections import ConnectionPool
@@ -63,6 +64,11 @@ log = structlog.get_logger(__name__)
 
 # Above every character a key can continue with (see the module docstring).
 _MAX_CHAR = "\U0010ffff"
+
+# The record and index of the check whether the server answers gets on an index (_check_index_gets):
+# under a root of tc-server's own, not under Pulsar's /txn.
+INDEX_CHECK_PREFIX = "/tc-server/index-get-check/"
+INDEX_CHECK_INDEX = "tc-server-index-get-check"
 
 
 # The answers a put and a delete can have. Any other status (an unknown code, SESSION_DOES_NOT_EXIST on
@@ -115,6 +121,8 @@ class OxiaStore(StoreWrites):
             request_timeout_s=request_timeout_s, client_identity=client_identity or default_client_identity())
         self._pump = NotificationPump(self._pool, lambda: self._assignments.current)
         self._probes = IndexProbes(lambda shard: self._pool.stub(self._leader_of(shard)), request_timeout_s)
+        self._index_gets: bool | None = None  # whether the server answers gets on an index (_check_index_gets)
+        self._index_check: asyncio.Future[None] | None = None  # that check, under way or failed
         self._writers: dict[int, ShardWriter] = {}
         self._closing: set[asyncio.Task[None]] = set()  # writers of shards whose leader moved
         self._closed = False
@@ -203,7 +211,7 @@ class OxiaStore(StoreWrites):
             (response,) = await self._send([op])
             assert isinstance(response, pb.PutResponse)
             return self._record(op, response) if response.status == pb.OK else None
-        record: Record | None = await self._put_one(op, condition_raises=False)
+        record: Record | None = await self._put_one(op, condition_raises=False, withdraw=True)
         return record
 
     def start_put(
@@ -225,12 +233,13 @@ class OxiaStore(StoreWrites):
             failed.set_exception(exc)
             return failed
 
-    def _put_one(self, op: Put, condition_raises: bool) -> asyncio.Future[Any]:
+    def _put_one(self, op: Put, condition_raises: bool, withdraw: bool = False) -> asyncio.Future[Any]:
         """One durable put, under way: a future the shard writer's answer resolves from a callback, with no
         task and no gather (each header write of the coordinator goes this way, issue 13). It gives the
         record, or for a failed condition :class:`BadVersionError` (``condition_raises``) or None, and
         fails as :meth:`_send` would. Bounded by the request timeout with one timer: an operation not
-        sent by then is never sent. Raises at once what cannot be sent (closed, no shard, not encodable)."""
+        sent by then is never sent; with ``withdraw`` (put(): its caller owns it) neither is one whose
+        future was cancelled. Raises at once what cannot be sent (closed, no shard, not encodable)."""
         self._check_open()
         request = self._request(op)
         assert isinstance(request, pb.PutRequest)
@@ -240,6 +249,8 @@ class OxiaStore(StoreWrites):
         outcome: asyncio.Future[Any] = loop.create_future()
         timer = loop.call_later(self._timeout, self._put_timed_out, outcome, sent)
         sent.add_done_callback(functools.partial(self._resolve_put, outcome, op, info, timer, condition_raises))
+        if withdraw:
+            outcome.add_done_callback(functools.partial(_withdraw_if_cancelled, sent))
         return outcome
 
     def _put_timed_out(self, outcome: asyncio.Future[Any], sent: asyncio.Future[Answer]) -> None:
@@ -254,19 +265,19 @@ class OxiaStore(StoreWrites):
             return
         try:
             response = self._checked(op, info, sent.exception() or sent.result(), {})
+            assert isinstance(response, pb.PutResponse)  # the writer answers a put with its PutResponse
+            if response.status == pb.OK:
+                outcome.set_result(self._record(op, response))
+            elif condition_raises:
+                outcome.set_exception(condition_failed(op.key, op.expected_version))
+            else:
+                outcome.set_result(None)
         except asyncio.CancelledError:
             outcome.set_exception(StoreUnavailableError(f"write of {op.key!r} cancelled; its outcome is unknown"))
-            return
-        except Exception as exc:  # noqa: BLE001 - _checked's verdict, handed to whoever awaits the future
+        except StoreError as exc:  # _checked's verdict, handed to whoever awaits the future
             outcome.set_exception(exc)
-            return
-        assert isinstance(response, pb.PutResponse)
-        if response.status == pb.OK:
-            outcome.set_result(self._record(op, response))
-        elif condition_raises:
-            outcome.set_exception(condition_failed(op.key, op.expected_version))
-        else:
-            outcome.set_result(None)
+        except Exception as exc:  # noqa: BLE001 - never left pending: the timer is gone
+            outcome.set_exception(StoreUnavailableError(f"put of {op.key!r}: {exc!r}; its outcome is unknown"))
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Send every operation at once: operations of one shard submitted together travel in one
@@ -333,7 +344,9 @@ class OxiaStore(StoreWrites):
         """The answer of one operation of :meth:`_send` or :meth:`start_put`, or the exception it means
         (see :meth:`_send`). ``sessions``: the session id each ephemeral put's shard was sent with."""
         if isinstance(result, StoreError):
-            raise result
+            # An exception of its own per operation: the writer fails a whole batch with one object, which
+            # raised in many places would collect every one of their tracebacks.
+            raise (StoreClosedError if isinstance(result, StoreClosedError) else StoreUnavailableError)(str(result))
         if isinstance(result, BaseException):
             raise StoreUnavailableError(f"write failed: {result!r}") from result
         assert isinstance(result, pb.PutResponse | pb.DeleteResponse)
@@ -423,12 +436,42 @@ class OxiaStore(StoreWrites):
 
     async def index_has(self, index_name: str, secondary_key: str, *, partition_key: str | None = None) -> bool:
         """See :meth:`MetadataStore.index_has`: a get on the index of the shard (every shard, one after the
-        other, without a partition key), sent with the other probes of this turn (index_probes.py)."""
+        other, without a partition key), sent with the other probes of this turn (index_probes.py); a
+        scan on a server that does not answer gets on an index (:meth:`_check_index_gets`)."""
         self._check_open()
+        if self._index_gets is None:
+            # One check for all who ask meanwhile; they go on together, so their probes share a Read.
+            if self._index_check is None or self._index_check.done():
+                self._index_check = asyncio.ensure_future(self._check_index_gets())
+                # Its failure is raised to those who wait; if none is left, it is still not "never retrieved".
+                self._index_check.add_done_callback(lambda check: check.cancelled() or check.exception())
+            await asyncio.shield(self._index_check)
+        if not self._index_gets:
+            return await index_has_by_scan(self, index_name, secondary_key, partition_key=partition_key)
         for info in self._shards(partition_key):
             if await self._probes.has(info.shard, index_name, secondary_key):
                 return True
         return False
+
+    async def _check_index_gets(self) -> None:
+        """Learn whether the server answers a get on a secondary index: Oxia does from v0.13. An older server
+        takes it for a get of the key itself and answers KEY_NOT_FOUND, so index_has would say "no" to
+        everything and Pulsar 5's participants would never hear a decision. Asked once per store (a
+        failure is raised, like a failed scan, and asked again next time): a record of this client's own
+        with an entry in an index of its own is written, looked up through that index, and deleted. Its
+        secondary key is no record's key: an older server looks that up as a key, and finds nothing."""
+        key = f"{INDEX_CHECK_PREFIX}{self._sessions.client_identity}"
+        secondary = f"index-get-check-{self._sessions.client_identity}"
+        await self.put(key, b"", partition_key=key, secondary_indexes={INDEX_CHECK_INDEX: secondary})
+        try:
+            found = await self._probes.has(self._route(key, key).shard, INDEX_CHECK_INDEX, secondary)
+        finally:
+            await self.delete(key, partition_key=key)
+        if not found:
+            log.warning("oxia_index_gets_unsupported", address=self.address,
+                        detail="the server does not answer gets on a secondary index (Oxia before v0.13): "
+                               "END_TXN scans idx:ops-by-txn instead, one call each")
+        self._index_gets = found
 
     def notifications(self, key_prefix: str = "") -> OxiaSubscription:
         """Changes committed after the call on every shard to keys starting with ``key_prefix``
@@ -478,3 +521,9 @@ async def connect(
         await store.close()
         raise
     return store
+
+
+def _withdraw_if_cancelled(sent: asyncio.Future[Answer], outcome: asyncio.Future[Any]) -> None:
+    """put()'s caller stopped waiting (its request's deadline): an operation not sent yet is never sent."""
+    if outcome.cancelled():
+        sent.cancel()
