@@ -10,8 +10,10 @@ broker's defaults. ``restart()`` brings it back on the same ports and data, whic
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -25,9 +27,9 @@ from tc_server.bench.process import (
     LoggedProcess,
     cpu_seconds_of,
     free_port,
+    kill_process,
     log_tail_of,
     spawn_logged,
-    terminate_process,
 )
 
 # The jars are a development resource of the source checkout (like the tests), not of an installed package.
@@ -59,6 +61,12 @@ ADD_OPENS = [
 # 5-7 s warm and 9 s cold on an idle 2-core machine; several times that while tests load both cores.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+# What a standalone logs once its stop is through: the bookie's shutdown hook, and the broker's service
+# (PulsarService.close). After serving traffic the JVM then stays for the rest of STOP_TIMEOUT_S
+# (measured: both lines within ~1 s of SIGTERM, the process gone only by the SIGKILL at 30 s); nothing
+# is left to close, so stop() kills it CLOSED_GRACE_S after both.
+STOPPED_MARKS = ("Closed component bookie-server in shutdown hook", "PulsarService@")
+CLOSED_GRACE_S = 1.0
 # A new partition's transaction-buffer recovery can wait for its full 30 s timeout when it coincides
 # with the broker compacting its snapshot topic; the bound is above that.
 PARTITIONS_READY_TIMEOUT_S = 60.0
@@ -166,9 +174,32 @@ class PulsarBroker(LoggedProcess):
         self.proc = spawn_logged(self.command(java), self.log_path, stdin=subprocess.DEVNULL)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM (the broker unloads its topics and closes the bookie), SIGKILL after ``timeout_s``."""
-        if self.proc is not None:
-            terminate_process(self.proc, timeout_s, self.KILL_WAIT_S)
+        """SIGTERM (the broker unloads its topics and closes the bookie); SIGKILL once the log says both
+        are closed (STOPPED_MARKS) and the JVM has not exited CLOSED_GRACE_S later, or after ``timeout_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        logged_before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self._logged_stopped(logged_before):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(CLOSED_GRACE_S)
+                break
+            time.sleep(0.2)
+        kill_process(self.proc, self.KILL_WAIT_S)  # nothing if it exited
+
+    def _logged_stopped(self, offset: int) -> bool:
+        """Whether the log, from ``offset`` on, has both STOPPED_MARKS (the broker's as ``... - Closed``)."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                lines = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return False
+        bookie, broker = STOPPED_MARKS
+        return (any(bookie in line for line in lines)
+                and any(broker in line and line.rstrip().endswith("- Closed") for line in lines))
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> PulsarBroker:
         """Stop it gracefully and start it again on the same ports and data."""
