@@ -43,7 +43,7 @@ def condition_failed(key: str, expected_version: int | None) -> BadVersionError:
 def checked_put(key: str, value: bytes, *, expected_version: int | None, partition_key: str | None,
                 secondary_indexes: Mapping[str, str] | None, ephemeral: bool = False,
                 sequential: bool = False) -> Put:
-    """The operation of a :meth:`~StoreWrites.put`, ``put_sequential`` or a backend's ``start_put``,
+    """The operation of a :meth:`~StoreWrites.put`, ``put_sequential`` or ``start_put``,
     checked as Oxia would check it: raises :class:`InvalidOperationError` for one it would refuse. The
     value is taken as immutable bytes now (no copy when it is bytes already): the record a put returns
     is what was written, also if the caller reuses a bytearray before the answer."""
@@ -102,12 +102,24 @@ class StoreWrites(ABC):
         partition_key: str | None = None,
         secondary_indexes: Mapping[str, str] | None = None,
     ) -> asyncio.Future[Record]:
-        """See :meth:`MetadataStore.start_put`: :meth:`put` as a task (a backend with a cheaper way
-        overrides this). The value is taken now (see :func:`checked_put`), not when the task starts."""
-        if type(value) is not bytes:
-            value = bytes(value)
-        return asyncio.ensure_future(self.put(key, value, expected_version=expected_version,
-                                              partition_key=partition_key, secondary_indexes=secondary_indexes))
+        """See :meth:`MetadataStore.start_put`. The operation is checked and its value taken now (see
+        :func:`checked_put`); what put() would raise, that check's failure too, comes through the future.
+        How it is under way is the backend's :meth:`_start_put`."""
+        try:
+            op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
+                             secondary_indexes=secondary_indexes)
+            return self._start_put(op)
+        except Exception as exc:  # noqa: BLE001 - reported through the future, as put() would raise it
+            failed: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    def _start_put(self, op: Put) -> asyncio.Future[Record]:
+        """Start one put that passed :func:`validate_put`: :meth:`put` as a task (a backend with a cheaper
+        way overrides this: no task per NEW_TXN). May raise what cannot even be submitted."""
+        return asyncio.ensure_future(self.put(op.key, op.value, expected_version=op.expected_version,
+                                              partition_key=op.partition_key,
+                                              secondary_indexes=op.secondary_indexes))
 
     async def put_sequential(
         self,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -58,7 +58,7 @@ from tc_server.store.oxia.routing import ShardInfo, ShardMap
 from tc_server.store.oxia.sessions import SessionManager, default_client_identity
 from tc_server.store.oxia.write_stream import ShardWriter
 from tc_server.store.oxia.write_stream import WriteResult as Answer
-from tc_server.store.writes import StoreWrites, checked_put, condition_failed
+from tc_server.store.writes import StoreWrites, condition_failed
 
 log = structlog.get_logger(__name__)
 
@@ -214,24 +214,9 @@ class OxiaStore(StoreWrites):
         record: Record | None = await self._put_one(op, condition_raises=False, withdraw=True)
         return record
 
-    def start_put(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        expected_version: int | None = None,
-        partition_key: str | None = None,
-        secondary_indexes: Mapping[str, str] | None = None,
-    ) -> asyncio.Future[Record]:
-        """See :meth:`MetadataStore.start_put` (:meth:`_put_one`: no task; NEW_TXN writes its header this way)."""
-        try:
-            op = checked_put(key, value, expected_version=expected_version, partition_key=partition_key,
-                             secondary_indexes=secondary_indexes)
-            return self._put_one(op, condition_raises=True)
-        except Exception as exc:  # noqa: BLE001 - reported through the future, as put() would raise it
-            failed: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            return failed
+    def _start_put(self, op: Put) -> asyncio.Future[Record]:
+        """See :meth:`StoreWrites._start_put` (:meth:`_put_one`: no task; NEW_TXN writes its header this way)."""
+        return self._put_one(op, condition_raises=True)
 
     def _put_one(self, op: Put, condition_raises: bool, withdraw: bool = False) -> asyncio.Future[Any]:
         """One durable put, under way: a future the shard writer's answer resolves from a callback, with no
@@ -341,7 +326,7 @@ class OxiaStore(StoreWrites):
 
     def _checked(self, op: Put | Delete, info: ShardInfo, result: object,
                  sessions: dict[int, int]) -> pb.PutResponse | pb.DeleteResponse:
-        """The answer of one operation of :meth:`_send` or :meth:`start_put`, or the exception it means
+        """The answer of one operation of :meth:`_send` or :meth:`_put_one`, or the exception it means
         (see :meth:`_send`). ``sessions``: the session id each ephemeral put's shard was sent with."""
         if isinstance(result, StoreError):
             # An exception of its own per operation: the writer fails a whole batch with one object, which
