@@ -303,7 +303,10 @@ def _export(args: argparse.Namespace) -> int:
             await store.close()
 
     try:
-        counts = _run_loop(go())
+        # Not _run_loop: that one leaves SIGTERM and SIGINT ignored once the server has stopped, and a
+        # caller in the same process (the tests) would pass the ignored SIGTERM on to every process it
+        # starts afterwards (a JVM then never heard a stop).
+        counts = asyncio.run(go())
     except StoreError as exc:
         # The embedded store has one user at a time (its file lock): a server running on it keeps it.
         hint = (f": stop the tc-server using {settings.data_dir} and export again (on --store oxia an export runs "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,27 @@ if TEST_LOOP == "uvloop":
     def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
         """pytest-asyncio's hook: every asyncio test and fixture runs on a fresh uvloop loop."""
         return {"uvloop": uvloop.new_event_loop}
+
+
+# The signals whose disposition a child process inherits when it is "ignored" (exec resets only handlers).
+INHERITED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_they_were() -> Iterator[None]:
+    """Every test leaves this process's signal handling as it found it (restored either way), and one that
+    left a signal ignored fails: every process the suite started afterwards inherited that. A JVM started
+    with SIGTERM ignored installs no handler for it, so each later broker stop waited out its 30 s bound
+    (an in-process ``tc-server export`` did it, for the rest of every CI run)."""
+    before = {sig: signal.getsignal(sig) for sig in INHERITED_SIGNALS}
+    yield
+    left_ignored = []
+    for sig, handler in before.items():
+        if signal.getsignal(sig) is signal.SIG_IGN and handler is not signal.SIG_IGN:
+            left_ignored.append(sig.name)
+        if handler is not None:  # None: a handler not set from Python, which cannot be set back
+            signal.signal(sig, handler)
+    assert not left_ignored, f"the test left {', '.join(left_ignored)} ignored in the test process"
 
 
 @pytest.fixture(scope="session")

@@ -36,9 +36,8 @@ def running_broker(broker: PulsarBroker) -> Iterator[PulsarBroker]:
 
 
 def discard(process: LoggedProcess) -> None:
-    """The end of a broker or proxy whose data goes with the test: SIGKILL. A standalone broker given
-    SIGTERM had not exited after the 30 s its stop waits, in every fixture's teardown of the suite
-    (six of them: over three minutes of each CI run). Tests that need a graceful stop call stop()."""
+    """The end of a broker or proxy whose data goes with the test: SIGKILL, since nothing of it is kept.
+    Tests that need a graceful stop call stop()."""
     process.kill()
 
 
