@@ -103,6 +103,9 @@ class PulsarBroker(LoggedProcess):
         self.bookie_port = free_port()
         self.config_path = workdir / "standalone.conf"
         self.log_path = workdir / "broker.log"
+        # The JVM's temporary files: each start unpacks RocksDB's native library (~12 MB) there and a
+        # killed JVM never deletes it; under workdir it goes with the broker instead of filling /tmp.
+        self.tmp_dir = workdir / "tmp"
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ---- addresses ---------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ class PulsarBroker(LoggedProcess):
 
     def command(self, java: str) -> list[str]:
         opens = [arg for module in self.OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
-        return [java, *JVM_MEMORY, "-Djava.net.preferIPv4Stack=true", *opens,
+        return [java, *JVM_MEMORY, "-Djava.net.preferIPv4Stack=true", f"-Djava.io.tmpdir={self.tmp_dir}", *opens,
                 "-cp", f"{self.LIB}/*", MAIN_CLASS,
                 "--config", str(self.config_path), "--no-functions-worker", "--no-stream-storage",
                 *self.storage_args(), "--advertised-address", "127.0.0.1"]
@@ -169,7 +172,7 @@ class PulsarBroker(LoggedProcess):
 
     def _launch(self, java: str) -> None:
         """Write the configuration file and spawn the JVM (its output in ``log_path``); no waiting."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
         self.proc = spawn_logged(self.command(java), self.log_path, stdin=subprocess.DEVNULL)
 
