@@ -264,8 +264,9 @@ def sequence_key(prefix: str, number: int) -> str:
 
 
 def validate_put(op: Put) -> None:
-    """Reject what Oxia would reject at the request level (it would end the whole write stream), and a
-    key that is not text (a caller's bug: a store would write it and then fail to describe it)."""
+    """Reject what Oxia would reject at the request level (it would end the whole write stream), a key
+    that is not text (a caller's bug: a store would write it and then fail to describe it), and a NUL in
+    an index name or secondary key (the embedded store's separator)."""
     if type(op.key) is not str:
         raise InvalidOperationError(f"a key must be a str, not {type(op.key).__name__}: {op.key!r}")
     if op.sequential:
@@ -273,6 +274,11 @@ def validate_put(op: Put) -> None:
             raise InvalidOperationError(f"sequential put under {op.key!r} needs a partition key")
         if op.expected_version is not None:
             raise InvalidOperationError(f"sequential put under {op.key!r} cannot have an expected version")
-    for name in op.secondary_indexes:
+    for name, secondary_key in op.secondary_indexes.items():
         if "/" in name or not name:
             raise InvalidOperationError(f"secondary index name {name!r} must be non-empty and contain no '/'")
+        # The embedded store lists a record's entries joined by NUL (sqlite_writer.encode_entries). No index
+        # key tc-server makes holds one: digits, state names, and names URL-encoded (coordinator/layout.enc).
+        if "\x00" in name or "\x00" in secondary_key:
+            raise InvalidOperationError(f"secondary index {name!r}: a NUL character in the name or the secondary "
+                                        f"key {secondary_key!r}")

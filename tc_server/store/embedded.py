@@ -49,6 +49,7 @@ import asyncio
 import fcntl
 import functools
 import itertools
+import operator
 import os
 import socket
 import sqlite3
@@ -86,6 +87,8 @@ from tc_server.store.sqlite_writer import (
     READ_CHUNK,
     FrameBuffer,
     command,
+    drop_ephemerals,
+    encode_entries,
     encode_frame,
     index_names,
 )
@@ -124,7 +127,8 @@ CREATE TABLE IF NOT EXISTS records (
     created_ms INTEGER NOT NULL,
     modified_ms INTEGER NOT NULL,
     partition_key TEXT,
-    ephemeral INTEGER NOT NULL DEFAULT 0
+    ephemeral INTEGER NOT NULL DEFAULT 0,
+    entries TEXT  -- the record's index entries (sqlite_writer.encode_entries), NULL for none
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS index_entries (
     index_name TEXT NOT NULL,
@@ -132,7 +136,6 @@ CREATE TABLE IF NOT EXISTS index_entries (
     key TEXT NOT NULL,
     PRIMARY KEY (index_name, secondary_key, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS index_entries_by_key ON index_entries (key);
 CREATE INDEX IF NOT EXISTS records_ephemeral ON records (ephemeral) WHERE ephemeral = 1;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO meta (name, value) VALUES ('version', 0);
@@ -778,10 +781,10 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         setup.execute("PRAGMA synchronous=FULL")
         setup.execute("PRAGMA busy_timeout=5000")
         setup.executescript(_SCHEMA)
-        # The session that owned these records is gone (Oxia expires them with the session).
         setup.execute("BEGIN IMMEDIATE")
-        setup.execute("DELETE FROM index_entries WHERE key IN (SELECT key FROM records WHERE ephemeral = 1)")
-        setup.execute("DELETE FROM records WHERE ephemeral = 1")
+        _upgrade_index_entries(setup)
+        # The session that owned these records is gone (Oxia expires them with the session).
+        drop_ephemerals(setup.cursor())
         setup.execute("COMMIT")
         indexed = index_names(setup)
         # Two read connections: a statement open on one would pin its snapshot for the other's reads.
@@ -810,6 +813,30 @@ def _lock(fd: int) -> bool:
             if time.monotonic() >= deadline:
                 return False
         time.sleep(0.02)
+
+
+def _upgrade_index_entries(conn: sqlite3.Connection) -> None:
+    """Inside the open transaction: a file of the layout before records.entries (an index of
+    index_entries by record key instead) gets the column, filled from index_entries, and loses the index.
+    A tc-server of that layout started on a file of this one recreates its index and keeps index_entries
+    by it, leaving the column as it was: the index being there is what says the column must be filled
+    again, from scratch."""
+    if not any(row[1] == "entries" for row in conn.execute("PRAGMA table_info(records)")):
+        conn.execute("ALTER TABLE records ADD COLUMN entries TEXT")
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'index_entries_by_key'"
+                    ).fetchone() is None:
+        return
+    started = time.monotonic()
+    conn.execute("UPDATE records SET entries = NULL WHERE entries IS NOT NULL")
+    # Read through the by-key index, one record's entries after another (a second cursor writes).
+    entries = conn.execute("SELECT key, index_name, secondary_key FROM index_entries INDEXED BY index_entries_by_key"
+                           " ORDER BY key")
+    updates = ((encode_entries((name, secondary) for _, name, secondary in rows), key)
+               for key, rows in itertools.groupby(entries, key=operator.itemgetter(0)))
+    conn.cursor().executemany("UPDATE records SET entries = ? WHERE key = ?", updates)
+    conn.execute("DROP INDEX index_entries_by_key")
+    log.info("embedded store: index entries now listed in their records (the file was of an earlier layout)",
+             seconds=round(time.monotonic() - started, 3))
 
 
 def _read_connection(path: Path) -> sqlite3.Connection:

@@ -64,12 +64,15 @@ _LENGTH: Final = struct.Struct(">I")
 READ_CHUNK: Final = 64 * 1024
 
 # The writer's statements (see _put): a create that does nothing on a present key (rowcount 0), and
-# the update of a present key (created_ms kept).
-_CREATE: Final = ("INSERT INTO records (key, value, version, created_ms, modified_ms, partition_key, ephemeral)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
-_UPDATE: Final = ("UPDATE records SET value = ?, version = ?, modified_ms = ?, partition_key = ?, ephemeral = ?"
-                  " WHERE key = ?")
+# the update of a present key (created_ms kept). ``entries`` is the record's index entries (encode_entries).
+_CREATE: Final = ("INSERT INTO records (key, value, version, created_ms, modified_ms, partition_key, ephemeral,"
+                  " entries) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
+_UPDATE: Final = ("UPDATE records SET value = ?, version = ?, modified_ms = ?, partition_key = ?, ephemeral = ?,"
+                  " entries = ? WHERE key = ?")
 _INDEX_INSERT: Final = "INSERT INTO index_entries (index_name, secondary_key, key) VALUES (?, ?, ?)"
+_INDEX_DELETE: Final = "DELETE FROM index_entries WHERE index_name = ? AND secondary_key = ? AND key = ?"
+# Between the names and secondary keys of records.entries: a character neither may hold (validate_put).
+ENTRY_SEPARATOR: Final = "\x00"
 
 Request = tuple[int, list[tuple[Any, ...]] | None]
 
@@ -204,7 +207,7 @@ class Writer:
             answers: list[tuple[int, list[Any]]] = []
             for request_id, ops in group:
                 if ops is None:
-                    answers.append((request_id, _drop_ephemerals(cursor)))
+                    answers.append((request_id, drop_ephemerals(cursor)))
                     continue
                 outcomes: list[tuple[Any, ...]] = []
                 for op in ops:
@@ -240,11 +243,31 @@ class Writer:
 # -- SQL, inside the open transaction --------------------------------------------------------------
 
 
-def _drop_ephemerals(cursor: sqlite3.Cursor) -> list[str]:
-    keys = [row[0] for row in cursor.execute("SELECT key FROM records WHERE ephemeral = 1 ORDER BY key").fetchall()]
-    for key in keys:
-        _remove(cursor, key)
-    return keys
+def encode_entries(entries: Iterable[tuple[str, str]]) -> str | None:
+    """``records.entries``: a record's index entries, each name and secondary key followed by the other,
+    all joined by ENTRY_SEPARATOR; None for none. The row names its own entries so that an update or a
+    delete removes them by their primary key: an index of index_entries by record key had cost a B-tree
+    leaf per coordinator in every group commit (issue 13, docs/performance.md)."""
+    return ENTRY_SEPARATOR.join(part for entry in entries for part in entry) or None
+
+
+def _delete_entries(cursor: sqlite3.Cursor, key: str, encoded: str | None) -> None:
+    """Delete the index entries ``encoded`` (records.entries) of ``key``."""
+    if not encoded:
+        return
+    parts = encoded.split(ENTRY_SEPARATOR)
+    if len(parts) == 2:
+        cursor.execute(_INDEX_DELETE, (parts[0], parts[1], key))
+    else:
+        cursor.executemany(_INDEX_DELETE, [(parts[i], parts[i + 1], key) for i in range(0, len(parts), 2)])
+
+
+def drop_ephemerals(cursor: sqlite3.Cursor) -> list[str]:
+    """Delete every ephemeral record (with its index entries); their keys, in order."""
+    rows = cursor.execute("SELECT key, entries FROM records WHERE ephemeral = 1 ORDER BY key").fetchall()
+    for key, encoded in rows:
+        _remove(cursor, key, encoded)
+    return [key for key, _ in rows]
 
 
 def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int, indexed: set[str],
@@ -255,27 +278,31 @@ def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int, in
 
     Fewer statements per put (issue 13): a create is one INSERT that does nothing on a present key
     (rowcount 0), with no index entries of an earlier record to delete. A write over a present key reads
-    the row first: its version decides, and its created_ms is kept (an UPDATE ... RETURNING created_ms
-    instead cost twice a plain UPDATE on SQLite 3.40, measured)."""
+    the row first: its version decides, its created_ms is kept (an UPDATE ... RETURNING created_ms
+    instead cost twice a plain UPDATE on SQLite 3.40, measured), and its entries are replaced unless the
+    same."""
     _, key, value, expected_version, partition_key, ephemeral, sequential, entries = op
     if sequential:
         key = sequence_key(key, _highest_sequence(cursor.connection, key) + 1)
     row = None
     # A sequential key is absent by construction; a create-if-absent needs no read: the INSERT tells.
     if not (expected_version == EXPECT_ABSENT or sequential):
-        row = cursor.execute("SELECT version, created_ms FROM records WHERE key = ?", (key,)).fetchone()
+        row = cursor.execute("SELECT version, created_ms, entries FROM records WHERE key = ?", (key,)).fetchone()
         if not version_matches(row[0] if row else None, expected_version):
             return key, None, row is not None
     created: int
+    encoded = encode_entries(entries.items()) if entries else None
     if row is None:
-        cursor.execute(_CREATE, (key, value, version, now, now, partition_key, int(ephemeral)))
+        cursor.execute(_CREATE, (key, value, version, now, now, partition_key, int(ephemeral), encoded))
         if cursor.rowcount == 0:  # only a create-if-absent can meet a present key here
             return key, None, True
         created, existed = now, False
     else:
-        cursor.execute(_UPDATE, (value, version, now, partition_key, int(ephemeral), key))
+        cursor.execute(_UPDATE, (value, version, now, partition_key, int(ephemeral), encoded, key))
         created, existed = row[1], True
-        cursor.execute("DELETE FROM index_entries WHERE key = ?", (key,))
+        if encoded == row[2]:
+            return key, created, existed
+        _delete_entries(cursor, key, row[2])
     if entries:
         _note_names(entries, indexed, added)
         if len(entries) == 1:
@@ -294,18 +321,18 @@ def _note_names(names: Iterable[str], indexed: set[str], added: set[str]) -> Non
 
 
 def _delete(cursor: sqlite3.Cursor, key: str, expected_version: int | None) -> Outcome:
-    row = cursor.execute("SELECT version FROM records WHERE key = ?", (key,)).fetchone()
+    row = cursor.execute("SELECT version, entries FROM records WHERE key = ?", (key,)).fetchone()
     if not version_matches(row[0] if row else None, expected_version):
         return Outcome.BAD_VERSION
     if row is None:
         return Outcome.NOT_FOUND
-    _remove(cursor, key)
+    _remove(cursor, key, row[1])
     return Outcome.OK
 
 
-def _remove(cursor: sqlite3.Cursor, key: str) -> None:
+def _remove(cursor: sqlite3.Cursor, key: str, encoded_entries: str | None) -> None:
     cursor.execute("DELETE FROM records WHERE key = ?", (key,))
-    cursor.execute("DELETE FROM index_entries WHERE key = ?", (key,))
+    _delete_entries(cursor, key, encoded_entries)
 
 
 def _highest_sequence(conn: sqlite3.Connection, prefix: str) -> int:

@@ -133,6 +133,14 @@ async def test_start_put_refuses_what_put_refuses(store: MetadataStore) -> None:
         await store.start_put("/c/k", b"", secondary_indexes={"": "1"})
 
 
+async def test_a_nul_in_an_index_name_or_secondary_key_is_refused(store: MetadataStore) -> None:
+    # The embedded store lists a record's entries joined by NUL: one store contract, refused by all.
+    for indexes in ({"i\x00j": "1"}, {"i": "1\x002"}):
+        with pytest.raises(InvalidOperationError, match="NUL"):
+            await store.put("/c/nul", b"", secondary_indexes=indexes)
+    assert await store.get("/c/nul") is None
+
+
 async def test_a_key_that_is_not_text_is_refused(store: MetadataStore) -> None:
     # A caller's bug, refused before anything is written (the embedded store used to commit it and then
     # fail while describing it, leaving the other callers of its group unanswered).

@@ -204,6 +204,72 @@ async def test_cas_keeps_created_ms_and_replaces_index_entries(tmp_path: Path) -
         await store.close()
 
 
+# The schema of tc-server's files before records.entries: each index entry was found by its record through
+# an index of index_entries by key (tc_server/store/embedded.py, _upgrade_index_entries).
+EARLIER_SCHEMA = """
+CREATE TABLE records (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL, modified_ms INTEGER NOT NULL, partition_key TEXT,
+    ephemeral INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE index_entries (index_name TEXT NOT NULL, secondary_key TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (index_name, secondary_key, key)) WITHOUT ROWID;
+CREATE INDEX index_entries_by_key ON index_entries (key);
+CREATE INDEX records_ephemeral ON records (ephemeral) WHERE ephemeral = 1;
+CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO meta (name, value) VALUES ('version', 3);
+INSERT INTO records VALUES ('/r/a', x'41', 1, 10, 10, 'p', 0), ('/r/b', x'42', 2, 10, 10, 'p', 0),
+    ('/r/c', x'43', 3, 10, 10, 'p', 0);
+INSERT INTO index_entries VALUES ('i', '1', '/r/a'), ('j', '1', '/r/a'), ('i', '2', '/r/b');
+"""
+
+
+async def index_keys(store: EmbeddedStore, name: str) -> list[str]:
+    return [r.key async for r in store.scan_index(name, "0", "9")]
+
+
+async def test_a_file_of_the_earlier_layout_keeps_its_index_entries_and_replaces_them_on_update(
+        tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    with sqlite3.connect(tmp_path / DB_FILENAME) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(EARLIER_SCHEMA)
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        assert (await index_keys(store, "i"), await index_keys(store, "j")) == (["/r/a", "/r/b"], ["/r/a"])
+        a = await store.get("/r/a")
+        assert a is not None
+        await store.put("/r/a", b"A2", expected_version=a.version, secondary_indexes={"i": "3"})
+        await store.delete("/r/b")
+        assert (await index_keys(store, "i"), await index_keys(store, "j")) == (["/r/a"], [])
+        assert [r.key async for r in store.scan_index("i", "3", "4")] == ["/r/a"]
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'index_entries_by_key'").fetchall() == []
+        assert conn.execute("SELECT * FROM index_entries ORDER BY key").fetchall() == [("i", "3", "/r/a")]
+
+
+async def test_a_file_an_earlier_tc_server_wrote_again_is_brought_over_again(tmp_path: Path) -> None:
+    # An earlier tc-server started on a file of this layout: it recreates its by-key index and moves a
+    # record's index entries without touching records.entries, which then lists the entries it had.
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/r/a", b"", secondary_indexes={"i": "1"})
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as old:
+        old.execute("CREATE INDEX index_entries_by_key ON index_entries (key)")
+        old.execute("UPDATE index_entries SET secondary_key = '2' WHERE key = '/r/a'")
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        a = await store.get("/r/a")
+        assert a is not None
+        await store.put("/r/a", b"", expected_version=a.version, secondary_indexes={"i": "3"})
+        assert [(r.key, r.value) async for r in store.scan_index("i", "0", "3")] == []  # entry "2" went too
+        assert await index_keys(store, "i") == ["/r/a"]
+    finally:
+        await store.close()
+
+
 async def test_corrupt_file_is_unavailable_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / DB_FILENAME).write_bytes(b"this is not an SQLite database" * 100)
     with pytest.raises(StoreUnavailableError, match="opening"):
