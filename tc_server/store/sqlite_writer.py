@@ -244,8 +244,8 @@ class Writer:
 
 
 def encode_entries(entries: Iterable[tuple[str, str]]) -> str | None:
-    """``records.entries``: a record's index entries, each name and secondary key followed by the other,
-    all joined by ENTRY_SEPARATOR; None for none. The row names its own entries so that an update or a
+    """``records.entries``: a record's index entries, each entry's name then its secondary key, all joined
+    by ENTRY_SEPARATOR; None for none. The row names its own entries so that an update or a
     delete removes them by their primary key: an index of index_entries by record key had cost a B-tree
     leaf per coordinator in every group commit (issue 13, docs/performance.md)."""
     return ENTRY_SEPARATOR.join(part for entry in entries for part in entry) or None

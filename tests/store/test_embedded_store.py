@@ -228,7 +228,6 @@ async def index_keys(store: EmbeddedStore, name: str) -> list[str]:
 
 async def test_a_file_of_the_earlier_layout_keeps_its_index_entries_and_replaces_them_on_update(
         tmp_path: Path) -> None:
-    tmp_path.mkdir(exist_ok=True)
     with sqlite3.connect(tmp_path / DB_FILENAME) as old:
         old.execute("PRAGMA journal_mode=WAL")
         old.executescript(EARLIER_SCHEMA)
