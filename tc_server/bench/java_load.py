@@ -13,6 +13,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -92,8 +93,10 @@ def run_harness(jar: Path, scenario: Sequence[str], bound_s: float, server_cpu: 
     java = shutil.which("java")
     if java is None:
         raise SystemExit("java not found on PATH: the benchmark's load is the Java client (Java 17+)")
-    proc = subprocess.Popen([java, "-jar", str(jar), *scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+    # The client unpacks a native checksum library into java.io.tmpdir at every start and leaves it there.
+    tmp = tempfile.TemporaryDirectory(prefix="tc-java-load-")
+    proc = subprocess.Popen([java, f"-Djava.io.tmpdir={tmp.name}", "-jar", str(jar), *scenario],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     marks: dict[str, tuple[float, float]] = {}
     result: dict[str, Any] | None = None
     # Reading stdout blocks until the JVM exits; the watchdog bounds that.
@@ -117,6 +120,7 @@ def run_harness(jar: Path, scenario: Sequence[str], bound_s: float, server_cpu: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        tmp.cleanup()
     stderr = proc.stderr.read() if proc.stderr is not None else ""
     if result is None or result.get("event") != "result" or len(marks) != 2:
         raise SystemExit(f"the Java load against {server} gave no result (exit {proc.returncode}): "

@@ -275,13 +275,15 @@ class RunningHarness:
 
 
 @pytest.fixture(scope="session")
-def java_harness() -> Harness:
+def java_harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     java = shutil.which("java")
     if java is None:
         pytest.fail("java not found on PATH: the interop tests need a Java 17+ JDK (see mk/interop.mk)")
     if not JAVA_JAR.exists() or not (JAVA_JAR.parent / "lib").is_dir():
         pytest.fail(f"{JAVA_JAR.relative_to(REPO)} is missing: run `make interop-java`")
-    return Harness("java", [java, *JVM_OPTS, "-jar", str(JAVA_JAR)], "--")
+    # The client unpacks a native checksum library into java.io.tmpdir at every start and leaves it there.
+    tmp = tmp_path_factory.mktemp("java-tmp")
+    return Harness("java", [java, *JVM_OPTS, f"-Djava.io.tmpdir={tmp}", "-jar", str(JAVA_JAR)], "--")
 
 
 @pytest.fixture(scope="session")

@@ -75,10 +75,12 @@ class PulsarProxy(LoggedProcess):
             raise BrokerStartError("java not found on PATH: the Pulsar proxy needs a Java 17+ JDK")
         if not PROXY_STAMP.exists():
             raise BrokerStartError(f"the Pulsar proxy's jars are missing ({PROXY_LIB}): run `{MAKE_COMMAND}`")
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Its JVM's temporary files (native libraries it unpacks and never deletes) go with the proxy.
+        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
         opens = [arg for module in ADD_OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
-        self.proc = spawn_logged([java, "-Xmx256m", "-Djava.net.preferIPv4Stack=true", *opens,
+        self.proc = spawn_logged([java, "-Xmx256m", "-Djava.net.preferIPv4Stack=true",
+                                  f"-Djava.io.tmpdir={self.workdir / 'tmp'}", *opens,
                                   "-cp", f"{PROXY_LIB}/*", MAIN_CLASS, "--config", str(self.config_path)],
                                  self.log_path, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

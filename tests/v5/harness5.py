@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,11 @@ def run_harness(*args: str, timeout_s: float = 180.0) -> HarnessRun:
     if not HARNESS_STAMP.exists():
         raise HarnessMissing(f"the v5 SDK harness is not built ({HARNESS_DIR}): run `{MAKE_COMMAND}`")
     java = find_java21()
-    argv = [java, "-cp", f"{HARNESS_DIR / 'classes'}:{HARNESS_DIR / 'lib'}/*", MAIN_CLASS, *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    # The client unpacks a native checksum library into java.io.tmpdir at every start and leaves it there.
+    with tempfile.TemporaryDirectory(prefix="tc-v5-harness-") as tmp:
+        argv = [java, f"-Djava.io.tmpdir={tmp}", "-cp", f"{HARNESS_DIR / 'classes'}:{HARNESS_DIR / 'lib'}/*",
+                MAIN_CLASS, *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     events = []
     for line in proc.stdout.splitlines():
         line = line.strip()
