@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -61,11 +62,12 @@ ADD_OPENS = [
 # 5-7 s warm and 9 s cold on an idle 2-core machine; several times that while tests load both cores.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
-# What a standalone logs once its stop is through: the bookie's shutdown hook, and the broker's service
-# (PulsarService.close). After serving traffic the JVM then stays for the rest of STOP_TIMEOUT_S
-# (measured: both lines within ~1 s of SIGTERM, the process gone only by the SIGKILL at 30 s); nothing
-# is left to close, so stop() kills it CLOSED_GRACE_S after both.
-STOPPED_MARKS = ("Closed component bookie-server in shutdown hook", "PulsarService@")
+# What a standalone logs once its stop is through, each line matched by one of these: the bookie's shutdown
+# hook, and the broker's service (PulsarService.close). After serving traffic the JVM then stays for the
+# rest of STOP_TIMEOUT_S (measured: both lines within ~1 s of SIGTERM, the process gone only by the SIGKILL
+# at 30 s); nothing is left to close, so stop() kills it CLOSED_GRACE_S after the last.
+STOPPED_LINES = (re.compile(r"Closed component bookie-server in shutdown hook"),
+                 re.compile(r"PulsarService@\d+\] - Closed\s*$"))
 CLOSED_GRACE_S = 1.0
 # A new partition's transaction-buffer recovery can wait for its full 30 s timeout when it coincides
 # with the broker compacting its snapshot topic; the bound is above that.
@@ -89,6 +91,7 @@ class PulsarBroker(LoggedProcess):
     """
 
     KILL_WAIT_S = 30.0
+    STOPPED_LINES: tuple[re.Pattern[str], ...] = STOPPED_LINES
     # What ``command`` runs: the jars and the modules the JVM must open (a subclass's broker version).
     LIB = BROKER_LIB
     OPENS: tuple[str, ...] = tuple(ADD_OPENS)
@@ -178,7 +181,7 @@ class PulsarBroker(LoggedProcess):
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (the broker unloads its topics and closes the bookie); SIGKILL once the log says both
-        are closed (STOPPED_MARKS) and the JVM has not exited CLOSED_GRACE_S later, or after ``timeout_s``."""
+        are closed (STOPPED_LINES) and the JVM has not exited CLOSED_GRACE_S later, or after ``timeout_s``."""
         if self.proc is None or self.proc.poll() is not None:
             return
         logged_before = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -193,16 +196,14 @@ class PulsarBroker(LoggedProcess):
         kill_process(self.proc, self.KILL_WAIT_S)  # nothing if it exited
 
     def _logged_stopped(self, offset: int) -> bool:
-        """Whether the log, from ``offset`` on, has both STOPPED_MARKS (the broker's as ``... - Closed``)."""
+        """Whether the log, from ``offset`` on, has a line for each of STOPPED_LINES."""
         try:
             with self.log_path.open("rb") as log:
                 log.seek(offset)
                 lines = log.read().decode(errors="replace").splitlines()
         except OSError:
             return False
-        bookie, broker = STOPPED_MARKS
-        return (any(bookie in line for line in lines)
-                and any(broker in line and line.rstrip().endswith("- Closed") for line in lines))
+        return all(any(pattern.search(line) for line in lines) for pattern in self.STOPPED_LINES)
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> PulsarBroker:
         """Stop it gracefully and start it again on the same ports and data."""
