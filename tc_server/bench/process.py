@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,16 +176,25 @@ def kill_process(proc: subprocess.Popen[bytes] | None, wait_s: float) -> None:
         proc.wait(wait_s)
 
 
-def terminate_process(proc: subprocess.Popen[bytes], timeout_s: float, kill_wait_s: float) -> bool:
+def terminate_process(proc: subprocess.Popen[bytes], timeout_s: float, kill_wait_s: float, *,
+                      stopped: Callable[[], bool] | None = None, grace_s: float = 0.0) -> bool:
     """SIGTERM ``proc`` if it is running and wait up to ``timeout_s``; False (after a SIGKILL, reaped within
-    ``kill_wait_s``) when it was still running then, True otherwise."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_process(proc, kill_wait_s)
-            return False
+    ``kill_wait_s``) when it was still running then, True otherwise. ``stopped``, polled meanwhile, says
+    when it has done all its stop does (e.g. from its log): the wait then ends ``grace_s`` later at most,
+    for a process whose stop is through but that does not exit (a standalone Pulsar broker's JVM)."""
+    if proc.poll() is not None:
+        return True
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    if stopped is not None:
+        while proc.poll() is None and time.monotonic() < deadline and not stopped():
+            time.sleep(0.2)
+        deadline = min(deadline, time.monotonic() + grace_s)
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill_process(proc, kill_wait_s)
+        return False
     return True
 
 

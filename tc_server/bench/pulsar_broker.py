@@ -10,11 +10,10 @@ broker's defaults. ``restart()`` brings it back on the same ports and data, whic
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -28,9 +27,9 @@ from tc_server.bench.process import (
     LoggedProcess,
     cpu_seconds_of,
     free_port,
-    kill_process,
     log_tail_of,
     spawn_logged,
+    terminate_process,
 )
 
 # The jars are a development resource of the source checkout (like the tests), not of an installed package.
@@ -62,12 +61,7 @@ ADD_OPENS = [
 # 5-7 s warm and 9 s cold on an idle 2-core machine; several times that while tests load both cores.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
-# What a standalone logs once its stop is through, each line matched by one of these: the bookie's shutdown
-# hook, and the broker's service (PulsarService.close). After serving traffic the JVM then stays for the
-# rest of STOP_TIMEOUT_S (measured: both lines within ~1 s of SIGTERM, the process gone only by the SIGKILL
-# at 30 s); nothing is left to close, so stop() kills it CLOSED_GRACE_S after the last.
-STOPPED_LINES = (re.compile(r"Closed component bookie-server in shutdown hook"),
-                 re.compile(r"PulsarService@\d+\] - Closed\s*$"))
+# How long stop() lets a broker whose log says its stop is through (STOPPED_LINES) exit on its own.
 CLOSED_GRACE_S = 1.0
 # A new partition's transaction-buffer recovery can wait for its full 30 s timeout when it coincides
 # with the broker compacting its snapshot topic; the bound is above that.
@@ -91,7 +85,12 @@ class PulsarBroker(LoggedProcess):
     """
 
     KILL_WAIT_S = 30.0
-    STOPPED_LINES: tuple[re.Pattern[str], ...] = STOPPED_LINES
+    # What a standalone logs once its stop is through, each line matched by one of these: the bookie's
+    # shutdown hook, and the broker's service (PulsarService.close). After serving traffic the JVM then
+    # stays for the rest of STOP_TIMEOUT_S (measured: both lines within ~1 s of SIGTERM, the process gone
+    # only by the SIGKILL at 30 s); nothing is left to close, so stop() kills it CLOSED_GRACE_S after.
+    STOPPED_LINES: tuple[re.Pattern[str], ...] = (re.compile(r"Closed component bookie-server in shutdown hook"),
+                                                  re.compile(r"PulsarService@\d+\] - Closed\s*$"))
     # What ``command`` runs: the jars and the modules the JVM must open (a subclass's broker version).
     LIB = BROKER_LIB
     OPENS: tuple[str, ...] = tuple(ADD_OPENS)
@@ -182,18 +181,11 @@ class PulsarBroker(LoggedProcess):
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (the broker unloads its topics and closes the bookie); SIGKILL once the log says both
         are closed (STOPPED_LINES) and the JVM has not exited CLOSED_GRACE_S later, or after ``timeout_s``."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
         logged_before = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if self._logged_stopped(logged_before):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(CLOSED_GRACE_S)
-                break
-            time.sleep(0.2)
-        kill_process(self.proc, self.KILL_WAIT_S)  # nothing if it exited
+        terminate_process(self.proc, timeout_s, self.KILL_WAIT_S,
+                          stopped=functools.partial(self._logged_stopped, logged_before), grace_s=CLOSED_GRACE_S)
 
     def _logged_stopped(self, offset: int) -> bool:
         """Whether the log, from ``offset`` on, has a line for each of STOPPED_LINES."""
