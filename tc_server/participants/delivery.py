@@ -31,6 +31,7 @@ from tc_server.backoff import Backoff
 from tc_server.client import (
     BrokerError,
     ClientError,
+    ConnectionClosed,
     ConnectionFailed,
     ConnectionPool,
     HandshakeRefused,
@@ -69,6 +70,16 @@ PARTITION_COMMAND = "END_TXN_ON_PARTITION"
 SUBSCRIPTION_COMMAND = "END_TXN_ON_SUBSCRIPTION"
 
 
+class _SharedLookup:
+    """The lookup of one topic under way, and how many deliveries wait for it (BrokerDelivery._owner)."""
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self, task: asyncio.Task[str]) -> None:
+        self.task = task
+        self.waiters = 0
+
+
 class BrokerDelivery:
     """Implements the coordinator's ParticipantSender over the Pulsar protocol."""
 
@@ -88,7 +99,7 @@ class BrokerDelivery:
         # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
         self._owners: dict[str, str] = {}
         # topic -> the lookup under way, which every delivery to that topic waits for (_owner).
-        self._lookups: dict[str, asyncio.Task[str]] = {}
+        self._lookups: dict[str, _SharedLookup] = {}
         # Failure lines, keyed by command and error: one per second, with how many were left out.
         self._log_limiter = LogLimiter(interval_s=1.0)
         self._requests = metrics.participant_requests
@@ -126,7 +137,10 @@ class BrokerDelivery:
                 if participant.subscription is not None:
                     where["subscription"] = participant.subscription
                 retryable = isinstance(exc, TimeoutError) or is_retryable(exc)
-                left_out = self._log_limiter.allow(f"{command}:{outcome}")
+                # Per broker; a refusal per topic too: refused topics retry in step, every
+                # NON_RETRYABLE_RETRY_S, and with one key for all only the first was ever named.
+                left_out = self._log_limiter.allow(f"{command}:{outcome}:{broker}" if retryable
+                                                   else f"{command}:{outcome}:{broker}:{participant.topic}")
                 if left_out is not None and retryable:
                     log.info(f"{command} failed; retrying", left_out_since_last_line=left_out, **where)
                 elif left_out is not None:
@@ -147,57 +161,82 @@ class BrokerDelivery:
         """The URL of the broker that owns ``topic``, from the lookup under way for it if there is one, else
         from a new one. Raises ClientError (BrokerError for a failed lookup), TimeoutError past the
         lookup's deadline."""
-        lookup = self._lookups.get(topic)
-        if lookup is None:
-            lookup = self._lookups[topic] = asyncio.create_task(self._look_up(topic), name=f"lookup {topic}")
-            lookup.add_done_callback(functools.partial(self._lookup_done, topic))
-        # Shielded: a delivery cancelled while it waits (a stop) does not cancel the others' lookup.
-        return await asyncio.shield(lookup)
+        shared = self._lookups.get(topic)
+        if shared is None:
+            task = asyncio.create_task(self._look_up(topic), name=f"lookup {topic}")
+            shared = self._lookups[topic] = _SharedLookup(task)
+            task.add_done_callback(functools.partial(self._lookup_done, topic, shared))
+        shared.waiters += 1
+        try:
+            # Shielded: one delivery cancelled while it waits does not end the others' lookup.
+            return await asyncio.shield(shared.task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this delivery was cancelled (a stop, a step-down)
+            # The lookup was, and not this delivery: a failure to retry, never a delivery that ends
+            # quietly with its participant untold.
+            raise ConnectionClosed(self._urls[self._preferred], f"the lookup of {topic} was cancelled") from None
+        finally:
+            shared.waiters -= 1
+            if not shared.waiters and not shared.task.done():
+                # Every delivery waiting for it was cancelled: so is the lookup. It ran on untracked to its
+                # own deadline before, past the partition's stop(), and then passed over the upstream URL
+                # for every later lookup. Forgotten now, so that a delivery arriving meanwhile starts anew.
+                del self._lookups[topic]
+                shared.task.cancel()
 
-    def _lookup_done(self, topic: str, lookup: asyncio.Task[str]) -> None:
-        if self._lookups.get(topic) is lookup:
+    def _lookup_done(self, topic: str, shared: _SharedLookup, lookup: asyncio.Task[str]) -> None:
+        if self._lookups.get(topic) is shared:
             del self._lookups[topic]
         if not lookup.cancelled():
             lookup.exception()  # retrieved here too: with every waiter gone, asyncio would log it as lost
 
     async def _look_up(self, topic: str) -> str:
-        # The lookup's own deadline, not its waiters': one of them giving up must not end it for the rest.
-        with self._deadlines.bound(f"the lookup of {topic}"):
-            conn, url = await self._upstream_connection()
-            try:
-                answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
-                                                request_id_for=lambda c: c.next_request_id())
-            except (ClientError, asyncio.CancelledError):  # cancelled: the lookup's deadline passed
-                self._pass_over(url)
-                raise
-            failure = error_of(answer)
-            if failure is not None:
-                raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
-            if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
-                raise BrokerError(url, ServerError.ServiceNotReady,
-                                  f"lookup of {topic} ended without a broker: {answer}")
-            owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
-            if not owner:
-                raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
-            if len(self._owners) >= MAX_REMEMBERED_OWNERS:
-                self._owners.clear()
-            self._owners[topic] = owner
-            return owner
+        asking: list[str] = []  # the upstream URL being connected to or asked (_upstream_connection)
+        try:
+            # The lookup's own deadline, not its waiters': one of them giving up must not end it for the rest.
+            with self._deadlines.bound(f"the lookup of {topic}"):
+                conn, url = await self._upstream_connection(asking)
+                try:
+                    answer, _ = await follow_lookup(conn, Lookup(topic, 0), self._pool.get, use_tls=self._use_tls,
+                                                    request_id_for=lambda c: c.next_request_id())
+                except ClientError:
+                    self._pass_over(url)
+                    raise
+        except TimeoutError:
+            # Past its deadline while connecting to or asking that URL (a host that is gone, a hung broker).
+            # A lookup cancelled because nobody waits for it any more (_owner) passes over nothing.
+            if asking:
+                self._pass_over(asking[-1])
+            raise
+        failure = error_of(answer)
+        if failure is not None:
+            raise BrokerError(url, failure[0], f"lookup of {topic}: {failure[1]}")
+        if not isinstance(answer, LookupResponse) or answer.response is not LookupType.CONNECT:
+            raise BrokerError(url, ServerError.ServiceNotReady,
+                              f"lookup of {topic} ended without a broker: {answer}")
+        owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
+        if not owner:
+            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
+        if len(self._owners) >= MAX_REMEMBERED_OWNERS:
+            self._owners.clear()
+        self._owners[topic] = owner
+        return owner
 
-    async def _upstream_connection(self) -> tuple[PulsarConnection, str]:
-        """A connection to the upstream URL that answered last, else the next ones in turn."""
+    async def _upstream_connection(self, asking: list[str]) -> tuple[PulsarConnection, str]:
+        """A connection to the upstream URL that answered last, else the next ones in turn; each URL is
+        appended to ``asking`` as it is tried."""
         last: ClientError | None = None
         for attempt in range(len(self._urls)):
             url = self._urls[(self._preferred + attempt) % len(self._urls)]
+            asking.append(url)
             try:
                 conn = await self._pool.get(url)
             except (ConnectionFailed, HandshakeRefused) as exc:
                 last = exc
                 self._pass_over(url)
                 continue
-            except asyncio.CancelledError:  # the deadline passed while connecting (a host that is gone)
-                self._pass_over(url)
-                raise
             return conn, url
         assert last is not None
         raise last

@@ -9,12 +9,14 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import structlog
+
 from tc_server.bench.process import free_port
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.participants.delivery import BrokerDelivery
-from tc_server.wire import EndTxnOnPartition, EndTxnOnPartitionResponse, decode_command, encode_command
+from tc_server.wire import EndTxnOnPartition, EndTxnOnPartitionResponse, ServerError, decode_command, encode_command
 from tests.support.stand_in_broker import StandInBroker as SocketStandIn
 from tests.support.stand_in_broker import connect_to
 
@@ -136,3 +138,115 @@ async def test_deliveries_to_one_topic_share_one_lookup_while_its_broker_is_down
         await pool.close()
         for broker in (upstream, owner):
             broker.stop()
+
+
+def lookups_under_way() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if task.get_name().startswith("lookup ") and not task.done()]
+
+
+async def test_a_lookup_no_delivery_waits_for_any_more_ends_with_them() -> None:
+    # A step-down or a stop cancels every delivery. Their shared lookup ran on untracked until its own
+    # deadline, past stop(), and then passed over the first upstream URL for every later lookup of the
+    # instance, although that URL had done nothing wrong but be slow.
+    slow = await SocketStandIn(answer=lambda lookup: None).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([slow.url, "pulsar://127.0.0.1:1"], pool, request_timeout_s=1.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("abandoned_lookup"))
+    topic = "persistent://t/n/topic-partition-0"
+    owed = [asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, least, True, lambda: -1))
+            for least in range(3)]
+    try:
+        await asyncio.sleep(0.2)
+        assert len(slow.lookup_frames) == 1 and len(lookups_under_way()) == 1
+        for task in owed:
+            task.cancel()
+        await asyncio.gather(*owed, return_exceptions=True)
+        await asyncio.sleep(0.01)
+        assert lookups_under_way() == []
+        await asyncio.sleep(1.3)  # past the lookup's deadline
+        assert delivery._urls[delivery._preferred] == slow.url
+    finally:
+        await pool.close()
+        slow.stop()
+
+
+async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_others() -> None:
+    owner = await OwnerBroker().start()
+    upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("shared_lookup_left"))
+    topic = "persistent://t/n/topic-partition-0"
+    cancelled, waiting = (asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, least, True, lambda: -1))
+                          for least in range(2))
+    try:
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        await asyncio.wait_for(waiting, 10)
+        assert cancelled.cancelled()
+        assert len(upstream.lookup_frames) == 1 and owner.end_txns == 1
+    finally:
+        await pool.close()
+        for broker in (upstream, owner):
+            broker.stop()
+
+
+async def test_a_delivery_whose_lookup_is_cancelled_under_it_retries() -> None:
+    # Only this delivery's own cancellation may end it: had the shared lookup been cancelled by anything
+    # else (a pool closing its connects), the delivery ended quietly and its participant was never told.
+    owner = await OwnerBroker().start()
+    upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("lookup_cancelled_under_it"))
+    owed = asyncio.create_task(delivery.end_txn_on(Participant("persistent://t/n/topic"), 0, 1, True, lambda: -1))
+    try:
+        await asyncio.sleep(0.1)
+        (lookup,) = lookups_under_way()
+        lookup.cancel()
+        await asyncio.wait_for(owed, 10)
+        assert len(upstream.lookup_frames) == 2 and owner.end_txns == 1
+    finally:
+        owed.cancel()
+        await pool.close()
+        for broker in (upstream, owner):
+            broker.stop()
+
+
+class RefusingBroker(SocketStandIn):
+    """A broker on a real socket that refuses every END_TXN_ON_PARTITION, as one whose authorization does not
+    take tc-server's role answers (TransactionNotFound, not retryable)."""
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        command = decode_command(frame)
+        if isinstance(command, EndTxnOnPartition):
+            writer.write(encode_command(EndTxnOnPartitionResponse(
+                command.request_id, command.most, command.least, ServerError.TransactionNotFound,
+                "tc-server is not a super user")))
+            return
+        await super()._on_frame(frame, writer)
+
+
+async def test_each_refused_topic_is_named_in_the_log() -> None:
+    # Refused topics retry in step, every 30 s; with one log line a second per command and error, only
+    # the first topic of each round was ever named, the others only counted as left out.
+    broker = await RefusingBroker().start()
+    upstream = await SocketStandIn(connect_to(broker.url)).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("refusals_named"))
+    topics = [f"persistent://t/n/topic-{n}" for n in range(3)]
+    with structlog.testing.capture_logs() as lines:
+        owed = [asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, 1, True, lambda: -1))
+                for topic in topics]
+        try:
+            await asyncio.sleep(0.5)
+        finally:
+            for task in owed:
+                task.cancel()
+            await asyncio.gather(*owed, return_exceptions=True)
+            await pool.close()
+            for stand_in in (upstream, broker):
+                stand_in.stop()
+    refused = sorted(line["topic"] for line in lines if "refused by the broker" in line["event"])
+    assert refused == topics
