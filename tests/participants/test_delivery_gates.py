@@ -92,7 +92,8 @@ async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_
     # connection. A broker that takes connections and answers PING but no LOOKUP (it lost its metadata
     # session) held every delivery whose owner was not known yet, for good.
     hung = await SocketStandIn(answer=lambda lookup: None).start()
-    owner = await OwnerBroker().start()
+    owner = OwnerBroker()
+    await owner.start()
     answering = await SocketStandIn(connect_to(owner.url)).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([hung.url, answering.url], pool, request_timeout_s=1.0, max_in_flight=10,
@@ -171,7 +172,8 @@ async def test_a_lookup_no_delivery_waits_for_any_more_ends_with_them() -> None:
 
 
 async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_others() -> None:
-    owner = await OwnerBroker().start()
+    owner = OwnerBroker()
+    await owner.start()
     upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
@@ -194,7 +196,8 @@ async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_othe
 async def test_a_delivery_whose_lookup_is_cancelled_under_it_retries() -> None:
     # Only this delivery's own cancellation may end it: had the shared lookup been cancelled by anything
     # else (a pool closing its connects), the delivery ended quietly and its participant was never told.
-    owner = await OwnerBroker().start()
+    owner = OwnerBroker()
+    await owner.start()
     upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
