@@ -56,7 +56,7 @@ def run(directory: Path, pairs: int, group: int, coordinators: int = 16) -> tupl
             request_id += 1
             requests.append((request_id, [_put(least % coordinators, least, opened, EXPECT_ABSENT)]))
         answer = writer.commit_group(requests)
-        versions = {outcomes[0][0]: outcomes[0][1] for _, outcomes in answer[3]}
+        versions = {outcomes[0][0]: outcomes[0][1] for _, outcomes in answer[2]}
         ended = TxnHeader(TxnState.COMMITTED, CREATED_MS, TIMEOUT_MS, CREATED_MS + 5)
         requests = []
         for least in ids:

@@ -213,17 +213,13 @@ class EmbeddedStore(StoreWrites):
         self._lock_fd = lock_fd
         self._get_conn = get_conn
         self._scan_conn = scan_conn
-        # The names of the indexes that may hold entries: read from the file at open, and each answer
-        # of the writer adds the names its group wrote first, before any of its callers hears of it.
-        # Never emptied while open, so a name missing here has no acknowledged entry at all (the writer
-        # is the only one of its file), and scan_index answers without SQLite: END_TXN's
-        # idx:ops-by-txn scan, which today's brokers leave empty, was a query on the event loop per
-        # transaction (issue 13).
+        # The names of the indexes that may hold entries: read from the file at open, and each put's
+        # names added as it is handed to the writer (_submit), before it can be committed, so that no
+        # reader sees an entry here denied. Never emptied while open: a name missing here has no entry
+        # at all (this store's writer is the only one of its file), and scan_index answers without
+        # SQLite: END_TXN's idx:ops-by-txn scan, which today's brokers leave empty, was a query on the
+        # event loop per transaction (issue 13). A put that fails leaves its names: more is safe.
         self._indexed = indexed
-        # False from a writer's death with writes unanswered (one may have written a name's first
-        # entry) until the next writer's first committed answer, which names every index of the file:
-        # meanwhile a name missing from _indexed is asked of SQLite.
-        self._names_complete = True
         self._max_group_ops = max_group_ops
         self._max_queue_delay_s = max_queue_delay_s
         self._scan_page_rows = scan_page_rows
@@ -245,7 +241,6 @@ class EmbeddedStore(StoreWrites):
         # is started again only after a growing delay; writes meanwhile fail at once. One that has
         # answered is replaced at the next write.
         self._writer_answered = False
-        self._writer_announced = False  # this writer's first committed answer (every index name) arrived
         self._restarts = Backoff()
         self._no_writer_until = 0.0
 
@@ -323,7 +318,7 @@ class EmbeddedStore(StoreWrites):
                     f"embedded store: its writer process is {now - oldest.submitted_s:.1f} s behind "
                     f"({len(self._pending)} writes unanswered, a stalled disk or more load than it commits); "
                     f"new writes are refused until it is within {self._max_queue_delay_s:g} s again")
-        encoded = None if ops is None else [_encode(op) for op in ops]  # before anything is registered
+        encoded = None if ops is None else [_encode(op, self._indexed) for op in ops]  # before anything is registered
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         request_id = next(self._request_ids)
         self._pending[request_id] = (_WriteRequest(ops, wants_record, submitted_s=now), future)
@@ -355,7 +350,6 @@ class EmbeddedStore(StoreWrites):
         self._frames = FrameBuffer()
         self._unsent = b""
         self._writer_answered = False
-        self._writer_announced = False
         self._loop.add_reader(ours.fileno(), self._on_readable)
 
     def _send_outbox(self) -> None:
@@ -412,12 +406,7 @@ class EmbeddedStore(StoreWrites):
             else:
                 self._failed(*answer[1:])
 
-    def _committed(self, now: int, index_names_added: list[str],
-                   answers: list[tuple[int, list[Any]]]) -> None:
-        # Index names first: a caller that scans after its write finds the entries.
-        self._indexed.update(index_names_added)
-        if not self._writer_announced:  # a writer's first answer names every index of the file
-            self._writer_announced = self._names_complete = True
+    def _committed(self, now: int, answers: list[tuple[int, list[Any]]]) -> None:
         pending = self._pending
         done = []
         size = 0
@@ -482,7 +471,6 @@ class EmbeddedStore(StoreWrites):
             if self.on_writer_lost is not None:
                 self.on_writer_lost()
         if unanswered:
-            self._names_complete = False
             # Some of them may have been committed, and their notifications will never come.
             self._hub.fail(StoreUnavailableError(
                 f"embedded store: the writer process of {self.path} died with writes in flight; re-read the "
@@ -556,7 +544,7 @@ class EmbeddedStore(StoreWrites):
 
     def _no_entries_in(self, index_name: str) -> bool:
         """Whether no record of the file has an entry in ``index_name``, known without SQLite (_indexed)."""
-        return index_name not in self._indexed and self._names_complete
+        return index_name not in self._indexed
 
     async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
         # Checked when iterated: a scan made earlier sees later writes.
@@ -650,9 +638,12 @@ class EmbeddedStore(StoreWrites):
         self._hub.close()
 
 
-def _encode(op: Put | Delete) -> tuple[Any, ...]:
-    """An operation as the writer process reads it (sqlite_writer.py: plain tuples pickle fast)."""
+def _encode(op: Put | Delete, indexed: set[str]) -> tuple[Any, ...]:
+    """An operation as the writer process reads it (sqlite_writer.py: plain tuples pickle fast); a put's
+    index names join ``indexed`` (EmbeddedStore._indexed)."""
     if isinstance(op, Put):
+        if op.secondary_indexes:
+            indexed.update(op.secondary_indexes)
         value = op.value if type(op.value) is bytes else bytes(op.value)
         return (PUT, op.key, value, op.expected_version, op.partition_key, op.ephemeral, op.sequential,
                 dict(op.secondary_indexes) if op.secondary_indexes else None)
@@ -792,7 +783,10 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         opened.append(get_conn)
         scan_conn = _read_connection(path)
         setup.close()
-    except (sqlite3.Error, StoreUnavailableError) as exc:
+    except Exception as exc:
+        # Whatever the file holds that this code cannot take (an SQLite error, a value of another type
+        # than it wrote), the open fails naming the file, and lets go of it: the lock held on would make
+        # the next open say the file is in use.
         for conn in opened:
             conn.close()
         os.close(lock_fd)

@@ -24,15 +24,15 @@ this code, in processes of one tc-server, never a peer on the network):
 * tc-server -> writer: a list of requests ``(request_id, ops)``; ``ops`` is None to delete the session's
   ephemeral records, else a list of ``(PUT, key, value, expected_version, partition_key, ephemeral,
   sequential, secondary_indexes)`` and ``(DELETE, key, expected_version)``.
-* writer -> tc-server, one frame per group: ``(COMMITTED, modified_ms, index_names, answers)`` where each
-  answer is ``(request_id, outcomes)``: per put ``(key, version or None when its condition failed,
-  created_ms, existed)``, per delete ``(key, Outcome value)``, or the deleted keys for ``ops`` None; and
-  ``index_names`` the index names this group wrote an entry of for the first time (in a writer's first
-  answer: every name in the file, as a writer before it may have died before announcing one). Or
+* writer -> tc-server, one frame per group: ``(COMMITTED, modified_ms, answers)`` where each answer is
+  ``(request_id, outcomes)``: per put ``(key, version or None when its condition failed, created_ms,
+  existed)``, per delete ``(key, Outcome value)``, or the deleted keys for ``ops`` None. Or
   ``(FAILED, message, request_ids)``.
 
 Run by :class:`~tc_server.store.embedded.EmbeddedStore`:
-``python -c … DB_PATH SOCKET_FD LOCK_FD MAX_GROUP_OPS`` (see :func:`command`).
+``python -c … DB_PATH SOCKET_FD LOCK_FD MAX_GROUP_OPS`` (see :func:`command`). The process imports this
+module from disk when it starts, which may be long after tc-server started: the command refuses to run a
+module of another WRITER_LAYOUT (the package replaced in place under a running tc-server).
 """
 
 from __future__ import annotations
@@ -69,10 +69,16 @@ _CREATE: Final = ("INSERT INTO records (key, value, version, created_ms, modifie
                   " entries) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
 _UPDATE: Final = ("UPDATE records SET value = ?, version = ?, modified_ms = ?, partition_key = ?, ephemeral = ?,"
                   " entries = ? WHERE key = ?")
-_INDEX_INSERT: Final = "INSERT INTO index_entries (index_name, secondary_key, key) VALUES (?, ?, ?)"
+# OR IGNORE: an entry a damaged file still holds for the key must not refuse the key's writes for good.
+_INDEX_INSERT: Final = "INSERT OR IGNORE INTO index_entries (index_name, secondary_key, key) VALUES (?, ?, ?)"
 _INDEX_DELETE: Final = "DELETE FROM index_entries WHERE index_name = ? AND secondary_key = ? AND key = ?"
+# Every entry of a key: a scan of index_entries (not indexed by key), only where records.entries is damaged.
+_INDEX_DELETE_ALL: Final = "DELETE FROM index_entries WHERE key = ?"
 # Between the names and secondary keys of records.entries: a character neither may hold (validate_put).
 ENTRY_SEPARATOR: Final = "\x00"
+# The file layout and channel this module speaks; changed with either. The command that starts a writer
+# (command) checks it against the module it imports then.
+WRITER_LAYOUT: Final = 2
 
 Request = tuple[int, list[tuple[Any, ...]] | None]
 
@@ -110,8 +116,13 @@ def command(package_root: Path, db_path: Path, socket_fd: int, lock_fd: int, max
     """The command line of a writer process. ``-I -S``: no user site, no ``PYTHONPATH``, no site packages
     (it needs only the standard library and this package, imported from ``package_root``, the very code
     of the tc-server that starts it), and a start in tens of milliseconds."""
+    # A module without WRITER_LAYOUT (older) fails the import; one of another value exits with the
+    # message: either way the process ends before it writes, and its stderr is tc-server's.
     code = (f"import sys; sys.path.insert(0, {str(package_root)!r}); "
-            "from tc_server.store.sqlite_writer import main; sys.exit(main(sys.argv[1:]))")
+            "from tc_server.store.sqlite_writer import main, WRITER_LAYOUT; "
+            f"sys.exit(main(sys.argv[1:]) if WRITER_LAYOUT == {WRITER_LAYOUT} else "
+            f"'tc-server: the embedded store writer on disk ({{}}) is not of this tc-server (layout "
+            f"{WRITER_LAYOUT}): was the package replaced under the running server? Restart it'.format(WRITER_LAYOUT))")
     return [sys.executable, "-I", "-S", "-c", code, str(db_path), str(socket_fd), str(lock_fd), str(max_group_ops)]
 
 
@@ -145,22 +156,10 @@ class Writer:
     def __init__(self, conn: sqlite3.Connection, max_group_ops: int) -> None:
         self._conn = conn
         self._max_group_ops = max_group_ops
-        # The version counter and the index names are read inside the first group's write transaction
-        # (_load_state), not here: the writer before this one (its channel broke) may still be
-        # committing its last group, and reading before that commit would reuse its versions.
+        # Read inside the first group's write transaction, not here: the writer before this one (its
+        # channel broke) may still be committing its last group, and reading before that commit would
+        # reuse its versions.
         self._version: int | None = None
-        self._indexed: set[str] = set()
-        # Names this writer has not announced yet (see _load_state).
-        self._unannounced: set[str] = set()
-
-    def _load_state(self, cursor: sqlite3.Cursor) -> int:
-        """Under the write lock: the version counter, and every index name of the file. A writer before
-        this one may have committed the first entry of a name and died before its answer reached
-        tc-server: this writer's first answer announces every name of the file."""
-        version = int(cursor.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
-        self._indexed = index_names(self._conn)
-        self._unannounced = set(self._indexed)
-        return version
 
     def serve(self, channel: socket.socket) -> None:
         """Answer groups until tc-server closes the channel (or is gone: then quietly, too)."""
@@ -198,12 +197,11 @@ class Writer:
         """Apply ``group`` in one transaction; the answer frame for it."""
         version = self._version
         now = now_ms()
-        added: set[str] = set()
         cursor = self._conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
             if version is None:
-                version = self._load_state(cursor)
+                version = int(cursor.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
             answers: list[tuple[int, list[Any]]] = []
             for request_id, ops in group:
                 if ops is None:
@@ -212,7 +210,7 @@ class Writer:
                 outcomes: list[tuple[Any, ...]] = []
                 for op in ops:
                     if op[0] == PUT:
-                        key, created, existed = _put(cursor, op, version + 1, now, self._indexed, added)
+                        key, created, existed = _put(cursor, op, version + 1, now)
                         if created is None:
                             outcomes.append((key, None, 0, existed))
                         else:
@@ -228,7 +226,6 @@ class Writer:
                 self._conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            self._indexed -= added
             # The versions this group used are skipped, not reused: a COMMIT that failed in its fsync
             # may still have reached the disk. (None if the state could not be read: read it again.)
             self._version = version
@@ -236,8 +233,7 @@ class Writer:
             return (FAILED, f"embedded store: {what} failed: {type(exc).__name__}: {exc}",
                     [request_id for request_id, _ in group])
         self._version = version
-        names, self._unannounced = sorted(added | self._unannounced), set()
-        return (COMMITTED, now, names, answers)
+        return (COMMITTED, now, answers)
 
 
 # -- SQL, inside the open transaction --------------------------------------------------------------
@@ -251,15 +247,22 @@ def encode_entries(entries: Iterable[tuple[str, str]]) -> str | None:
     return ENTRY_SEPARATOR.join(part for entry in entries for part in entry) or None
 
 
-def _delete_entries(cursor: sqlite3.Cursor, key: str, encoded: str | None) -> None:
-    """Delete the index entries ``encoded`` (records.entries) of ``key``."""
-    if not encoded:
+def _delete_entries(cursor: sqlite3.Cursor, key: str, encoded: Any) -> None:
+    """Delete the index entries ``encoded`` (records.entries) of ``key``. Should the column not list what
+    index_entries holds for the key (a damaged file: not text, not pairs, an entry that is not there),
+    every entry of the key goes, found by a scan: a wrong list must neither fail every write of the key
+    nor leave entries behind."""
+    if encoded is None:
         return
-    parts = encoded.split(ENTRY_SEPARATOR)
-    if len(parts) == 2:
-        cursor.execute(_INDEX_DELETE, (parts[0], parts[1], key))
-    else:
-        cursor.executemany(_INDEX_DELETE, [(parts[i], parts[i + 1], key) for i in range(0, len(parts), 2)])
+    parts = encoded.split(ENTRY_SEPARATOR) if type(encoded) is str else None
+    if parts is not None and len(parts) % 2 == 0:
+        if len(parts) == 2:
+            cursor.execute(_INDEX_DELETE, (parts[0], parts[1], key))
+        else:
+            cursor.executemany(_INDEX_DELETE, [(parts[i], parts[i + 1], key) for i in range(0, len(parts), 2)])
+        if cursor.rowcount == len(parts) // 2:
+            return
+    cursor.execute(_INDEX_DELETE_ALL, (key,))
 
 
 def drop_ephemerals(cursor: sqlite3.Cursor) -> list[str]:
@@ -270,11 +273,9 @@ def drop_ephemerals(cursor: sqlite3.Cursor) -> list[str]:
     return [key for key, _ in rows]
 
 
-def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int, indexed: set[str],
-         added: set[str]) -> tuple[str, int | None, bool]:
+def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int) -> tuple[str, int | None, bool]:
     """Store the put ``op`` at ``version``: (the key, its created_ms or None when the condition failed and
-    nothing was written, whether the key existed before). Index names not in ``indexed`` before go to
-    ``added`` (and into ``indexed``).
+    nothing was written, whether the key existed before).
 
     Fewer statements per put (issue 13): a create is one INSERT that does nothing on a present key
     (rowcount 0), with no index entries of an earlier record to delete. A write over a present key reads
@@ -304,20 +305,12 @@ def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int, in
             return key, created, existed
         _delete_entries(cursor, key, row[2])
     if entries:
-        _note_names(entries, indexed, added)
         if len(entries) == 1:
             ((name, secondary),) = entries.items()
             cursor.execute(_INDEX_INSERT, (name, secondary, key))
         else:
             cursor.executemany(_INDEX_INSERT, [(name, secondary, key) for name, secondary in entries.items()])
     return key, created, existed
-
-
-def _note_names(names: Iterable[str], indexed: set[str], added: set[str]) -> None:
-    for name in names:
-        if name not in indexed:
-            indexed.add(name)
-            added.add(name)
 
 
 def _delete(cursor: sqlite3.Cursor, key: str, expected_version: int | None) -> Outcome:

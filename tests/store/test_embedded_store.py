@@ -269,6 +269,104 @@ async def test_a_file_an_earlier_tc_server_wrote_again_is_brought_over_again(tmp
         await store.close()
 
 
+@pytest.mark.parametrize("damage", ["i", "i\x007", "x\x001", b"i\x001"])
+async def test_a_record_whose_entries_list_is_damaged_is_written_and_its_entries_repaired(
+        tmp_path: Path, damage: str | bytes) -> None:
+    # records.entries says which index rows an update or a delete removes. A damaged list (not pairs, an
+    # entry that is not there, not text) failed every write of the key with an IndexError, and with it
+    # every other write of its group; one that named another entry left the real one behind for good, and
+    # then a create of the key with that entry failed on the index's primary key, for good.
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/r/a", b"", secondary_indexes={"i": "1"})
+        await store.put("/r/eph", b"", secondary_indexes={"i": "5"}, ephemeral=True)
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        conn.execute("UPDATE records SET entries = ?", (damage,))
+    store = await EmbeddedStore.open(tmp_path)  # dropping the ephemeral record reads its list too
+    try:
+        assert await index_keys(store, "i") == ["/r/a"]
+        a = await store.get("/r/a")
+        assert a is not None
+        updated, other = await asyncio.gather(
+            store.put("/r/a", b"", expected_version=a.version, secondary_indexes={"i": "2"}),
+            store.put("/r/b", b"", secondary_indexes={"i": "3"}))
+        assert [r.key async for r in store.scan_index("i", "1", "2")] == []
+        assert await index_keys(store, "i") == ["/r/a", "/r/b"]
+        await store.delete("/r/a")
+        await store.put("/r/a", b"", secondary_indexes={"i": "1"})
+        assert [r.key async for r in store.scan_index("i", "1", "2")] == ["/r/a"]
+    finally:
+        await store.close()
+
+
+async def test_an_entry_a_damaged_file_left_does_not_refuse_its_key(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/r/a", b"")
+    finally:
+        await store.close()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:  # an index row its record does not list
+        conn.execute("INSERT INTO index_entries VALUES ('i', '1', '/r/a')")
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        a = await store.get("/r/a")
+        assert a is not None
+        await store.put("/r/a", b"", expected_version=a.version, secondary_indexes={"i": "1"})
+        assert await index_keys(store, "i") == ["/r/a"]
+    finally:
+        await store.close()
+
+
+async def test_a_file_this_code_cannot_read_fails_the_open_naming_it_and_lets_go_of_it(tmp_path: Path) -> None:
+    # A value of another type than tc-server writes (a BLOB secondary key in a file of the earlier layout)
+    # raised a bare TypeError, and the failed open kept the file's lock: the next open said "in use".
+    with sqlite3.connect(tmp_path / DB_FILENAME) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(EARLIER_SCHEMA)
+        old.execute("UPDATE index_entries SET secondary_key = CAST(secondary_key AS BLOB)")
+    for _ in range(2):
+        with pytest.raises(StoreUnavailableError, match=f"opening {tmp_path / DB_FILENAME}.*TypeError"):
+            await EmbeddedStore.open(tmp_path)
+
+
+async def test_an_index_entry_get_sees_is_never_denied_by_index_has(tmp_path: Path) -> None:
+    # The first entry of an index name was known to the store only once the writer's answer was read;
+    # committed before that, the record was there for get() and not for index_has() or scan_index().
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/warm", b"")
+        written = store.start_put("/k", b"v", secondary_indexes={"idx:new": "1"})
+        while store._outbox or store._unsent:
+            await asyncio.sleep(0)  # sent to the writer
+        with sqlite3.connect(tmp_path / DB_FILENAME) as other:
+            _block_until(lambda: bool(other.execute("SELECT 1 FROM records WHERE key = '/k'").fetchall()),
+                         "the put committed")
+        assert not written.done()  # its answer is unread: the loop has not run
+        assert await store.get("/k") is not None
+        assert await store.index_has("idx:new", "1")
+        assert [r.key async for r in store.scan_index("idx:new", "1", "2")] == ["/k"]
+        await written
+    finally:
+        await store.close()
+
+
+def test_a_writer_of_other_code_on_disk_refuses_to_start(tmp_path: Path) -> None:
+    # The writer process imports its module from disk when it starts, maybe long after tc-server did: a
+    # package replaced in place under a running tc-server would have run another layout's writer on the file.
+    for module, says in (("def main(argv):\n    return 0\n", "cannot import name 'WRITER_LAYOUT'"),
+                         ("WRITER_LAYOUT = 1\ndef main(argv):\n    return 0\n", "is not of this tc-server")):
+        package = tmp_path / str(len(says))
+        (package / "tc_server" / "store").mkdir(parents=True)
+        (package / "tc_server" / "__init__.py").write_text("")
+        (package / "tc_server" / "store" / "__init__.py").write_text("")
+        (package / "tc_server" / "store" / "sqlite_writer.py").write_text(module)
+        ended = subprocess.run(sqlite_writer.command(package, tmp_path / DB_FILENAME, 0, 0, 1),
+                               capture_output=True, text=True, timeout=60)
+        assert ended.returncode == 1 and says in ended.stderr, ended
+
+
 async def test_corrupt_file_is_unavailable_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / DB_FILENAME).write_bytes(b"this is not an SQLite database" * 100)
     with pytest.raises(StoreUnavailableError, match="opening"):
@@ -389,7 +487,7 @@ async def test_index_names_committed_by_a_writer_killed_before_answering_are_sca
         # record is there for get(), so it is there for the scan too.
         assert await store.get("/txn/1") is not None
         assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1"]
-        # A new writer serves the next write and announces the index names of the file.
+        # A new writer serves the next write.
         await store.put("/txn/2", b"v", secondary_indexes={"idx": "b"})
         assert [r.key async for r in store.scan_index("idx", "", "~")] == ["/txn/1", "/txn/2"]
     finally:
@@ -412,7 +510,7 @@ async def test_a_writer_reads_the_version_counter_under_the_write_lock(tmp_path:
     previous.execute("COMMIT")
     previous.close()
     put = (sqlite_writer.PUT, "/b", b"2", None, None, False, False, None)
-    status, _, _, answers = writer.commit_group([(0, [put])])
+    status, _, answers = writer.commit_group([(0, [put])])
     conn.close()
     assert status == sqlite_writer.COMMITTED
     assert answers == [(0, [("/b", 101, answers[0][1][0][2], False)])]
