@@ -48,7 +48,11 @@ class IdAllocator:
 
     def take(self) -> int | None:
         """The next id if one is at hand without waiting, else None (then await :meth:`next_id`). NEW_TXN
-        calls this first: a coroutine per id, almost never suspended, was per-request cost (issue 13)."""
+        calls this first: a coroutine per id, almost never suspended, was per-request cost (issue 13).
+        None once closed: next_id then answers that the partition stepped down, and no prefetch starts
+        that would outlive the partition's stop()."""
+        if self._closed:
+            return None
         while self._next >= self._end:
             if not self._blocks:
                 return None

@@ -522,6 +522,10 @@ class CoordinatorPartition:
                 await self._publish(least, header.state)
             if header.state.terminal:
                 self._forget(least)
+                # Not from a partition that stepped down: the next leader may hold the txn open (a
+                # decision that landed after its scan) and deliver it only at the txn's deadline. The
+                # client's retry there adopts the decision and delivers it at once.
+                self._check_still_leading(least, "decision")
             return decision, header
         raise CoordinatorError(f"header of ({self.tc_id},{least}) changed {MAX_CAS_ATTEMPTS} times in a row")
 

@@ -422,6 +422,60 @@ async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on
     await tc.stop()
 
 
+async def test_a_retry_a_stepped_down_partition_reads_decided_is_not_answered_success():
+    # The first END_TXN's CAS and the client's retry both reach the leader; it steps down and the next
+    # leader recovers the txn as OPEN, before either CAS landed. The first lands, and is answered
+    # CoordinatorNotFound (test above); the retry then read COMMITTED and was answered success by the
+    # stopped partition: the client did not retry, and the new leader told the broker only at the txn's
+    # deadline (an hour here).
+    store = GatedStore()
+    sender = RecordingSender()
+    tc = coordinator_with_sender(store, sender, partitions=1, clock=FakeClock())
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    least = await old.new_txn(3_600_000, None)
+    await old.add_participants(least, None, [Participant(TOPIC)])
+    store.gate.clear()
+    first = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
+    await asyncio.sleep(0.01)
+    retry = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
+    await asyncio.sleep(0.01)
+    new = await stepped_down_and_led_again(tc, old)
+    assert least in new.open_txns()
+    store.gate.set()
+    for request in (first, retry):
+        with pytest.raises(CoordinatorNotFound, match="stepped down on this instance"):
+            await request
+    delivery = await new.end_txn(least, commit=True, principal=None)  # the client's next retry
+    if delivery is not None:
+        await delivery
+    assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
+    await tc.stop()
+
+
+@pytest.mark.parametrize("turns", range(4))
+async def test_no_id_block_is_reserved_after_the_partition_stopped(turns: int):
+    # NEW_TXNs waiting for a block resume as the partition stops: the first of them to take past half
+    # the block started the next block's reservation after stop() had closed the allocator, a task
+    # nothing cancelled, writing the sequence record for a coordinator this instance no longer leads.
+    store = StallIdBlocks()
+    partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=4), Metrics("ids_after_stop"),
+                                     FakeClock(), sweep_timeouts=False)
+    store.gate.clear()
+    waiting = [asyncio.create_task(partition.new_txn(60_000, None)) for _ in range(3)]
+    assert await eventually(lambda: partition._ids._refill is not None)
+    store.gate.set()
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await partition.stop()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    sequence = await store.get(layout.tc_seq_path(0))
+    # The block they waited for (unless stop() cancelled its reservation first), and no more.
+    assert sequence is None or layout.parse_tc_seq(sequence.value) == 4
+
+
 class PagedDeadlineScan(MemoryStore):
     """Reads a whole page of the deadline index, then hands it out once ``hold`` is set (as Oxia's
     pages do: what the page says may be older than what a request meanwhile did)."""
