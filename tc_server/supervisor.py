@@ -42,6 +42,7 @@ from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
+from tc_server.logs import resolved_format
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -108,6 +109,16 @@ async def exit_code(proc: asyncio.subprocess.Process) -> int:
     while proc.returncode is None:  # noqa: ASYNC110 - Process offers no event for the exit alone
         await asyncio.sleep(EXIT_POLL_S)
     return proc.returncode
+
+
+def _pass_on(data: bytes) -> None:
+    """Write a worker's lines to our stderr; dropped when that fails (see logs.LinesOrNothing): the
+    workers' pipes are read on regardless, or a worker would block on its next log line."""
+    try:
+        sys.stderr.buffer.write(data)
+        sys.stderr.buffer.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def kill_worker(proc: asyncio.subprocess.Process) -> None:
@@ -185,7 +196,10 @@ class Supervisor:
     # -- workers ------------------------------------------------------------------------------------
 
     def _command(self, index: int) -> list[str]:
-        return [sys.executable, "-m", "tc_server.cli", *self._argv, "--worker-index", str(index),
+        # The log format the supervisor resolved: a worker's stderr is a pipe, where "auto" means JSON,
+        # and its lines came out as JSON among the supervisor's console lines on a terminal.
+        return [sys.executable, "-m", "tc_server.cli", *self._argv, "--log-format",
+                resolved_format(self.settings.log_format), "--worker-index", str(index),
                 "--worker-supervisor-pid", str(os.getpid())]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
@@ -200,12 +214,10 @@ class Supervisor:
             end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
             held = data[end:]
             if end:
-                sys.stderr.buffer.write(data[:end])
-                sys.stderr.buffer.flush()
+                _pass_on(data[:end])
                 tail = (tail + data[:end])[-STDERR_TAIL:]
         if held:  # its last line, without an end (a worker killed as it wrote)
-            sys.stderr.buffer.write(held + b"\n")
-            sys.stderr.buffer.flush()
+            _pass_on(held + b"\n")
             tail = (tail + held)[-STDERR_TAIL:]
         errors = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
         if errors:
@@ -254,7 +266,10 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             if worker.ready_at is None:
-                worker.start_failures += 1
+                # Ended by itself (an error line and exit code 2 for a setting, a bug): a start that
+                # retrying will not mend. Killed by a signal (the OOM killer, an operator) it was not.
+                if code >= 0:
+                    worker.start_failures += 1
             else:
                 worker.start_failures = 0
                 if loop.time() - worker.ready_at >= STABLE_S:
@@ -317,16 +332,24 @@ class Supervisor:
     async def _probe(self, worker: _Worker) -> tuple[bool, object]:
         """(ready, the worker's /readyz body or why it did not answer)."""
         assert self._http is not None
-        if worker.proc is None or worker.proc.returncode is not None:
+        proc = worker.proc
+        if proc is None or proc.returncode is not None:
             return False, "not running (being restarted)"
         try:
             async with self._http.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 worker.answered_at = asyncio.get_running_loop().time()
                 body = await resp.json(content_type=None)
-                return resp.status == 200, body
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                ready = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            # OSError: also a certificate file that cannot be read while a rotation replaces it.
             return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
+        if ready and worker.ready_at is None and worker.proc is proc:
+            # Whichever probe sees it first (the poll, or a /readyz of the supervisor's own): a worker
+            # that died just after a /readyz had said it was ready did not fail to start.
+            log.info("worker ready", worker=worker.index, pid=proc.pid)
+            worker.ready_at = asyncio.get_running_loop().time()
+        return ready, body
 
     def _probe_ssl(self) -> ssl.SSLContext | None:
         """The TLS context the workers' admin ports are asked with (None: plain HTTP), as of the last
@@ -353,9 +376,6 @@ class Supervisor:
         while True:
             results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
             for worker, (ready, _) in zip(self.workers, results, strict=True):
-                if ready and worker.ready_at is None:
-                    log.info("worker ready", worker=worker.index, pid=worker.proc.pid if worker.proc else None)
-                    worker.ready_at = asyncio.get_running_loop().time()
                 worker.ready = ready
                 self._up.labels(str(worker.index)).set(1 if ready else 0)
                 self._kill_if_hung(worker)
@@ -378,6 +398,17 @@ class Supervisor:
                   for worker, (ready, body) in zip(self.workers, results, strict=True)]
         ready = all(ready for ready, _ in results)
         return web.json_response({"ready": ready, "workers": listed}, status=200 if ready else 503)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """A keeper or background task ended: only at a stop, or a keeper that stopped everything. One that
+        failed ends the supervisor, non-zero: left alone, it would go on answering /healthz 200 with a
+        worker nobody restarts or a readiness nobody polls."""
+        if task.cancelled() or self._stopping.is_set():
+            return
+        error = task.exception()  # a keeper returns only once stopping (a start that failed sets it first)
+        self.failure = (1, f"tc-server: the supervisor's {task.get_name()} task ended: {error!r}")
+        log.error("supervisor task ended; stopping", task=task.get_name(), error=repr(error))
+        self._stopping.set()
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -406,6 +437,8 @@ class Supervisor:
                       asyncio.create_task(self._reap_forever(), name="reaper")]
         if tls is not None:
             background.append(asyncio.create_task(tls.run(self.settings.tls_cert_refresh_check_s), name="tls-reload"))
+        for task in keepers + background:
+            task.add_done_callback(self._task_ended)
         try:
             await self._stopping.wait()
         finally:

@@ -16,6 +16,7 @@ so each worker knows every other worker's URL without asking anyone:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,6 +29,8 @@ WORKERS_FILE = "workers"
 # The single process's embedded store (tc_server/store/embedded.py DB_FILENAME): a data directory that
 # holds it directly was made by --workers 1.
 SINGLE_STORE_FILE = "tc-server.sqlite3"
+# A worker's store directory (worker_data_dir): worker-<k>-of-<N>.
+_STORE_DIRECTORY = re.compile(r"worker-\d+-of-(\d{1,4})")
 
 
 class WorkerCountMismatch(ConfigError):
@@ -139,23 +142,49 @@ def check_worker_count(settings: Settings) -> None:
     written."""
     if settings.store != "embedded":
         return
-    directory = Path(settings.data_dir)
+    try:
+        _check_worker_count(settings, Path(settings.data_dir))
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from exc
+
+
+def _stores_made(directory: Path) -> set[int]:
+    """The N of every store directory ``worker-<k>-of-<N>`` in ``directory``, and 1 for a single
+    process's store: what the data says, should the record be lost or replaced."""
+    made: set[int] = set()
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if (match := _STORE_DIRECTORY.fullmatch(path.name)) is not None and path.is_dir():
+                made.add(int(match[1]))
+    if (directory / SINGLE_STORE_FILE).exists():
+        made.add(1)
+    return made
+
+
+def _check_worker_count(settings: Settings, directory: Path) -> None:
     record = directory / WORKERS_FILE
+    made = _stores_made(directory)
     stored: int | None = None
     if record.exists():
         text = record.read_text().strip()
         if not (text.isascii() and text.isdigit() and len(text) <= 4):
-            raise WorkerCountMismatch(f"{record} does not hold a number of workers (got {text[:40]!r}); "
-                                      "fix or delete it")
+            found = f"; the stores there are of --workers {', '.join(map(str, sorted(made)))}" if made else ""
+            raise WorkerCountMismatch(f"{record} does not hold a number of workers (got {text[:40]!r}){found}: "
+                                      "write the number of workers the stores were made with into it")
         stored = int(text)
-    elif (directory / SINGLE_STORE_FILE).exists():
-        stored = 1
+    if len(made) > 1 or (made and stored is not None and made != {stored}):
+        raise WorkerCountMismatch(
+            f"the data directory {directory} holds stores of --workers {', '.join(map(str, sorted(made)))}"
+            + (f" and {record} says {stored}" if stored is not None else "")
+            + ": move the stores of the other counts out of it (coordinator i lives in worker i mod N's store)")
+    if stored is None and made:
+        (stored,) = made  # the record was lost: the stores say
     if stored is not None and stored != settings.workers:
         raise WorkerCountMismatch(
             f"the data directory {directory} holds the stores of --workers {stored} but this start asked for "
             f"--workers {settings.workers} (TC_SERVER_WORKERS): start with --workers {stored}, or use another "
             "--data-dir (coordinator i lives in worker i mod N's store)")
-    if stored is None and settings.workers > 1:
+    if not record.exists() and settings.workers > 1:
         directory.mkdir(parents=True, exist_ok=True)
         _write_durably(record, f"{settings.workers}\n")
 

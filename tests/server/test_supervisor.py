@@ -6,6 +6,7 @@ tests/server/test_workers.py runs the real thing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -25,6 +26,7 @@ from tc_server.auth.certificates import server_tls_context
 from tc_server.bench.process import free_ports_in_a_row
 from tc_server.cli import build_parser
 from tc_server.config import Settings
+from tc_server.logs import LinesOrNothing
 from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
 from tests.security.pki import TestCa
 from tests.support.proc_state import alive
@@ -38,7 +40,9 @@ PROCESS_BOUND_S = 60.0
 # crash soon after it got ready), "ignore-sigterm" serves on through SIGTERM, "frozen-child:PATH" too, with a
 # child process stopped by SIGSTOP (an embedded store's writer on a stalled disk) whose pid it writes to PATH,
 # and "frozen-child-crash:PATH" crashes as "crash" does, leaving such a child behind. "split-lines" and
-# "lines" write lines to stderr: the first each in two writes a while apart, the second whole and often.
+# "lines" write lines to stderr: the first each in two writes a while apart, the second whole and often;
+# "lines-crash" writes three lines, then crashes as "crash" does. "killed-at-start" is SIGKILLed before it
+# answers anything (the OOM killer during a start).
 STAND_IN_WORKER = """
 import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -67,7 +71,12 @@ if behaviour.startswith("frozen-child"):
 HTTPServer.allow_reuse_address = True
 server = HTTPServer(("127.0.0.1", port), Ready)
 threading.Thread(target=server.serve_forever, daemon=True).start()
-if behaviour == "crash" or behaviour.startswith("frozen-child-crash:"):
+if behaviour == "killed-at-start":
+    os.kill(os.getpid(), signal.SIGKILL)
+if behaviour == "lines-crash":
+    for n in range(3):
+        os.write(2, b'{"from": "crashing", "n": ' + str(n).encode() + b"}\\n")
+if behaviour in ("crash", "lines-crash") or behaviour.startswith("frozen-child-crash:"):
     answered.wait()
     time.sleep(1)
     sys.exit(1)
@@ -263,6 +272,65 @@ async def test_lines_of_workers_writing_at_once_are_passed_on_whole(capfd: pytes
     assert await run_until_stopped(supervisor, collect, "five split lines passed on") == 0
     assert all(json.loads(line)["from"] in ("split", "whole") for line in passed_on), passed_on
     assert sum('"whole"' in line for line in passed_on) > 5  # they did write in between
+
+
+async def test_supervision_goes_on_when_its_stderr_breaks(logged: list[dict[str, Any]],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reader of the supervisor's stderr went away (a log shipper restarted, "| head"): passing a
+    # worker's lines on raised BrokenPipeError, which ended that worker's keeper. A worker that crashed
+    # was then never restarted, and one whose pipe filled up blocked on its next log line, while the
+    # supervisor answered /healthz 200.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    broken = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stderr", broken)
+    supervisor = StandInSupervisor(["lines-crash", "lines"])
+
+    def restarts() -> list[dict[str, Any]]:
+        return [event for event in events(logged, "worker exited; restarting") if event["worker"] == 0]
+
+    try:
+        assert await run_until_stopped(supervisor, lambda: len(restarts()) >= 2, "worker 0 restarted twice") == 0
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            broken.close()
+
+
+def test_a_log_line_that_cannot_be_written_is_dropped() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    broken = os.fdopen(write_end, "w")
+    stream = LinesOrNothing(broken)
+    stream.write("a line nobody reads\n")
+    stream.flush()
+    with contextlib.suppress(OSError):  # closing flushes what the pipe did not take
+        broken.close()
+
+
+async def test_a_worker_killed_before_it_was_ready_is_not_a_failed_start(logged: list[dict[str, Any]]) -> None:
+    # A start fails for good when the worker says why and exits (a port taken, a bad store): three in a row
+    # stop the supervisor. A worker killed by a signal (the OOM killer) said nothing: counted alike, three
+    # such kills took the healthy workers down too.
+    supervisor = StandInSupervisor(["killed-at-start", "serve"])
+
+    def restarts() -> list[dict[str, Any]]:
+        return [event for event in events(logged, "worker exited; restarting") if event["worker"] == 0]
+
+    assert await run_until_stopped(supervisor, lambda: len(restarts()) >= 4, "worker 0 restarted 4 times") == 0
+    assert supervisor.failure is None
+    assert {event["failed_starts_in_a_row"] for event in restarts()} == {0}
+
+
+async def test_a_supervisor_task_that_fails_stops_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor = StandInSupervisor(["serve"])
+
+    async def failing() -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(supervisor, "_reap_forever", failing)
+    assert await asyncio.wait_for(supervisor.run(), PROCESS_BOUND_S) == 1
+    assert supervisor.failure is not None and "reaper task ended: RuntimeError('a bug')" in supervisor.failure[1]
 
 
 def test_the_workers_hidden_option_leaves_superuser_roles_abbreviable() -> None:

@@ -132,6 +132,32 @@ def test_a_single_process_store_is_workers_1_and_a_damaged_record_is_named(tmp_p
         check_worker_count(Settings(data_dir=str(damaged), workers=2))
 
 
+def test_the_stores_in_a_data_dir_say_its_workers_when_the_record_is_lost_or_damaged(tmp_path: Path) -> None:
+    # The refusal of a damaged record said "fix or delete it"; deleted (or lost), any --workers started,
+    # on new empty stores beside the ones that held the open transactions, which it then ignored.
+    data = tmp_path / "data"
+    check_worker_count(Settings(data_dir=str(data), workers=2))
+    for index in range(2):
+        (data / f"worker-{index}-of-2").mkdir()
+    (data / WORKERS_FILE).write_text("x\n")
+    with pytest.raises(WorkerCountMismatch, match="the stores there are of --workers 2: write the number"):
+        check_worker_count(Settings(data_dir=str(data), workers=2))
+    (data / WORKERS_FILE).unlink()
+    with pytest.raises(WorkerCountMismatch, match="holds the stores of --workers 2 but this start asked for --wo"):
+        check_worker_count(Settings(data_dir=str(data), workers=3))
+    check_worker_count(Settings(data_dir=str(data), workers=2))  # the right count writes the record again
+    assert (data / WORKERS_FILE).read_text() == "2\n"
+    (data / "worker-0-of-3").mkdir()
+    with pytest.raises(WorkerCountMismatch, match="holds stores of --workers 2, 3 and .* says 2"):
+        check_worker_count(Settings(data_dir=str(data), workers=2))
+
+
+def test_a_data_dir_that_is_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=f"--data-dir {tmp_path / 'file'}: File exists"):
+        check_worker_count(Settings(data_dir=str(tmp_path / "file"), workers=2))
+
+
 def test_the_workers_record_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Written in place without fsync, a machine crash soon after the first start could leave it empty,
     # and every later start refused the directory. Now a synced temporary file is renamed over it.
