@@ -428,6 +428,83 @@ async def test_close_does_not_wait_the_request_timeout_for_an_oxia_that_does_not
         await server.stop()
 
 
+async def test_a_session_created_while_the_store_closes_does_not_outlive_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ephemeral put waited for its shard's new session while close() closed the sessions it knew; the
+    # session then arrived, was kept, and its keep-alive task ran on after close() (and died on the closed
+    # pool at its first beat), the server holding the session until it expired.
+    asked, answer = asyncio.Event(), asyncio.Event()
+    create, close_session = standin._Servicer.CreateSession, standin._Servicer.CloseSession
+
+    async def slow_create(self, request, context):
+        if request.shard == 1:
+            asked.set()
+            await answer.wait()
+        return await create(self, request, context)
+
+    async def slow_close(self, request, context):
+        answer.set()  # shard 1's session is created while close() waits for this
+        await asyncio.sleep(0.3)
+        return await close_session(self, request, context)
+
+    monkeypatch.setattr(standin._Servicer, "CreateSession", slow_create)
+    monkeypatch.setattr(standin._Servicer, "CloseSession", slow_close)
+    server = StandinOxia(shards=3)
+    await server.start()
+    try:
+        store = await connect(server.address, session_timeout_ms=2000, request_timeout_s=5.0)
+        key_on = {store._route(f"/c/{i}", None).shard: f"/c/{i}" for i in range(100)}
+        await store.put(key_on[0], b"me", ephemeral=True)
+        late = asyncio.ensure_future(store.put(key_on[1], b"me", ephemeral=True))
+        await asyncio.wait_for(asked.wait(), WAIT)
+        await store.close()
+        with pytest.raises(StoreClosedError):
+            await late
+        assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("oxia-session")] == []
+        await eventually(lambda: not server.sessions, "the late session closed on the server")
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("call", ["get", "scan", "ephemeral put"])
+async def test_a_call_under_way_when_the_store_closes_ends_closed_not_cancelled(
+        monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    # close() closes the channels, and grpc.aio ends their calls with CancelledError: a caller that nobody
+    # cancelled saw its task end cancelled, where the store promises StoreClosedError.
+    started = asyncio.Event()
+
+    async def never_stream(self, request, context):
+        started.set()
+        await asyncio.Event().wait()
+        yield  # pragma: no cover
+
+    async def never(self, request, context):
+        started.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(standin._Servicer, "Read", never_stream)
+    monkeypatch.setattr(standin._Servicer, "RangeScan", never_stream)
+    monkeypatch.setattr(standin._Servicer, "CreateSession", never)
+    server = StandinOxia(shards=1)
+    await server.start()
+    try:
+        store = await connect(server.address, request_timeout_s=60.0)
+
+        async def calling() -> object:
+            if call == "get":
+                return await store.get("/k")
+            if call == "scan":
+                return [r async for r in store.scan_prefix("/")]
+            return await store.put("/k", b"", ephemeral=True)
+
+        task = asyncio.ensure_future(calling())
+        await asyncio.wait_for(started.wait(), WAIT)
+        await store.close()
+        with pytest.raises(StoreClosedError):
+            await task
+    finally:
+        await server.stop()
+
+
 async def test_bad_version_maps(store: OxiaStore) -> None:
     with pytest.raises(BadVersionError):
         await store.put("/v/k", b"", expected_version=5)

@@ -14,7 +14,7 @@ import grpc
 
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
-from tc_server.store.api import Record, StoreUnavailableError
+from tc_server.store.api import Record, StoreClosedError, StoreUnavailableError
 
 
 def to_record(key: str, response: pb.GetResponse) -> Record:
@@ -47,6 +47,16 @@ def unavailable(what: str, error: BaseException) -> StoreUnavailableError:
     return StoreUnavailableError(f"{what}: {detail}")
 
 
+def closed_under_the_call() -> None:
+    """For an ``except asyncio.CancelledError`` around a call: grpc.aio ends a call cancelled locally with
+    CancelledError, and only the store's close() cancels calls locally (it closes the channels). Unless
+    the caller's own task is being cancelled, raise the StoreClosedError the store's callers expect: a
+    CancelledError would end their task as cancelled, which no one asked for."""
+    task = asyncio.current_task()
+    if task is None or not task.cancelling():
+        raise StoreClosedError("the Oxia store was closed during the call")
+
+
 async def get(stub: pb_grpc.OxiaClientStub, shard: int, key: str, timeout_s: float) -> Record | None:
     """The record at ``key`` on ``shard``, or None. Raises :class:`StoreUnavailableError` when the
     call fails or does not finish within ``timeout_s``."""
@@ -67,6 +77,9 @@ async def get(stub: pb_grpc.OxiaClientStub, shard: int, key: str, timeout_s: flo
                 call.cancel()
     except (grpc.RpcError, TimeoutError) as e:
         raise unavailable(f"get {key!r} on shard {shard}", e) from e
+    except asyncio.CancelledError:
+        closed_under_the_call()
+        raise
     raise StoreUnavailableError(f"get {key!r} on shard {shard}: the server sent no answer")
 
 
@@ -89,6 +102,9 @@ async def index_gets(stub: pb_grpc.OxiaClientStub, shard: int, gets: list[pb.Get
                 call.cancel()
     except (grpc.RpcError, TimeoutError) as e:
         raise unavailable(f"{len(gets)} index get(s) on shard {shard}", e) from e
+    except asyncio.CancelledError:
+        closed_under_the_call()
+        raise
     if len(answers) != len(gets):
         raise StoreUnavailableError(f"{len(gets)} index get(s) on shard {shard}: {len(answers)} answered")
     found: list[bool] = []
@@ -126,6 +142,9 @@ async def range_scan(
                     response = await call.read()
             except (grpc.RpcError, TimeoutError) as e:
                 raise unavailable(f"range scan on shard {shard}", e) from e
+            except asyncio.CancelledError:
+                closed_under_the_call()
+                raise
             if response is grpc.aio.EOF:
                 return
             for got in response.records:

@@ -20,9 +20,9 @@ import grpc
 import structlog
 
 from tc_server._proto import oxia_client_pb2 as pb
-from tc_server.store.api import StoreUnavailableError, lease_clock
+from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError, lease_clock
 from tc_server.store.oxia.connections import ConnectionPool
-from tc_server.store.oxia.reads import unavailable
+from tc_server.store.oxia.reads import closed_under_the_call, unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +94,7 @@ class SessionManager:
         self._lease_s = session_timeout_ms / 1000 * LEASE_SHARE
         self._sessions: dict[int, _Session] = {}
         self._creating: dict[int, asyncio.Lock] = {}
+        self._closed = False  # close() began: no session is kept, none created
 
     def current(self, shard: int) -> int | None:
         """The id of this store's session on ``shard``, if it has one."""
@@ -117,6 +118,8 @@ class SessionManager:
             session = self._sessions.get(shard)
             if session is not None:
                 return session.session_id
+            if self._closed:
+                raise StoreClosedError("the Oxia store is closed")
             request = pb.CreateSessionRequest(
                 shard=shard, session_timeout_ms=self._timeout_ms, client_identity=self.client_identity)
             sent = lease_clock()
@@ -125,7 +128,15 @@ class SessionManager:
                     response = await self._pool.stub(self._leader_of(shard)).CreateSession(request)
             except (grpc.RpcError, TimeoutError) as e:
                 raise unavailable(f"create session on shard {shard}", e) from e
+            except asyncio.CancelledError:
+                closed_under_the_call()
+                raise
             session = _Session(shard, response.session_id, sent + self._lease_s)
+            if self._closed:
+                # Created while close() ran, after it had closed the sessions it knew: close this one too
+                # (best effort, as close() does), rather than leave it and its keep-alive running on.
+                await self._close_one(session, self._request_timeout)
+                raise StoreClosedError("the Oxia store is closed")
             session.keepalive = asyncio.get_running_loop().create_task(
                 self._keep_alive(session), name=f"oxia-session-{shard}")
             self._sessions[shard] = session
@@ -144,6 +155,7 @@ class SessionManager:
     async def close(self, timeout_s: float) -> None:
         """Close every session (waiting up to ``timeout_s``); the server deletes their ephemeral records.
         Best effort: a session that cannot be closed expires by itself after the session timeout."""
+        self._closed = True
         sessions = list(self._sessions.values())
         self._sessions.clear()
         for session in sessions:
@@ -156,7 +168,7 @@ class SessionManager:
         try:
             async with asyncio.timeout(timeout_s):
                 await self._pool.stub(self._leader_of(session.shard)).CloseSession(request)
-        except (grpc.RpcError, TimeoutError, StoreUnavailableError) as e:
+        except (grpc.RpcError, TimeoutError, StoreError) as e:
             log.warning("oxia_session_close_failed", shard=session.shard,
                         session_id=session.session_id, error=str(unavailable("close session", e)))
 
@@ -183,3 +195,5 @@ class SessionManager:
                          error=f"{e.code().name}: {e.details()}")
             except (TimeoutError, StoreUnavailableError):
                 log.info("oxia_session_keepalive_timeout", shard=session.shard)
+            except StoreClosedError:
+                return  # close() is under way: it closes the session
