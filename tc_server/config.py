@@ -269,6 +269,10 @@ class Settings:
         for name in ("cluster", "data_dir", "oxia_namespace"):
             check(bool(getattr(self, name)), name, "must not be empty")
         self._validate_url("upstream_url", self.upstream_urls, ("pulsar", "pulsar+ssl"))
+        schemes = {url.split("://", 1)[0] for url in self.upstream_urls}
+        # One scheme for all: a client's credentials go to whichever URL answers, and must not cross a
+        # plain connection because the TLS one was down.
+        check(len(schemes) <= 1, "upstream_url", "must be all pulsar:// or all pulsar+ssl:// URLs")
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")

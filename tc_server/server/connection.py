@@ -35,7 +35,7 @@ from tc_server.server.handshake import (
 )
 from tc_server.server.log_limit import LogLimiter
 from tc_server.server.relay import BrokerSide, open_relay
-from tc_server.server.upstream import ForwardingSession, Upstream, host_port
+from tc_server.server.upstream import FORWARDED_COMMANDS, ForwardingSession, Upstream, host_port
 from tc_server.wire import (
     AddPartitionToTxn,
     AddSubscriptionToTxn,
@@ -71,6 +71,8 @@ MAX_IN_FLIGHT = 16_384
 # ERROR needs a request id; -1 is what the broker sends when there is none (authentication errors).
 NO_REQUEST_ID = -1
 NOT_SERVED = "not served by a transaction coordinator; set --upstream-url to forward it to a broker"
+NOT_FORWARDED = ("not served on tc-server's service URL, which forwards lookups only (FORWARDED_COMMANDS); "
+                 "producers and consumers connect to the broker a LOOKUP names")
 # Why a connection was closed at once (the label values of tc_server_connections_refused_total).
 REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffered_input")
 # Past the input budget, a connection still holding more than this after serving what it can is
@@ -260,7 +262,12 @@ class ClientConnection(asyncio.Protocol):
         if self._forwarding is not None:
             self._forwarding.close()
         if self._relay is not None and self._relay.transport is not None:
-            self._relay.transport.close()
+            # Bounded as close() is: a broker that stopped reading never drains what waits for it, and
+            # the socket stayed open for good, tracked by nothing.
+            relay = self._relay.transport
+            relay.close()
+            if relay.get_write_buffer_size():
+                self._loop.call_later(CLOSE_FLUSH_S, relay.abort)
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
 
     def eof_received(self) -> bool | None:
@@ -437,17 +444,21 @@ class ClientConnection(asyncio.Protocol):
             self._log.info(event, **fields, left_out_since_last_line=left_out)
 
     def _forward_or_refuse(self, cmd: Command, frame: bytes) -> None:
-        """Hand a request that is not the coordinator's to the upstream broker, or refuse it when
-        there is none (the answer names the setting)."""
+        """Hand a lookup-like request that is not the coordinator's to the upstream broker, or refuse it:
+        without an upstream (the answer names the setting), or a command that is no such request. Only
+        those are forwarded: the frame decoder keeps no payload (a SEND would reach the broker without
+        its message), and a command whose request id the codec cannot read (PRODUCER, SUBSCRIBE, …)
+        could never be answered, nor the broker's pushes for it bounded."""
         upstream = self._ctx.upstream
-        if upstream is not None and self._connect is not None:
+        name = command_name(cmd)
+        request_id = getattr(cmd, "request_id", None)
+        forwardable = name in FORWARDED_COMMANDS and request_id is not None
+        if upstream is not None and self._connect is not None and forwardable:
             if self._forwarding is None:
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
                                                      self._upstream_credentials_expired, proxied=self._proxied)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
-        request_id = getattr(cmd, "request_id", None)
-        name = command_name(cmd)
         self._log_repeated("command not served", command=name, request_id=request_id)
         self._ctx.metrics.request_errors.labels("OTHER", ServerError.NotAllowedError.name).inc()
         topic = getattr(cmd, "topic", None)
@@ -455,8 +466,9 @@ class ClientConnection(asyncio.Protocol):
             self.send(self._ctx.dispatcher.not_served(cmd))
         else:
             subject = f"{name} of {topic}" if topic else name
+            why = NOT_SERVED if upstream is None else NOT_FORWARDED
             self.send(Error(NO_REQUEST_ID if request_id is None else request_id,
-                            ServerError.NotAllowedError, f"{subject}: {NOT_SERVED}"))
+                            ServerError.NotAllowedError, f"{subject}: {why}"))
 
     def _on_connect(self, connect: Connect) -> None:
         try:

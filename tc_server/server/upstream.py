@@ -58,6 +58,12 @@ PRIMARY = "upstream"
 # (5 MiB + 10 KiB): a broker that reads at all keeps well below it.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
 
+# The commands of a client's service-URL connection that go to the upstream broker: request and answer,
+# each under the client's request id (docs/client-behaviour.md, "One service URL"). Any other command
+# not the coordinator's is refused (ClientConnection._forward_or_refuse).
+FORWARDED_COMMANDS = frozenset({"PARTITIONED_METADATA", "LOOKUP", "GET_TOPICS_OF_NAMESPACE", "GET_SCHEMA",
+                                "GET_OR_CREATE_SCHEMA"})
+
 # A client follows at most this many LOOKUP redirects (ClientConfigurationData.maxLookupRedirects).
 MAX_LOOKUP_REDIRECTS = 20
 # A broker a lookup named is carried to for this long after the last lookup that named it (Upstream).
@@ -114,6 +120,11 @@ async def follow_lookup(
         target = answer.broker_service_url_tls if use_tls else answer.broker_service_url
         if not target:
             return answer, frame
+        if use_tls and not target.startswith("pulsar+ssl://"):
+            # Its TLS URL field naming a plain URL: the client's credentials would cross it in the clear.
+            return _failed_lookup(cmd, ServerError.MetadataError,
+                                  f"{cmd.topic}: the broker's lookup answer redirects to {target}, which is not a "
+                                  "pulsar+ssl:// URL, while the upstream speaks TLS")
         conn = await connection_to(target)
         request = replace(request, authoritative=answer.authoritative)
     return _failed_lookup(cmd, ServerError.MetadataError, f"{cmd.topic}: more than {MAX_LOOKUP_REDIRECTS} "
@@ -165,6 +176,8 @@ class Upstream:
         not remembered: its connections would carry the client's credentials in the clear."""
         now = time.monotonic()
         if self.ssl_context is not None:
+            if url_tls and not url_tls.startswith("pulsar+ssl://"):
+                url_tls = None  # a plain URL in the TLS field: as good as none (the credentials would be in clear)
             if url_tls:
                 for named in (url, url_tls):
                     if named:
@@ -270,14 +283,11 @@ class ForwardingSession:
         """Forward one request and write the answer (or a typed error) back; never raises."""
         name = command_name(cmd)
         request_id = getattr(cmd, "request_id", None)
+        assert request_id is not None  # only FORWARDED_COMMANDS with their request id come here (connection.py)
         started = time.perf_counter()
         outcome = "ok"
         try:
             async with asyncio.timeout(self._upstream.request_timeout_s):
-                if request_id is None:
-                    # Nothing to answer (a command without a request id): pass it on as it is.
-                    (await self._primary_connection()).send_raw(frame)
-                    return
                 if isinstance(cmd, Lookup):
                     answer = await self._lookup(cmd)
                 else:
@@ -289,8 +299,7 @@ class ForwardingSession:
             if (left_out := self._upstream.log_limiter.allow(f"forward {name}:{error.name}")) is not None:
                 log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
                          message=message, left_out_since_last_line=left_out)
-            if request_id is not None:
-                self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
+            self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
             return
         finally:
             self._upstream.metrics.forwarded_seconds.labels(name).observe(time.perf_counter() - started)
@@ -379,10 +388,13 @@ class ForwardingSession:
         return self._connect.auth_data or b""
 
     def _unsolicited(self, cmd: Command, frame: bytes) -> None:
-        # A push from the broker on the client's behalf (e.g. TOPIC_MIGRATED) goes to the client; an
-        # answer with a request id nobody waits for is late (the client already got a timeout error).
-        if getattr(cmd, "request_id", None) is None:
-            self._reply(frame)
+        # Dropped: an answer with a request id nobody waits for is late (the client already got a
+        # timeout error), and a lookup connection has nothing a broker would push (those go to producers'
+        # and consumers' connections). Passed on, a broker's pushes piled up toward a client that does not
+        # read, without bound.
+        if (left_out := self._upstream.log_limiter.allow(f"unsolicited {command_name(cmd)}")) is not None:
+            log.info("dropping a broker's frame nobody asked for", command=command_name(cmd),
+                     request_id=getattr(cmd, "request_id", None), left_out_since_last_line=left_out)
 
     def _failure(self, exc: BaseException) -> tuple[ServerError, str]:
         where = f"upstream broker {' / '.join(self._upstream.urls)}"

@@ -10,6 +10,7 @@ door is tests/e2e/test_front_door.py.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -29,8 +30,9 @@ from tc_server.client import (
     connect_command,
     open_connection,
 )
-from tc_server.config import Settings
+from tc_server.config import ConfigError, Settings
 from tc_server.metrics import Metrics
+from tc_server.server import connection as connection_module
 from tc_server.server import upstream as upstream_module
 from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession, Upstream
@@ -386,3 +388,103 @@ def test_a_broker_not_named_by_a_lookup_for_an_hour_is_no_longer_carried_to(monk
     now[0] += 2
     assert upstream.proxy_target("10.0.0.7:6650") is None
     assert upstream.proxy_target("upstream:6650") == "pulsar://upstream:6650"  # configured: always
+
+
+def producer_frame(request_id: int) -> bytes:
+    """PRODUCER (5) for TOPIC, a command the codec reads no request id of."""
+    producer = _field(1, TOPIC.encode()) + bytes([0x10, 1, 0x18, request_id])  # topic, producer_id, request_id
+    return encode_frame(bytes([0x08, 5]) + _field(5, producer))
+
+
+def _field(number: int, data: bytes) -> bytes:
+    assert len(data) < 128
+    return bytes([number << 3 | 2, len(data)]) + data
+
+
+async def test_a_command_that_is_no_lookup_is_refused_not_forwarded(settings):
+    # Everything without a route of its own went to the broker, PRODUCER and SEND included: with no request
+    # id the codec could read, their answers were dropped as unsolicited (the client heard nothing), the
+    # decoder had kept no payload (a SEND arrived without its message), and the broker's pushes for them
+    # piled up toward a client that did not read. The README promised NotAllowedError.
+    broker = StandInBroker(connect_to("pulsar://broker-1:6650"))
+    seen: list[int] = []
+    recorded = broker._on_frame
+
+    async def recording(frame: bytes, writer: asyncio.StreamWriter) -> None:
+        seen.append(pb.BaseCommand.FromString(frame).type)
+        await recorded(frame, writer)
+
+    broker._on_frame = recording  # type: ignore[method-assign]
+    async with front_door(settings, [broker]) as (_, client):
+        await client.lookup(TOPIC)  # forwarded, as before
+        refused: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        client.set_listener(lambda cmd, frame: None if refused.done() else refused.set_result(cmd))
+        client.send_raw(producer_frame(77))
+        answer = await asyncio.wait_for(refused, 5)
+        assert isinstance(answer, Error) and answer.error is ServerError.NotAllowedError, answer
+        assert "forwards lookups only" in answer.message
+        assert seen.count(pb.BaseCommand.LOOKUP) == 1 and 5 not in seen
+
+
+async def test_a_relayed_connection_whose_broker_stopped_reading_is_closed_when_the_client_leaves(
+        settings, monkeypatch):
+    # The broker side was closed with transport.close(), which waits for its write buffer to drain: a
+    # broker that stopped reading never drains it, and the socket stayed open, tracked by nothing.
+    monkeypatch.setattr(connection_module, "CLOSE_FLUSH_S", 0.3)
+    owner = StandInBroker(reads=False)
+    upstream = StandInBroker()
+    async with front_door(settings, [upstream], (owner,)) as (app, client):
+        upstream.answer = connect_to(owner.url)
+        await client.lookup(TOPIC)  # the owner is named: a proxied connection may go there
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        await eventually(lambda: any(c._relay is not None and c._relay.transport is not None
+                                     for c in app.context.connections), 5)
+        (relayed,) = [c for c in app.context.connections if c._relay is not None]
+        assert relayed._relay is not None and relayed._relay.transport is not None
+        broker_side = relayed._relay.transport
+        closed = asyncio.Event()
+        relay_closed = relayed.relay_closed
+
+        def noting(exc: Exception | None) -> None:
+            closed.set()
+            relay_closed(exc)
+
+        relayed.relay_closed = noting  # type: ignore[method-assign]
+        while not broker_side.get_write_buffer_size():  # the broker reads nothing: bytes wait in tc-server
+            writer.write(b"y" * 65536)
+            await asyncio.sleep(0.01)
+        writer.close()  # the client leaves
+        await asyncio.wait_for(closed.wait(), 10)  # the broker side is gone (it waited for good before)
+
+
+async def test_a_redirect_to_a_plain_url_is_not_followed_from_a_tls_upstream():
+    # A REDIRECT whose TLS field held a pulsar:// URL was followed in the clear with the client's token.
+    class Redirecting:
+        async def request_frame(self, frame: bytes, request_id: int) -> tuple[object, bytes]:
+            answer = LookupResponse(request_id, LookupType.REDIRECT, broker_service_url="pulsar://b:6650",
+                                    broker_service_url_tls="pulsar://b:6650")
+            return answer, encode_command(answer)
+
+    async def never(url: str) -> PulsarConnection:
+        raise AssertionError(f"connected to {url}")
+
+    answer, _ = await upstream_module.follow_lookup(Redirecting(), Lookup(TOPIC, 1), never,  # type: ignore[arg-type]
+                                                    use_tls=True)
+    assert isinstance(answer, LookupResponse) and (answer.response, answer.error) == (
+        LookupType.FAILED, ServerError.MetadataError), answer
+    assert "not a pulsar+ssl:// URL" in (answer.message or "")
+
+
+def test_a_tls_upstream_carries_no_client_to_a_broker_named_by_a_plain_url_in_the_tls_field():
+    upstream = Upstream(["pulsar+ssl://upstream:6651"], request_timeout_s=2.0, connection_mode="upstream",
+                        metrics=Metrics("tls_field"), keepalive_s=30.0, ssl_context=ssl.create_default_context())
+    upstream.note_broker("pulsar://10.0.0.7:6650", "pulsar://10.0.0.7:6650")
+    assert upstream.proxy_target("10.0.0.7:6650") is None
+    assert upstream.named_without_tls("10.0.0.7:6650")
+
+
+def test_upstream_urls_of_both_schemes_are_refused():
+    # With the TLS URL down, a client's token went to the plain one in the clear.
+    with pytest.raises(ConfigError, match="upstream_url: must be all pulsar:// or all pulsar\\+ssl://"):
+        replace(Settings(), upstream_url="pulsar+ssl://a:6651,pulsar://b:6650").validate()
