@@ -28,6 +28,7 @@ from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
 from tc_server.server.log_limit import LogLimiter
+from tc_server.store.api import StoreError
 
 log = structlog.get_logger("tc_server.admin")
 
@@ -248,9 +249,19 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         if exc.status == 405 and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except (StoreError, TimeoutError) as exc:
+        # The store is down or slow (every handler that reads or writes it): not our bug, so no 500 and no
+        # traceback. One line a second at most: probes and dashboards poll these pages.
+        if (left_out := _STORE_ERRORS.allow(request.path.rsplit("/", 1)[0])) is not None:
+            log.warning("admin request failed: metadata store", path=request.path, error=repr(exc),
+                        left_out_since_last_line=left_out)
+        return json_response(503, {"reason": f"metadata store error: {exc!r}"})
     except Exception as exc:  # noqa: BLE001 - one bad request must not kill the admin port
         log.exception("admin handler failed", path=request.path)
         return json_response(500, {"reason": f"internal error: {type(exc).__name__}"})
+
+
+_STORE_ERRORS = LogLimiter(interval_s=1.0)
 
 
 def _unauthorized(reason: str) -> web.Response:

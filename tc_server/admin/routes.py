@@ -51,12 +51,14 @@ LISTING_YIELD_EVERY = 1000
 NEXT_HEADER = "X-Next-After"
 
 
-def number(text: str, name: str, maximum: int = MAX_LONG) -> int:
-    """A decimal parameter from 0 to ``maximum``, or 400 naming it (issue 15: '²' passes str.isdigit()
-    and breaks int(); Unicode digits would be read by int(); 5,000 digits break it)."""
-    if not (text.isascii() and text.isdigit() and len(text) <= len(str(maximum))) or int(text) > maximum:
+def number(text: str, name: str, maximum: int = MAX_LONG, minimum: int = 0) -> int:
+    """A decimal parameter from ``minimum`` to ``maximum``, or 400 naming it (issue 15: '²' passes
+    str.isdigit() and breaks int(); Unicode digits would be read by int(); 5,000 digits break it)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(maximum))) or not (
+            minimum <= int(text) <= maximum):
         # ascii(): the reason also goes into the status line, which must stay ASCII.
-        raise web.HTTPBadRequest(reason=f"{name}: expected a number from 0 to {maximum}, got {ascii(text[:40])}")
+        raise web.HTTPBadRequest(
+            reason=f"{name}: expected a number from {minimum} to {maximum}, got {ascii(text[:40])}")
     return int(text)
 
 
@@ -81,9 +83,7 @@ def parse_txn_id(text: str, name: str) -> tuple[int, int]:
 def page_parameters(request: web.Request) -> tuple[int, tuple[int, int] | None]:
     """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?after=(most,least)``; 400 naming a bad one."""
     limit_text = request.query.get("limit")
-    limit = DEFAULT_PAGE if limit_text is None else number(limit_text, "limit", MAX_PAGE)
-    if limit < 1:
-        raise web.HTTPBadRequest(reason=f"limit: expected a number from 1 to {MAX_PAGE}, got 0")
+    limit = DEFAULT_PAGE if limit_text is None else number(limit_text, "limit", MAX_PAGE, minimum=1)
     after_text = request.query.get("after")
     return limit, None if after_text is None else parse_txn_id(after_text, "after")
 
@@ -301,8 +301,6 @@ class AdminRoutes:
             return json_response(409, {"reason": str(exc), "leader": self._tc.leader_url(most)})
         except TransactionNotFound as exc:
             return json_response(404, {"reason": str(exc)})
-        except StoreError as exc:
-            return json_response(503, {"reason": f"metadata store error: {exc!r}"})
         if state is not TxnState.ABORTED:
             return json_response(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
                                        "status": state.value})
@@ -328,8 +326,6 @@ class AdminRoutes:
             return json_response(404, {"reason": str(exc)})
         except InvalidTxnStatus as exc:
             return json_response(409, {"reason": str(exc)})
-        except (StoreError, TimeoutError) as exc:
-            return json_response(503, {"reason": f"metadata store error: {exc!r}"})
         return json_response(200, {"txnId": txn_id(most, least), "dropped": {"topic": topic, **(
             {"subscription": subscription} if subscription is not None else {})}, "participantsLeft": left})
 

@@ -8,6 +8,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import structlog
+
+from tc_server.store.api import StoreUnavailableError
+
 
 def fetch(app, path: str, method: str = "GET") -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{app.admin.port}{path}", method=method)
@@ -84,3 +88,33 @@ async def test_readyz_names_coordinators_whose_lease_lapsed(app, client):
     app.coordinator.partition(3)._lease = lambda: 0.0  # a lease that ran out (Oxia's; the memory store has none)
     status, doc = await get(app, "/readyz")
     assert status == 503 and any("[3]" in problem and "keep-alive" in problem for problem in doc["problems"]), doc
+
+
+async def test_a_store_that_does_not_answer_is_503_on_every_page_that_reads_it(app, client, monkeypatch):
+    # Reads of a store that was down answered 500 "internal error" with a traceback in the log per request;
+    # only the abort and drop handlers had said 503. Now one place says it for every handler.
+    t = await client.new_txn(tc_id=3, ttl_ms=60_000)
+    store = app.coordinator.store
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("metadata store: connection refused")
+
+    def down_scan(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("metadata store: connection refused")
+
+    monkeypatch.setattr(store, "get", down)
+    monkeypatch.setattr(store, "scan_index", down_scan)
+    monkeypatch.setattr(store, "scan_prefix", down_scan)
+    with structlog.testing.capture_logs() as logged:
+        for path in (f"/admin/v3/transactions/transactionMetadata/3/{t.least + 1}",
+                     "/admin/v3/transactions/undelivered", "/admin/v3/transactions/slowTransactions/0"):
+            status, doc = await get(app, path)
+            assert (status, doc["reason"]) == (503, "metadata store error: StoreUnavailableError("
+                                                    "'metadata store: connection refused')"), (path, status, doc)
+    assert not [line for line in logged if line["log_level"] == "error"]
+
+
+async def test_a_page_limit_outside_its_range_names_the_range(app):
+    for limit in ("0", "99999"):
+        status, doc = await get(app, f"/admin/v3/transactions/undelivered?limit={limit}")
+        assert (status, doc["reason"]) == (400, f"limit: expected a number from 1 to 10000, got '{limit}'")
