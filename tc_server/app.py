@@ -78,8 +78,16 @@ class App:
         # steps down below).
         self.context.dispatcher.stop_waiting_for_participants()
         await self.admin.stop()
-        for listener in self.listeners:
-            await listener.stop(drain_timeout_s=min(self.settings.request_timeout_s + DRAIN_MARGIN_S, DRAIN_MAX_S))
+        drain_s = min(self.settings.request_timeout_s + DRAIN_MARGIN_S, DRAIN_MAX_S)
+        # With the default --request-timeout-s (10 s) the requests' own deadlines fall after the drain's
+        # bound: a request the store held was closed unanswered. Their deadlines come at the bound instead.
+        dispatcher = self.context.dispatcher
+        expiry = asyncio.get_running_loop().call_later(drain_s - DRAIN_MARGIN_S, dispatcher.expire_requests)
+        try:
+            for listener in self.listeners:
+                await listener.stop(drain_timeout_s=drain_s)
+        finally:
+            expiry.cancel()
         await self.coordinator.stop()
         if self.broker_pool is not None:
             await self.broker_pool.close()
@@ -356,8 +364,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                broker_pool, shared_listeners)
 
 
+# The signals that ask for the graceful stop: SIGHUP too, which a closing terminal sends (it killed the
+# process with no stop at all: no drain, Oxia's leader records left to expire).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole | None) -> None:
-    """The first SIGTERM or SIGINT asks for the graceful stop; a second one, while the start or the stop
+    """The first SIGTERM, SIGINT or SIGHUP asks for the graceful stop; a second one, while the start or the stop
     still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
     an operator pressing Ctrl-C again means it. That is a crash as kill -9 is one, which loses nothing
     acknowledged (every answer waited for its write); the embedded store's writer reads EOF and ends
@@ -378,14 +391,14 @@ def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole
 
 
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully.
+    """Run until SIGTERM, SIGINT or SIGHUP, then stop gracefully.
 
     The handlers come before the start, which can take a while (the store's lock, an Oxia cluster not
     answering yet): a signal meanwhile ends the start, closing what it opened, instead of killing the
     process with nothing logged or, as PID 1 (which has no default action for SIGTERM), being ignored."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, _on_stop_signal, stop, sig, worker)
     starting = asyncio.create_task(start_app(settings, worker=worker), name="start")
     stop_asked = asyncio.create_task(stop.wait(), name="stop-asked")

@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     # Until the event loop's handlers take over (tc_server/app.py serve, tc_server/supervisor.py supervise),
-    # SIGTERM ends the start as Ctrl-C does, with a KeyboardInterrupt, rather than killing the process with
-    # nothing logged or, as PID 1 (which has no default action for it), being ignored.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM (and SIGHUP) ends the start as Ctrl-C does, with a KeyboardInterrupt, rather than killing the
+    # process with nothing logged or, as PID 1 (which has no default action for it), being ignored.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     try:
         return _start(args, argv)
     except KeyboardInterrupt:
@@ -236,15 +237,17 @@ def _run_loop(coro: Any) -> Any:
     signal after a clean stop, or raised the start's KeyboardInterrupt ("stopped during the start")."""
     import uvloop
 
+    from tc_server.app import STOP_SIGNALS
+
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             try:
                 return runner.run(coro)
             finally:
-                for sig in (signal.SIGTERM, signal.SIGINT):  # until the loop closes, which takes its handlers
+                for sig in STOP_SIGNALS:  # until the loop closes, which takes its handlers
                     runner.get_loop().add_signal_handler(sig, lambda: None)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
 

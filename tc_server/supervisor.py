@@ -10,7 +10,7 @@ supervisor
   logs it; a worker that exits MAX_START_FAILURES times in a row before it was ever ready stops
   everything: the supervisor prints that worker's one-line error and exits non-zero (a port taken, a bad
   store: retrying will not help);
-* stops every worker with SIGTERM on SIGTERM/SIGINT (each drains as a single process does), and
+* stops every worker with SIGTERM on SIGTERM/SIGINT/SIGHUP (each drains as a single process does), and
   SIGKILLs those still running WORKER_STOP_S later;
 * reaps the exited children it did not start (a killed worker's store writer, handed to the supervisor
   when it is PID 1 or a subreaper);
@@ -458,10 +458,12 @@ class Supervisor:
 
 
 async def supervise(settings: Settings, argv: list[str]) -> int:
-    """Run the supervisor of ``settings.workers`` workers until SIGTERM/SIGINT; its exit code.
+    """Run the supervisor of ``settings.workers`` workers until SIGTERM/SIGINT/SIGHUP; its exit code.
     ``argv``: this process's own arguments (``run …``), which every worker gets too."""
+    from tc_server.app import STOP_SIGNALS
+
     supervisor = Supervisor(settings, argv)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, supervisor.stop)
     return await supervisor.run()

@@ -215,6 +215,12 @@ class Dispatcher:
         self._stopping = True
         self._participant_deadlines.expire_all()
 
+    def expire_requests(self) -> None:
+        """The stop's drain ends before the requests' own deadlines (--request-timeout-s above DRAIN_MAX_S):
+        every request in flight sees its deadline now and is answered (TransactionCoordinatorNotFound,
+        outcome unknown: the client retries elsewhere) rather than closed unanswered."""
+        self._deadlines.expire_all()
+
     async def _wait_delivered(self, delivery: asyncio.Future[None], most: int, least: int) -> None:
         """As Pulsar's own coordinator does, answer END_TXN once every participant broker acknowledged,
         so that consumers see a commit once commit() returns; outside the request timeout, which

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tc_server import app as app_module
 from tc_server.app import start_app
 from tc_server.bench.process import TcServerProcess, descendants_of
 from tc_server.client import connect
@@ -93,6 +94,46 @@ async def test_a_request_the_store_holds_is_answered_by_its_deadline_before_the_
         assert "--request-timeout-s" in (answered.message or "")
     finally:
         client.close()
+
+
+async def test_a_request_whose_deadline_falls_after_the_drains_bound_is_answered_at_the_bound(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The drain waits at most DRAIN_MAX_S (8 s), the default --request-timeout-s is 10 s: a request the store
+    # held was closed unanswered by the stop (the client saw the connection drop, not an error to retry on).
+    monkeypatch.setattr(app_module, "DRAIN_MAX_S", 1.0)
+    store = GatedStore()
+    app = await start_app(replace(settings, request_timeout_s=60.0), store=store)
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        store.gate.clear()
+        stalled = asyncio.create_task(client.new_txn(tc_id=3, ttl_ms=60_000))
+        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds it
+            if app.context.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert app.context.in_flight == 1
+        await asyncio.wait_for(app.stop(), STOP_BOUND_S)
+        answered = await asyncio.wait_for(stalled, STOP_BOUND_S)
+        assert answered.error is ServerError.TransactionCoordinatorNotFound, answered
+    finally:
+        client.close()
+
+
+def test_sighup_stops_gracefully_as_sigterm_does(tmp_path: Path) -> None:
+    # A closing terminal sends SIGHUP: it killed the process with no stop at all (exit code 129, no drain,
+    # Oxia's leader records left to expire).
+    server = TcServerProcess(tmp_path / "data", store="embedded", log_path=tmp_path / "tc-server.log")
+    server.start()
+    assert server.proc is not None
+    try:
+        server.proc.send_signal(signal.SIGHUP)
+        code = server.proc.wait(STOP_BOUND_S)
+    finally:
+        server.kill()
+    assert code == 0, server.log_tail()
+    events = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    assert [e.get("signal") for e in events if e["event"] == "stopping"] == ["SIGHUP"], server.log_tail()
+    assert events[-1]["event"] == "stopped", server.log_tail()
 
 
 def test_sigterm_during_the_start_ends_it_with_exit_code_0(tmp_path: Path) -> None:
