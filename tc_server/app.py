@@ -155,30 +155,29 @@ async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | N
     if settings.store != "oxia":
         return await open_configured_store(settings)
     backoff = Backoff(STORE_RETRY_INITIAL_S, STORE_RETRY_MAX_S)
-    waiting: AdminServer | None = None
     routes = StartingRoutes()
+    routes.problem = f"metadata store: connecting to {settings.oxia_address}"
+    # Bound before the first try, which an Oxia that takes connections and answers nothing holds for the
+    # whole --request-timeout-s: a liveness probe meanwhile found no port, and restarted the container
+    # every ~30 s while Oxia was down (the crash loop this wait exists to prevent).
+    host, port = parse_hostport(settings.admin_listen)
+    waiting = AdminServer(routes, host, port, tls=admin_tls)
+    try:
+        await waiting.start()
+    except OSError as bind_error:
+        raise cannot_bind("admin_listen", settings.admin_listen, bind_error, worker_port_of(worker)) from bind_error
     try:
         while True:
             try:
                 return await open_configured_store(settings)
             except StoreUnavailableError as exc:
                 routes.problem = f"metadata store unreachable: {exc}"
-                if waiting is None:
-                    host, port = parse_hostport(settings.admin_listen)
-                    waiting = AdminServer(routes, host, port, tls=admin_tls)
-                    try:
-                        await waiting.start()
-                    except OSError as bind_error:
-                        waiting = None
-                        raise cannot_bind("admin_listen", settings.admin_listen, bind_error,
-                                          worker_port_of(worker)) from bind_error
                 delay = backoff.next_delay()
                 log.warning("the metadata store does not answer yet; trying again", store=settings.store,
                             address=settings.oxia_address, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
     finally:
-        if waiting is not None:
-            await waiting.stop()  # the admin port proper binds it once the rest has started
+        await waiting.stop()  # the admin port proper binds it once the rest has started
 
 
 # Descriptors besides client connections: the store's files, the admin port and its clients (at most

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 
 import pytest
 
@@ -160,7 +161,11 @@ async def test_a_start_while_oxia_is_down_waits_for_it_alive_and_unready(tmp_pat
 
     try:
         await poll(lambda: readyz_is(503), "the waiting start's /readyz")
-        assert "metadata store unreachable" in str((await get_json(server, "/readyz"))[1])
+
+        async def says_unreachable() -> bool:
+            return "metadata store unreachable" in str((await get_json(server, "/readyz"))[1])
+
+        await poll(says_unreachable, "/readyz naming the failed first try")
         assert (await get_json(server, "/healthz"))[0] == 200
         await asyncio.sleep(2 * REQUEST_TIMEOUT_S)  # longer than the start used to wait
         assert server.running(), server.log_tail()
@@ -170,3 +175,27 @@ async def test_a_start_while_oxia_is_down_waits_for_it_alive_and_unready(tmp_pat
     finally:
         await asyncio.to_thread(server.stop)
         await oxia.stop()
+
+
+async def test_the_admin_port_answers_while_the_first_try_of_a_silent_oxia_waits(tmp_path) -> None:
+    # An Oxia that takes connections and answers nothing held the first try for the whole request timeout
+    # with no admin port bound: a liveness probe found nothing and restarted the container, again and again.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        server = ServerProcess(tmp_path / "data", "--oxia-address", f"127.0.0.1:{silent.getsockname()[1]}",
+                               "--request-timeout-s", "600", store="oxia")
+        await asyncio.to_thread(server.start, False)
+
+        async def answers() -> bool:
+            try:
+                return (await get_json(server, "/healthz"))[0] == 200
+            except OSError:  # not listening yet
+                return False
+
+        try:
+            await poll(answers, "/healthz while the first try waits")  # before: only after 600 s
+            status, body = await get_json(server, "/readyz")
+            assert status == 503 and "connecting to" in str(body), body
+        finally:
+            await asyncio.to_thread(server.stop)
