@@ -83,6 +83,9 @@ MAX_WATCHES_PER_CONNECTION = 16
 # How long a closing connection may take to hand its last answers to the client before it is cut: one
 # that reads nothing (hung, paused) never takes them, and a graceful close waits for that forever.
 CLOSE_FLUSH_S = 5.0
+# A relayed connection whose broker has read nothing for this many keep-alive intervals (--keepalive-s)
+# is closed, both sides: as a peer that answers no PING is (a PING left unanswered one interval).
+RELAY_STALL_KEEPALIVES = 2
 # How long a client asked for fresh credentials (a broker refused its old ones) has to answer before the
 # next refusal closes its connection instead (it then connects again with fresh ones).
 UPSTREAM_REFRESH_WAIT_S = 10.0
@@ -210,6 +213,8 @@ class ClientConnection(asyncio.Protocol):
         self._forwarding: ForwardingSession | None = None
         # Set once this connection is carried to a broker byte for byte (relay.py).
         self._relay: BrokerSide | None = None
+        # While the broker of a relayed connection reads nothing (RELAY_STALL_KEEPALIVES, below).
+        self._relay_stall: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -261,6 +266,8 @@ class ClientConnection(asyncio.Protocol):
         self._ctx.metrics.connections.dec()
         if self._forwarding is not None:
             self._forwarding.close()
+        if self._relay_stall is not None:
+            self._relay_stall.cancel()
         if self._relay is not None and self._relay.transport is not None:
             # Bounded as close() is: a broker that stopped reading never drains what waits for it, and
             # the socket stayed open for good, tracked by nothing.
@@ -652,9 +659,28 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_client_reading(self) -> None:
         self._pause_reading("relay-write-buffer")
+        # Both directions can now stand still for good: the client is not read, and the keep-alive runs
+        # end to end (not here). A client that left was never noticed, and the connection and its
+        # broker's stayed open for good. A broker that reads nothing for this long is given up.
+        if self._relay_stall is None:
+            self._relay_stall = self._loop.call_later(RELAY_STALL_KEEPALIVES * self._ctx.keepalive_s,
+                                                      self._relay_stalled)
 
     def resume_client_reading(self) -> None:
+        if self._relay_stall is not None:
+            self._relay_stall.cancel()
+            self._relay_stall = None
         self._resume_reading("relay-write-buffer")
+
+    def _relay_stalled(self) -> None:
+        self._relay_stall = None
+        if self._closing:
+            return
+        self._log.warning("the broker of a relayed connection read nothing; closing it",
+                          waited_s=RELAY_STALL_KEEPALIVES * self._ctx.keepalive_s)
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.abort()
+        self.close()
 
     # -- authentication: refusal and refresh (handshake.py says how brokers do it) --------------
 

@@ -488,3 +488,35 @@ def test_upstream_urls_of_both_schemes_are_refused():
     # With the TLS URL down, a client's token went to the plain one in the clear.
     with pytest.raises(ConfigError, match="upstream_url: must be all pulsar:// or all pulsar\\+ssl://"):
         replace(Settings(), upstream_url="pulsar+ssl://a:6651,pulsar://b:6650").validate()
+
+
+async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_two_keepalives(settings):
+    # The client is not read while the broker does not read, and the keep-alive runs end to end: a client
+    # that left was never noticed, and both connections stayed open for good.
+    owner = StandInBroker(reads=False)
+    upstream = StandInBroker()
+    brokers = (owner, upstream)
+    for broker in brokers:
+        await broker.start()
+    upstream.answer = connect_to(owner.url)
+    app = await start_app(replace(settings, upstream_url=upstream.url, keepalive_s=0.5))
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        await client.lookup(TOPIC)
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+        (relayed,) = [c for c in app.context.connections if c._relay is not None]
+        with capture_logs() as logged:
+            async with asyncio.timeout(30):  # a bound for a failing test, not a timing check
+                while not relayed._closing:  # the client writes on; the broker reads nothing
+                    writer.write(b"y" * 65536)
+                    await asyncio.sleep(0.05)
+        assert [line["waited_s"] for line in logged
+                if line["event"] == "the broker of a relayed connection read nothing; closing it"] == [1.0]
+        writer.close()
+    finally:
+        client.close()
+        await app.stop()
+        for broker in brokers:
+            broker.stop()
