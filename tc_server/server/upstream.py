@@ -183,6 +183,7 @@ class Upstream:
                     if named:
                         self._learn(host_port(named), url_tls, now)
             elif url:
+                self._make_room(host_port(url), now)
                 self._without_tls.add(host_port(url))
                 self._named_at[host_port(url)] = now
             return
@@ -191,18 +192,29 @@ class Upstream:
                 self._learn(host_port(named), named, now)
 
     def _learn(self, address: str, url: str, now: float) -> None:
-        if address not in self._named_at and len(self._named_at) >= MAX_LEARNED_BROKERS:
-            self._forget_expired(now)
+        self._make_room(address, now)
         self._brokers[address] = url
         self._named_at[address] = now
+
+    def _make_room(self, address: str, now: float) -> None:
+        """Keep at most MAX_LEARNED_BROKERS: the expired go first, then the longest unnamed (brokers'
+        answers name the addresses, and they are not to grow this without bound)."""
+        if address in self._named_at or len(self._named_at) < MAX_LEARNED_BROKERS:
+            return
+        self._forget_expired(now)
+        if len(self._named_at) >= MAX_LEARNED_BROKERS:
+            self._forget(min(self._named_at, key=self._named_at.__getitem__))
 
     def _forget_expired(self, now: float) -> None:
         for address, named_at in list(self._named_at.items()):
             if now - named_at >= LEARNED_BROKER_TTL_S:
-                del self._named_at[address]
-                self._without_tls.discard(address)
-                if address not in self._configured:
-                    self._brokers.pop(address, None)
+                self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        del self._named_at[address]
+        self._without_tls.discard(address)
+        if address not in self._configured:
+            self._brokers.pop(address, None)
 
     def proxy_target(self, proxy_to_broker_url: str) -> str | None:
         """The URL to carry a client's connection to, or None when no lookup answer named that broker

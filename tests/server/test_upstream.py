@@ -520,3 +520,16 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
         await app.stop()
         for broker in brokers:
             broker.stop()
+
+
+def test_the_brokers_learned_from_lookups_stay_within_their_bound(monkeypatch):
+    # Past MAX_LEARNED_BROKERS with none expired, each address a lookup answer named was added all the same.
+    monkeypatch.setattr(upstream_module, "MAX_LEARNED_BROKERS", 3)
+    for ssl_context in (None, ssl.create_default_context()):
+        upstream = Upstream(["pulsar://upstream:6650"], request_timeout_s=2.0, connection_mode="upstream",
+                            metrics=Metrics("bound"), keepalive_s=30.0, ssl_context=ssl_context)
+        for n in range(10):
+            upstream.note_broker(f"pulsar://10.0.0.{n}:6650", None)
+        assert len(upstream._named_at) == 3 and len(upstream._without_tls) <= 3
+        assert upstream.proxy_target("upstream:6650") == "pulsar://upstream:6650"  # configured: always
+    assert upstream.named_without_tls("10.0.0.9:6650") and not upstream.named_without_tls("10.0.0.0:6650")
