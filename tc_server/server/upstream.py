@@ -437,12 +437,14 @@ class ForwardingSession:
 
 
 def _keeping_the_connection(answer: Command, frame: bytes) -> bytes:
-    """A broker's answer to a forwarded lookup or partition-metadata request as the client should get it:
+    """A broker's answer to a forwarded request as the client should get it:
     ServiceNotReady becomes MetadataError (both retried by the clients), because the Java client closes
     the whole connection on the first (ClientCnx.checkServerError), and the connection to tc-server
     carries the client's coordinator handlers (docs/pulsar-protocol.md §1). A broker says it routinely:
     a bundle unloading, a broker starting."""
-    if isinstance(answer, LookupResponse | PartitionedMetadataResponse) and answer.error is ServerError.ServiceNotReady:
+    if isinstance(answer, LookupResponse | PartitionedMetadataResponse | Error) \
+            and answer.error is ServerError.ServiceNotReady:
+        # ERROR too: a GET_TOPICS_OF_NAMESPACE or GET_SCHEMA refused so reached the client unchanged.
         message = f"{answer.message or ''} (the broker answered ServiceNotReady)".lstrip()
         return encode_command(replace(answer, error=ServerError.MetadataError, message=message))
     return frame

@@ -290,6 +290,27 @@ async def test_a_brokers_service_not_ready_reaches_the_client_as_metadata_error(
         assert "broker is starting" in (metadata.message or ""), metadata
 
 
+async def test_a_brokers_service_not_ready_error_reaches_the_client_as_metadata_error(settings):
+    # The same for a request a broker refuses with ERROR (GET_TOPICS_OF_NAMESPACE, a pattern consumer's):
+    # it reached the client unchanged, and the Java client closed its connection to tc-server.
+    class Refusing(StandInBroker):
+        async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+            base = pb.BaseCommand.FromString(frame)
+            if base.type == pb.BaseCommand.GET_TOPICS_OF_NAMESPACE:
+                writer.write(encode_command(Error(base.getTopicsOfNamespace.request_id, ServerError.ServiceNotReady,
+                                                  "broker is starting")))
+                return
+            await super()._on_frame(frame, writer)
+
+    async with front_door(settings, [Refusing()]) as (_, client):
+        request_id = client.next_request_id()
+        base = pb.BaseCommand(type=pb.BaseCommand.GET_TOPICS_OF_NAMESPACE)
+        base.getTopicsOfNamespace.request_id = request_id
+        answer, _ = await client.request_frame(encode_frame(base.SerializeToString()), request_id, 5)
+        assert isinstance(answer, Error) and answer.error is ServerError.MetadataError, answer
+        assert "broker is starting" in (answer.message or ""), answer
+
+
 async def test_a_redirect_loop_fails_the_lookup_with_metadata_error(settings):
     looping = StandInBroker()
     looping.answer = lambda lookup: redirect_to(looping.url)(lookup)
