@@ -167,6 +167,8 @@ class AdminRoutes:
                 await self._tc.store.get(layout.PARALLELISM_PATH)
         except (StoreError, TimeoutError) as exc:
             problems.append(f"metadata store unreachable: {exc!r}")
+        if (write_problem := self._tc.store.write_problem()) is not None:
+            problems.append(write_problem)
         if not self._tc.ready:
             problems.append("not every transaction coordinator has a leader yet")
         lapsed = [p.tc_id for p in self._tc.led_partitions() if p.lease_lapsed()]

@@ -243,6 +243,11 @@ class MetadataStore(Protocol):
         what was written under it after that is not what a successor saw (docs/semantics.md §8)."""
         ...
 
+    def write_problem(self) -> str | None:
+        """What the store knows, without asking anyone, to be wrong with its writes now (the embedded
+        store's writer process far behind), for /readyz; None when nothing is."""
+        ...
+
     async def close(self) -> None:
         """Release connections and end the session (its ephemeral records go away)."""
         ...

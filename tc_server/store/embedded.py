@@ -265,6 +265,19 @@ class EmbeddedStore(StoreWrites):
             raise _unavailable("starting the writer process", exc) from exc
         return store
 
+    def write_problem(self) -> str | None:
+        """The writer process is as far behind as writes are refused at (a stalled disk, a stopped or hung
+        process): /readyz says so as soon as that, not only once requests time out. (An idle store has
+        nothing unanswered to tell by.)"""
+        if not self._pending:
+            return None
+        oldest, _ = next(iter(self._pending.values()))  # in queueing order
+        behind_s = self._loop.time() - oldest.submitted_s
+        if behind_s <= self._max_queue_delay_s:
+            return None
+        return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
+                f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"embedded store {self.path} is closed")

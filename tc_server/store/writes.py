@@ -67,6 +67,10 @@ class StoreWrites(ABC):
         """Apply one put that passed :func:`validate_put`; the record as stored, or None when its
         expected version did not match. Raises like any write (unavailable, closed)."""
 
+    def write_problem(self) -> str | None:
+        """See :meth:`MetadataStore.write_problem`: nothing, unless the backend says otherwise (embedded)."""
+        return None
+
     def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
         """See :meth:`MetadataStore.ephemeral_lease`: ephemeral records live as long as the store is
         open, unless the backend says otherwise (Oxia)."""

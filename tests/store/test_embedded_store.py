@@ -679,3 +679,25 @@ async def test_writes_are_refused_at_once_while_the_writer_is_too_far_behind(tmp
         assert await store.get("/r/refused") is None and await store.get("/r/refused-too") is None
     finally:
         await store.close()
+
+
+async def test_a_writer_far_behind_is_a_write_problem_until_it_answers(tmp_path: Path) -> None:
+    # /readyz asked the store a read, which a stalled writer does not hold up: it said ready until requests
+    # timed out. The store tells once its oldest unanswered write is as old as writes are refused at.
+    store = await EmbeddedStore.open(tmp_path, max_queue_delay_s=0.2)
+    try:
+        await store.put("/warm", b"")
+        writer = store._writer
+        assert writer is not None and store.write_problem() is None
+        os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            held = asyncio.ensure_future(store.put("/r/a", b""))
+            await asyncio.sleep(0.4)
+            problem = store.write_problem()
+            assert problem is not None and "has not answered a write for" in problem, problem
+        finally:
+            os.kill(writer.pid, signal.SIGCONT)
+        await held
+        assert store.write_problem() is None
+    finally:
+        await store.close()
