@@ -395,7 +395,12 @@ async def test_new_txn_landing_after_its_partition_stepped_down_is_not_handed_ou
     await tc.stop()
 
 
-async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on_the_retry():
+@pytest.mark.parametrize("requests", [1, 2], ids=["the-decision", "and-a-retry-queued-behind-it"])
+async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on_the_retry(requests: int):
+    # The END_TXN (and with 2 the client's retry, queued behind its CAS) reaches the leader; it steps down
+    # and the next leader recovers the txn as OPEN, before the CAS landed. The decision lands: its request
+    # is answered CoordinatorNotFound. The retry then read COMMITTED and was answered success by the stopped
+    # partition: the client did not retry, and the new leader told the broker only at the txn's deadline.
     store = GatedStore()
     sender = RecordingSender()
     tc = coordinator_with_sender(store, sender, partitions=1, clock=FakeClock())
@@ -405,13 +410,16 @@ async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on
     least = await old.new_txn(3_600_000, None)
     await old.add_participants(least, None, [Participant(TOPIC)])
     store.gate.clear()
-    commit = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
-    await asyncio.sleep(0.01)  # its CAS is in flight
+    ending = []
+    for _ in range(requests):
+        ending.append(asyncio.create_task(old.end_txn(least, commit=True, principal=None)))
+        await asyncio.sleep(0.01)  # its CAS is in flight
     new = await stepped_down_and_led_again(tc, old)
     assert least in new.open_txns()  # recovered as OPEN: the CAS had not landed
     store.gate.set()
-    with pytest.raises(CoordinatorNotFound, match="the decision of .* was being written"):
-        await commit
+    for request in ending:
+        with pytest.raises(CoordinatorNotFound, match="stepped down on this instance while the decision of"):
+            await request
     assert (await header(store, 0, least)).state is TxnState.COMMITTED
     # The client's retry reaches the new leader, which finds the decision and delivers it.
     delivery = await new.end_txn(least, commit=True, principal=None)
@@ -419,38 +427,6 @@ async def test_decision_landing_after_its_partition_stepped_down_is_delivered_on
         await delivery
     assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
     assert least not in new.open_txns()
-    await tc.stop()
-
-
-async def test_a_retry_a_stepped_down_partition_reads_decided_is_not_answered_success():
-    # The first END_TXN's CAS and the client's retry both reach the leader; it steps down and the next
-    # leader recovers the txn as OPEN, before either CAS landed. The first lands, and is answered
-    # CoordinatorNotFound (test above); the retry then read COMMITTED and was answered success by the
-    # stopped partition: the client did not retry, and the new leader told the broker only at the txn's
-    # deadline (an hour here).
-    store = GatedStore()
-    sender = RecordingSender()
-    tc = coordinator_with_sender(store, sender, partitions=1, clock=FakeClock())
-    await tc.start()
-    await tc.wait_recovered()
-    old = tc.partition(0)
-    least = await old.new_txn(3_600_000, None)
-    await old.add_participants(least, None, [Participant(TOPIC)])
-    store.gate.clear()
-    first = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
-    await asyncio.sleep(0.01)
-    retry = asyncio.create_task(old.end_txn(least, commit=True, principal=None))
-    await asyncio.sleep(0.01)
-    new = await stepped_down_and_led_again(tc, old)
-    assert least in new.open_txns()
-    store.gate.set()
-    for request in (first, retry):
-        with pytest.raises(CoordinatorNotFound, match="stepped down on this instance"):
-            await request
-    delivery = await new.end_txn(least, commit=True, principal=None)  # the client's next retry
-    if delivery is not None:
-        await delivery
-    assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
     await tc.stop()
 
 
