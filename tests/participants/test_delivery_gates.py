@@ -6,6 +6,8 @@ on cue (the real ones are in test_real_broker.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -171,49 +173,48 @@ async def test_a_lookup_no_delivery_waits_for_any_more_ends_with_them() -> None:
         slow.stop()
 
 
-async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_others() -> None:
+@contextlib.asynccontextmanager
+async def lookups_taking_a_while(name: str) -> AsyncIterator[tuple[OwnerBroker, SocketStandIn, BrokerDelivery]]:
+    """A broker that acknowledges, an upstream whose lookups name it after 0.3 s, and a delivery through them."""
     owner = OwnerBroker()
     await owner.start()
     upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
-    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
-                              max_in_flight_per_broker=10, metrics=Metrics("shared_lookup_left"))
-    topic = "persistent://t/n/topic-partition-0"
-    cancelled, waiting = (asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, least, True, lambda: -1))
-                          for least in range(2))
     try:
+        yield owner, upstream, BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
+                                              max_in_flight_per_broker=10, metrics=Metrics(name))
+    finally:
+        await pool.close()
+        for broker in (upstream, owner):
+            broker.stop()
+
+
+async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_others() -> None:
+    async with lookups_taking_a_while("shared_lookup_left") as (owner, upstream, delivery):
+        topic = "persistent://t/n/topic-partition-0"
+        cancelled, waiting = (asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, least, True, lambda: -1))
+                              for least in range(2))
         await asyncio.sleep(0.1)
         cancelled.cancel()
         await asyncio.wait_for(waiting, 10)
         assert cancelled.cancelled()
         assert len(upstream.lookup_frames) == 1 and owner.end_txns == 1
-    finally:
-        await pool.close()
-        for broker in (upstream, owner):
-            broker.stop()
 
 
 async def test_a_delivery_whose_lookup_is_cancelled_under_it_retries() -> None:
     # Only this delivery's own cancellation may end it: had the shared lookup been cancelled by anything
     # else (a pool closing its connects), the delivery ended quietly and its participant was never told.
-    owner = OwnerBroker()
-    await owner.start()
-    upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
-    pool = ConnectionPool(connect_command(), timeout_s=1.0)
-    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
-                              max_in_flight_per_broker=10, metrics=Metrics("lookup_cancelled_under_it"))
-    owed = asyncio.create_task(delivery.end_txn_on(Participant("persistent://t/n/topic"), 0, 1, True, lambda: -1))
-    try:
-        await asyncio.sleep(0.1)
-        (lookup,) = lookups_under_way()
-        lookup.cancel()
-        await asyncio.wait_for(owed, 10)
-        assert len(upstream.lookup_frames) == 2 and owner.end_txns == 1
-    finally:
-        owed.cancel()
-        await pool.close()
-        for broker in (upstream, owner):
-            broker.stop()
+    async with lookups_taking_a_while("lookup_cancelled_under_it") as (owner, upstream, delivery):
+        owed = asyncio.create_task(delivery.end_txn_on(Participant("persistent://t/n/topic"), 0, 1, True,
+                                                       lambda: -1))
+        try:
+            await asyncio.sleep(0.1)
+            (lookup,) = lookups_under_way()
+            lookup.cancel()
+            await asyncio.wait_for(owed, 10)
+            assert len(upstream.lookup_frames) == 2 and owner.end_txns == 1
+        finally:
+            owed.cancel()
 
 
 class RefusingBroker(SocketStandIn):
