@@ -42,6 +42,11 @@ class Participants:
             # counts: GC must not delete the header under it.
             log.warning("unreadable op record", key=record.key, error=str(exc))
             return
+        if not op.segment:
+            # No event stream to write to (its put would be refused, and every publication with it, GC's
+            # and a new leader's included, failed as if the store were down): as unreadable, it counts.
+            log.warning("unreadable op record", key=record.key, error="it names no segment")
+            return
         if op.kind is OpKind.WRITE:
             self.segments.add(op.segment)
         elif op.subscription is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from tc_server.coordinator import layout
+from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import (
     EXPECT_ABSENT,
     BadVersionError,
@@ -104,6 +106,7 @@ class LeaderElection:
         self.share = partitions  # how many partitions this instance may lead
         self.listeners: list[ChangeListener] = []
         self._published: dict[int, str] = {}
+        self._failures = LogLimiter()  # the recheck's failed steps (_guarded)
 
     async def start(self) -> None:
         """Join, campaign once for every partition (up to the fair share), then keep watching."""
@@ -313,12 +316,20 @@ class LeaderElection:
     async def _recheck(self) -> None:
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
-            try:
-                await self._update_share()
-                await self._release_excess()
-                for tc_id in range(self._partitions):
-                    await self._check(tc_id)
-            except (TimeoutError, StoreError) as exc:
-                log.warning("leadership check failed", error=repr(exc))
-            except Exception:  # noqa: BLE001 - leadership upkeep must survive a bug in one pass
-                log.exception("leadership check failed")
+            # Each step on its own: one failure ended the pass, and one coordinator whose record could not be
+            # read (its Oxia shard down), or a member scan that failed, kept every later one unchecked, a
+            # coordinator whose leader left included. A failed share keeps the last one.
+            await self._guarded("the members' share", None, self._update_share)
+            await self._guarded("releasing coordinators past the share", None, self._release_excess)
+            for tc_id in range(self._partitions):
+                await self._guarded("leadership check", tc_id, functools.partial(self._check, tc_id))
+
+    async def _guarded(self, what: str, tc_id: int | None, step: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await step()
+        except (TimeoutError, StoreError) as exc:
+            # Every recheck (1 s) and every coordinator a down shard holds: one line per step and 10 s.
+            if (left_out := self._failures.allow(f"{what}:{tc_id}")) is not None:
+                log.warning(f"{what} failed", tc_id=tc_id, error=repr(exc), left_out_since_last_line=left_out)
+        except Exception:  # noqa: BLE001 - leadership upkeep must survive a bug in one step
+            log.exception(f"{what} failed", tc_id=tc_id)

@@ -44,6 +44,7 @@ from tc_server.store.api import (
     Put,
     Record,
     StoreError,
+    StoreUnavailableError,
     lease_clock,
 )
 
@@ -696,7 +697,7 @@ class CoordinatorPartition:
         for least, state in list(self._unpublished.items()):
             try:
                 await self._publish(least, state)
-            except (StoreError, TimeoutError) as exc:  # the store: the next ones would fail as well
+            except (StoreUnavailableError, TimeoutError) as exc:  # the store: the next ones would fail as well
                 self._log.warning("publishing a decision failed; will retry", txn=f"({self.tc_id},{least})",
                                   error=repr(exc))
                 return
@@ -980,7 +981,14 @@ class CoordinatorPartition:
             except ValueError:
                 continue  # logged where it is served (_apply); no decision to tell
             if header is not None and header.state.terminal:
-                await self._publish(least, header.state)
+                try:
+                    await self._publish(least, header.state)
+                except (StoreUnavailableError, TimeoutError):
+                    raise  # the store: the whole scan again, later (_publish_owed_events_retrying)
+                except Exception as exc:  # noqa: BLE001 - this txn only (kept in _unpublished), not the ones after it
+                    self._log.warning("writing the events of a decided txn failed", txn=f"({self.tc_id},{least})",
+                                      error=repr(exc))
+                    continue
                 published += 1
         if published:
             self._log.info("wrote again the events of decided txns whose participants have not finished",

@@ -32,7 +32,7 @@ from tc_server.coordinator import layout
 from tc_server.coordinator.events import publish_decision
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.metrics import Metrics
-from tc_server.store.api import Delete, MetadataStore, Outcome, Record, exact_index_range
+from tc_server.store.api import Delete, MetadataStore, Outcome, Record, StoreUnavailableError, exact_index_range
 
 log = structlog.get_logger("tc_server.gc")
 
@@ -116,8 +116,15 @@ async def _collect_page(store: MetadataStore, metrics: Metrics, page: list[_Cand
         # participants must not wait for today's brokers (one down, or refusing tc-server's role).
         ops = 0
         if ops_anywhere:
-            ops = await publish_decision(store, metrics, candidate.most, candidate.least, candidate.state,
-                                         by_key_range=True)
+            try:
+                ops = await publish_decision(store, metrics, candidate.most, candidate.least, candidate.state,
+                                             by_key_range=True)
+            except (StoreUnavailableError, TimeoutError):
+                raise  # the store: the pass ends, and the next one starts over
+            except Exception as exc:  # noqa: BLE001 - this header only: kept, and the pass goes on
+                log.warning("republishing a decision failed; its header is kept", txn=f"({candidate.most},"
+                            f"{candidate.least})", error=repr(exc))
+                continue
             if ops:
                 result.republished += 1
                 result.outstanding_ops += ops

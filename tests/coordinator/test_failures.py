@@ -914,3 +914,66 @@ async def test_a_decision_landing_after_the_early_look_is_delivered_before_the_d
             await tc.abort_expired_now()
         assert await eventually(lambda: bool(sender.told))
         assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
+
+
+class ShardDown(MemoryStore):
+    """Reads of the key ``down`` fail: the Oxia shard holding it is unavailable."""
+
+    down: str | None = None
+
+    async def get(self, key: str, **kw: Any) -> Any:
+        if key == self.down:
+            raise StoreUnavailableError("the shard of this key is unavailable")
+        return await super().get(key, **kw)
+
+
+async def test_a_coordinator_left_by_its_leader_is_taken_while_another_ones_record_cannot_be_read():
+    # The periodic recheck was one try for every coordinator: the first whose leader record could not be
+    # read ended the pass, and a coordinator after it whose leader had left was never taken.
+    backend = MemoryBackend()
+    down, other = ShardDown(backend), MemoryStore(backend)
+    a = coordinator(down, "pulsar://a:1", partitions=2)
+    b = coordinator(other, "pulsar://b:1", partitions=2)
+    await a.start()
+    await b.start()
+    try:
+        assert await eventually(lambda: len(a._election.led) == 1 and len(b._election.led) == 1)
+        (a_led,) = a._election.led
+        down.down = layout.leader_path(a_led)
+        await b.stop()
+        await other.close()
+        assert await eventually(lambda: a.leads(1 - a_led)), "the coordinator B left has no leader"
+    finally:
+        down.down = None
+        await a.stop()
+
+
+async def test_events_owed_by_a_crashed_leader_are_written_whatever_one_op_record_holds():
+    # A new leader writes again the events a crashed one owed, txn by txn in id order: an op record that
+    # names no segment made the first txn's publication fail as if the store were down, and the whole scan
+    # started over, for good, before the next txn's events.
+    store = FailEvents()
+    tc = await started(store, FakeClock())
+    old = tc.partition(0)
+    bad = await old.new_txn(60_000, None)
+    await store.put_sequential(layout.op_prefix(0, bad), b'{"kind":"WRITE","segment":"","ledgerId":1,"entryId":1}',
+                               partition_key=layout.txn_key(0, bad),
+                               secondary_indexes={layout.IDX_OPS_BY_TXN: layout.ops_by_txn_index_key(0, bad)})
+    await old.end_txn(bad, commit=True, principal=None)
+    good = await old.new_txn(60_000, None)
+    await write_v5_op(store, good)
+    store.failing = True
+    with pytest.raises(StoreUnavailableError):
+        await old.end_txn(good, commit=True, principal=None)
+    store.failing = False
+    old._unpublished.clear()  # as after a kill -9 between the CAS and the events
+    await stepped_down_and_led_again(tc, old)
+    expected = [f'{{"txnId":"0_{good}","decision":"COMMITTED"}}'.encode()]
+    try:
+        for _ in range(200):  # a bound for a failing test, not a timing check
+            if await decision_events(store) == expected:
+                break
+            await asyncio.sleep(0.05)
+        assert await decision_events(store) == expected
+    finally:
+        await tc.stop()

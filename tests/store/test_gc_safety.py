@@ -201,3 +201,19 @@ async def test_the_ops_by_txn_range_of_a_coordinator_holds_its_op_records_only(s
     found = [record.key async for record in store.scan_index(layout.IDX_OPS_BY_TXN, start, end)]
     assert sorted(found) == sorted(mine)
     assert sorted(layout.parse_op_key(key) for key in found) == [(1, -5), (1, 0), (1, 7), (1, 123)]
+
+
+async def test_an_op_record_naming_no_segment_keeps_its_header_and_stops_nothing_else(store: MetadataStore) -> None:
+    # A participant's op record with "segment": "" (the store's contents can be wrong) passed as readable;
+    # its event put was refused (InvalidOperationError, a StoreError), and every GC pass ended at that
+    # header as if the store were down: nothing after it was ever collected.
+    await put_header(store, 0, 1, TxnState.COMMITTED)
+    await store.put_sequential(layout.op_prefix(0, 1), b'{"kind":"WRITE","segment":"","ledgerId":1,"entryId":1}',
+                               partition_key=layout.txn_key(0, 1),
+                               secondary_indexes={layout.IDX_OPS_BY_TXN: layout.ops_by_txn_index_key(0, 1)})
+    for least in range(2, 6):
+        await put_header(store, 0, least, TxnState.COMMITTED)
+    await collect_garbage(store, Metrics("gc-no-segment"), AFTER_RETENTION_MS, RETENTION_S)
+    kept = [least for least in range(1, 6)
+            if await store.get(layout.header_path(0, least), partition_key=layout.txn_key(0, least))]
+    assert kept == [1]
