@@ -14,7 +14,7 @@ import structlog
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes, StartingRoutes
-from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context
+from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context, peer_tls_context
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService
 from tc_server.backoff import Backoff
@@ -329,6 +329,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                               connection_mode=settings.lookup_connections, metrics=metrics,
                               ssl_context=forwarding_tls_context(settings), keepalive_s=settings.keepalive_s)
             if settings.upstream_urls else None,
+            peer_ssl_context=peer_tls_context(settings),
             own_addresses=frozenset(
                 host_port(url) for url in (advertised, advertised_tls, worker and worker.service_url,
                                            worker and worker.service_url_tls) if url),

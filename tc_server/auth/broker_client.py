@@ -136,6 +136,14 @@ def forwarding_tls_context(settings: Settings) -> ssl.SSLContext | None:
     return _client_context(settings)
 
 
+def peer_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of relays to peer tc-server instances (the v5 SDK reaches a coordinator led elsewhere
+    through the instance it is connected to) for clients that came over TLS: None without a TLS listener.
+    The peers' certificates are the cluster's, checked as brokers' are (--broker-client-tls-trust-certs);
+    never tc-server's own client certificate."""
+    return _client_context(settings) if settings.tls_listen else None
+
+
 def _client_context(settings: Settings) -> ssl.SSLContext:
     trust = settings.broker_client_tls_trust_certs
     try:

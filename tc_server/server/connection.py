@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, cast
@@ -111,6 +112,9 @@ class ServerContext:
     # HOST:PORT this instance is reached at (CONNECT's proxy_to_broker_url naming one of them is for us:
     # the v5 SDK dials its coordinators that way).
     own_addresses: frozenset[str] = frozenset()
+    # The TLS context of relays to peer tc-server instances for clients that came over TLS (None: no TLS
+    # listener; auth/broker_client.py peer_tls_context).
+    peer_ssl_context: ssl.SSLContext | None = None
     # The TLS listener's reloading context (None: no TLS): which client certificates still prove a role.
     tls: ServerTlsContext | None = None
     # Client connections at once, overall and per remote host (issue 15): past them, closed at once.
@@ -590,11 +594,17 @@ class ClientConnection(asyncio.Protocol):
         upstream = self._ctx.upstream
         # A peer tc-server (the v5 SDK dials a coordinator led elsewhere through this connection), or
         # a broker a forwarded lookup named; nothing else: tc-server is no open relay.
-        peers = {host_port(url): url for url in self._ctx.dispatcher.coordinator.assignments().values()}
-        url = peers.get(host_port(target)) or (upstream.proxy_target(target) if upstream is not None else None)
+        peers = self._peers()
+        peer = host_port(target) in peers
+        url = peers.get(host_port(target)) if peer else (
+            upstream.proxy_target(target) if upstream is not None else None)
         if url is None:
             # For good: NotAllowedError, which clients do not retry.
-            if upstream is None:
+            if peer:
+                error, why = ServerError.NotAllowedError, ("the client speaks TLS and that tc-server instance "
+                                                           "advertises no pulsar+ssl:// URL (the client's "
+                                                           "credentials would go in the clear)")
+            elif upstream is None:
                 error, why = ServerError.NotAllowedError, "no --upstream-url is set"
             elif upstream.named_without_tls(target):
                 error, why = ServerError.NotAllowedError, ("the upstream speaks TLS and named this broker without "
@@ -614,15 +624,29 @@ class ClientConnection(asyncio.Protocol):
         # Frames the client sent after CONNECT wait in the decoder until the broker is connected.
         self._pause_reading("relay-setup")
         self._log = self._log.bind(proxy_to=target)
-        self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect)))
+        ssl_context = self._ctx.peer_ssl_context if peer else upstream.ssl_context if upstream else None
+        self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 
-    async def _open_relay(self, target: str, connect: Connect) -> None:
+    def _peers(self) -> dict[str, str | None]:
+        """HOST:PORT of each peer tc-server instance (its plain and its TLS address) -> the URL to relay to.
+        A client that came over TLS is relayed over TLS or not at all (None: the peer has no TLS URL):
+        its credentials crossed a plain connection to the peer when it named the peer's plain address."""
+        coordinator = self._ctx.dispatcher.coordinator
+        over_tls = self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
+        peers: dict[str, str | None] = {}
+        for url in coordinator.assignments().values():
+            tls = coordinator.tls_url(url)
+            peers[host_port(url)] = tls if over_tls else url
+            if tls:
+                peers[host_port(tls)] = tls
+        return peers
+
+    async def _open_relay(self, target: str, connect: Connect, ssl_context: ssl.SSLContext | None) -> None:
         upstream = self._ctx.upstream
         timeout_s = upstream.request_timeout_s if upstream is not None else 10.0
         try:
-            broker = await open_relay(target, self, ssl_context=upstream.ssl_context if upstream else None,
-                                      timeout_s=timeout_s)
+            broker = await open_relay(target, self, ssl_context=ssl_context, timeout_s=timeout_s)
         except (OSError, TimeoutError, ValueError) as exc:
             self._log.warning("cannot reach the broker to proxy to", error=repr(exc))
             # Before CONNECTED the client takes an ERROR as a failed connection and retries later.

@@ -10,10 +10,12 @@ import contextlib
 import socket
 import ssl
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from cryptography import x509
 
+from tc_server.app import start_app
 from tc_server.client import (
     ClientAuth,
     ConnectionFailed,
@@ -23,6 +25,11 @@ from tc_server.client import (
     connect_command,
     open_connection,
 )
+from tc_server.config import Settings
+from tc_server.coordinator import leadership
+from tc_server.server import connection as connection_module
+from tc_server.server.relay import open_relay
+from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import (
     Connect,
     Connected,
@@ -292,3 +299,45 @@ async def test_a_session_from_before_a_ca_left_the_trust_file_cannot_be_resumed(
     assert not isinstance(answer, Connected), answer
     if resumed:
         assert isinstance(answer, Error) and answer.error is ServerError.AuthenticationError, answer
+
+
+async def test_a_tls_client_is_relayed_to_a_peer_instance_over_tls_only(ca, secret, monkeypatch):
+    # The v5 SDK reaches a coordinator led by another instance through the one it is connected to, naming
+    # that peer in proxy_to_broker_url. A client that came over TLS and named the peer's plain address had
+    # its CONNECT, token included, carried to the peer over plain TCP.
+    monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
+    relayed: list[str] = []
+
+    async def noting(url: str, client: Any, **kwargs: Any) -> Any:
+        relayed.append(url)
+        return await open_relay(url, client, **kwargs)
+
+    monkeypatch.setattr(connection_module, "open_relay", noting)
+    server = ca.issue("localhost", "server", server=True)
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", tls_listen="127.0.0.1:0", coordinators=2,
+                        tls_cert_file=str(server.cert_file), tls_key_file=str(server.key_file),
+                        broker_client_tls_trust_certs=str(ca.cert_file), authentication_providers="token",
+                        token_secret_key=data_url(secret)).validate()
+    backend = MemoryBackend()
+    a = await start_app(settings, store=MemoryStore(backend))
+    b = await start_app(settings, store=MemoryStore(backend))
+    try:
+        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
+        for _ in range(int(WAIT_S / 0.05)):  # until the two instances share the coordinators
+            if b_url in a.coordinator.assignments().values() and a.coordinator.tls_url(b_url):
+                break
+            await asyncio.sleep(0.05)
+        b_tls = a.coordinator.tls_url(b_url)
+        assert b_tls is not None
+        token = make_token(secret, "HS256", "alice").encode()
+        assert a.tls_listener is not None
+        for named in (b_url, b_tls):
+            answered = await raw_connect(a.tls_listener.port, Connect("x", 21, auth_method_name="token",
+                                                                      auth_data=token,
+                                                                      proxy_to_broker_url=named.split("//")[1]),
+                                         ssl_context=client_context(ca))
+            assert isinstance(answered.commands[0], Connected), answered.commands
+        assert relayed == [b_tls, b_tls]
+    finally:
+        await b.stop()
+        await a.stop()
