@@ -36,7 +36,13 @@ from tc_server.server.handshake import (
 )
 from tc_server.server.log_limit import LogLimiter
 from tc_server.server.relay import BrokerSide, open_relay
-from tc_server.server.upstream import FORWARDED_COMMANDS, ForwardingSession, Upstream, host_port
+from tc_server.server.upstream import (
+    FORWARDED_COMMANDS,
+    ForwardingSession,
+    Upstream,
+    connect_for_broker,
+    host_port,
+)
 from tc_server.wire import (
     AddPartitionToTxn,
     AddSubscriptionToTxn,
@@ -492,6 +498,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse("connection refused", ServerError.AuthorizationError, exc)
             return
         self._connect = connect
+        self._proxied = result.proxied  # also what a relayed CONNECT keeps of it (connect_for_broker)
         target = connect.proxy_to_broker_url
         if target and host_port(target) not in self._ctx.own_addresses:
             self._carry_to(target, connect)
@@ -499,7 +506,6 @@ class ClientConnection(asyncio.Protocol):
         self._connected = True
         self._principal = result.principal
         self._superuser = result.superuser
-        self._proxied = result.proxied
         if result.proxied:
             self._log = self._log.bind(acting_as=(result.principal or "")[:128])  # the client behind the proxy
         if connect.original_principal and result.session is not None and not result.proxied:
@@ -663,7 +669,7 @@ class ClientConnection(asyncio.Protocol):
             self._keepalive.cancel()  # PING/PONG now run end to end between client and broker
         self._relay = broker
         self._ctx.metrics.proxied_connections.inc()
-        broker.transport.write(encode_command(replace(connect, proxy_to_broker_url=None))
+        broker.transport.write(encode_command(connect_for_broker(connect, self._proxied))
                                + self._decoder.take_buffered())
         self._count_input()
         self._log.info("proxying to broker")

@@ -276,13 +276,7 @@ class ForwardingSession:
         # client connection asks the client for fresh ones (refresh_credentials brings them here).
         self._credentials_expired = credentials_expired
         self._admitted = False  # a broker took the client's credentials once
-        # The client's CONNECT as a broker should see it: its credentials and version, not the proxy fields.
-        # A Pulsar proxy's connection (``proxied``, --proxy-roles) keeps the client it names: brokers list
-        # the proxy's role in their proxyRoles too, and authorize that client, as for the proxy's own
-        # connections to them (a broker refuses a proxy role that names none).
-        self._connect = replace(client_connect, proxy_to_broker_url=None) if proxied else replace(
-            client_connect, proxy_to_broker_url=None, original_principal=None, original_auth_data=None,
-            original_auth_method=None)
+        self._connect = connect_for_broker(client_connect, proxied)
         self._reply = reply
         # Open connections by broker URL, the primary (to whichever upstream URL answered) under
         # PRIMARY, and the openings under way by the same keys: one at a time per key, however many
@@ -460,6 +454,18 @@ def _error_answer(cmd: Command, request_id: int, error: ServerError, message: st
     if isinstance(cmd, PartitionedMetadata):
         return PartitionedMetadataResponse(request_id, error=error, message=message)
     return Error(request_id, error, message)
+
+
+def connect_for_broker(client_connect: Connect, proxied: bool) -> Connect:
+    """The client's CONNECT as a broker should see it, forwarded or relayed: its credentials and version, not
+    the proxy fields. A Pulsar proxy's connection (``proxied``, --proxy-roles) keeps the client it names:
+    brokers list the proxy's role in their proxyRoles too, and authorize that client, as for the proxy's own
+    connections to them (a broker refuses a proxy role that names none). Anyone else's original_* fields go:
+    a broker that honoured them would take the client for whomever it named."""
+    if proxied:
+        return replace(client_connect, proxy_to_broker_url=None)
+    return replace(client_connect, proxy_to_broker_url=None, original_principal=None, original_auth_data=None,
+                   original_auth_method=None)
 
 
 def host_port(url: str) -> str:

@@ -554,3 +554,23 @@ def test_the_brokers_learned_from_lookups_stay_within_their_bound(monkeypatch):
         assert len(upstream._named_at) == 3 and len(upstream._without_tls) <= 3
         assert upstream.proxy_target("upstream:6650") == "pulsar://upstream:6650"  # configured: always
     assert upstream.named_without_tls("10.0.0.9:6650") and not upstream.named_without_tls("10.0.0.0:6650")
+
+
+async def test_a_relayed_connect_names_no_original_principal_for_a_client_that_is_no_proxy(settings):
+    # Forwarded lookups dropped the original_* fields of a client whose role is not in --proxy-roles; a
+    # relayed connection kept them, and a broker that honoured them would take the client for whomever
+    # it named.
+    owner = StandInBroker()
+    upstream = StandInBroker()
+    async with front_door(settings, [upstream], (owner,)) as (app, client):
+        upstream.answer = connect_to(owner.url)
+        await client.lookup(TOPIC)
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}",
+                                            original_principal="admin", original_auth_method="token",
+                                            original_auth_data="admin's token")))
+        await eventually(lambda: bool(owner.connects), 5)
+        (relayed,) = owner.connects
+        assert (relayed.original_principal, relayed.original_auth_method, relayed.original_auth_data) == (
+            None, None, None)
+        writer.close()
