@@ -218,6 +218,14 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     # Keys and certificates first: a bad file stops the start before anything is opened.
     authentication = AuthenticationService.from_settings(settings)
     tls = server_tls_context(settings)
+    if not authentication.enabled:
+        # Settings that mean something only with authentication on: one who set them believes it is on.
+        unused = [f"--{name.replace('_', '-')}" for name in ("superuser_roles", "proxy_roles", "token_secret_key",
+                                                              "token_public_key", "authenticate_metrics_endpoint")
+                  if getattr(settings, name)]
+        if unused:
+            log.warning("authentication is off (no --authentication-providers): these settings do nothing",
+                        settings=unused)
     if not authentication.enabled and parse_hostport(settings.admin_listen)[0] not in ("127.0.0.1", "::1", "localhost"):
         log.warning("authentication is off: whoever reaches the admin port may read and force-abort any "
                     "transaction (set --authentication-providers)", admin_listen=settings.admin_listen)

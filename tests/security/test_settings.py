@@ -4,11 +4,14 @@ tc_server/auth/service.py), and a broker's provider class names are accepted as 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
+from structlog.testing import capture_logs
 
+from tc_server.app import start_app
 from tc_server.auth.service import AuthenticationService, provider_methods
-from tc_server.config import ConfigError, load_settings
+from tc_server.config import ConfigError, Settings, load_settings
 
 
 def settings(**env: str):
@@ -56,3 +59,15 @@ def test_superuser_roles_are_a_comma_separated_list():
     service = AuthenticationService.from_settings(settings(superuser_roles=" ops, tc-admin ,,"))
     assert service.superusers == {"ops", "tc-admin"}
     assert not service.enabled and service.authenticate("none", None) is None  # type: ignore[arg-type]
+
+
+async def test_settings_that_need_authentication_are_named_when_it_is_off(tmp_path):
+    # Superuser roles, proxy roles or a token key without --authentication-providers were taken silently:
+    # the operator believed authentication on, and every client was let in as nobody in particular.
+    settings = replace(Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory",
+                                data_dir=str(tmp_path)), superuser_roles="admin", proxy_roles="proxy").validate()
+    with capture_logs() as logged:
+        app = await start_app(settings)
+        await app.stop()
+    (warning,) = [line for line in logged if line["event"].startswith("authentication is off (no --authentication")]
+    assert warning["settings"] == ["--superuser-roles", "--proxy-roles"]
