@@ -45,7 +45,8 @@ HELP = {
     "max_txn_timeout_ms": "largest timeout a client may ask for (larger: NotAllowedError)",
     "gc_retention_s": "how long ended txn headers are kept before GC deletes them",
     "gc_interval_s": "how often the GC pass runs (on the leader of coordinator 0)",
-    "timeout_sweep": "abort open txns at their deadline (disable only to inspect stuck txns)",
+    "timeout_sweep": "abort open txns at their deadline and write again decision events that failed (disable only "
+                     "to inspect stuck txns: neither happens then)",
     "max_active_transactions_per_coordinator": "open transactions per coordinator before NEW_TXN is answered "
                                                "NotAllowedError (broker.conf maxActiveTransactionsPerCoordinator; "
                                                "0: no limit)",

@@ -68,7 +68,7 @@ def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixt
     ("pulsar://127.0.0.1:6650,pulsar-broker:6650,[fd00::9]:6650",
      ["pulsar://127.0.0.1:6650", "pulsar://pulsar-broker:6650", "pulsar://[fd00::9]:6650"]),
     # As Pulsar's clients take them, in one form: any case of scheme, a slash after the port.
-    ("PULSAR://b1:6650/,Pulsar+SSL://b2:6651", ["pulsar://b1:6650", "pulsar+ssl://b2:6651"]),
+    ("PULSAR+SSL://b1:6651/,Pulsar+SSL://b2:6651", ["pulsar+ssl://b1:6651", "pulsar+ssl://b2:6651"]),
 ])
 def test_upstream_url_takes_both_multi_host_forms(value: str, urls: list[str]) -> None:
     assert settings_from(upstream_url=value).upstream_urls == urls
