@@ -90,7 +90,6 @@ from tc_server.store.sqlite_writer import (
     drop_ephemerals,
     encode_entries,
     encode_frame,
-    index_names,
 )
 from tc_server.store.writes import StoreWrites, condition_failed
 
@@ -269,14 +268,19 @@ class EmbeddedStore(StoreWrites):
         """The writer process is as far behind as writes are refused at (a stalled disk, a stopped or hung
         process): /readyz says so as soon as that, not only once requests time out. (An idle store has
         nothing unanswered to tell by.)"""
-        if not self._pending:
-            return None
-        oldest, _ = next(iter(self._pending.values()))  # in queueing order
-        behind_s = self._loop.time() - oldest.submitted_s
+        behind_s = self._behind_s(self._loop.time())
         if behind_s <= self._max_queue_delay_s:
             return None
         return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
                 f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
+
+    def _behind_s(self, now: float) -> float:
+        """How long the oldest unanswered write has waited for the writer process (0 with none): past
+        max_queue_delay_s new writes are refused (_submit) and /readyz says so (write_problem)."""
+        if not self._pending:
+            return 0.0
+        oldest, _ = next(iter(self._pending.values()))  # in queueing order
+        return now - oldest.submitted_s
 
     def _check_open(self) -> None:
         if self._closed:
@@ -324,13 +328,11 @@ class EmbeddedStore(StoreWrites):
             except OSError as exc:
                 raise _unavailable("starting the writer process", exc) from exc
         now = self._loop.time()
-        if ops is not None and self._pending:
-            oldest, _ = next(iter(self._pending.values()))  # in queueing order
-            if now - oldest.submitted_s > self._max_queue_delay_s:
-                raise StoreUnavailableError(
-                    f"embedded store: its writer process is {now - oldest.submitted_s:.1f} s behind "
-                    f"({len(self._pending)} writes unanswered, a stalled disk or more load than it commits); "
-                    f"new writes are refused until it is within {self._max_queue_delay_s:g} s again")
+        if ops is not None and (behind_s := self._behind_s(now)) > self._max_queue_delay_s:
+            raise StoreUnavailableError(
+                f"embedded store: its writer process is {behind_s:.1f} s behind "
+                f"({len(self._pending)} writes unanswered, a stalled disk or more load than it commits); "
+                f"new writes are refused until it is within {self._max_queue_delay_s:g} s again")
         encoded = None if ops is None else [_encode(op, self._indexed) for op in ops]  # before anything is registered
         future: asyncio.Future[_WriteRequest] = self._loop.create_future()
         request_id = next(self._request_ids)
@@ -844,6 +846,17 @@ def _upgrade_index_entries(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX index_entries_by_key")
     log.info("embedded store: index entries now listed in their records (the file was of an earlier layout)",
              seconds=round(time.monotonic() - started, 3))
+
+
+def index_names(conn: sqlite3.Connection) -> set[str]:
+    """At open: the distinct index names of ``index_entries``: one primary-key seek per name (the name leads
+    the key), not a read of every entry."""
+    names: set[str] = set()
+    row = conn.execute("SELECT min(index_name) FROM index_entries").fetchone()
+    while row is not None and row[0] is not None:
+        names.add(row[0])
+        row = conn.execute("SELECT min(index_name) FROM index_entries WHERE index_name > ?", (row[0],)).fetchone()
+    return names
 
 
 def _read_connection(path: Path) -> sqlite3.Connection:

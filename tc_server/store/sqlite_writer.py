@@ -343,16 +343,5 @@ def _highest_sequence(conn: sqlite3.Connection, prefix: str) -> int:
         cursor.close()
 
 
-def index_names(conn: sqlite3.Connection) -> set[str]:
-    """The distinct index names of ``index_entries``: one primary-key seek per name (the name leads
-    the key), not a read of every entry."""
-    names: set[str] = set()
-    row = conn.execute("SELECT min(index_name) FROM index_entries").fetchone()
-    while row is not None and row[0] is not None:
-        names.add(row[0])
-        row = conn.execute("SELECT min(index_name) FROM index_entries WHERE index_name > ?", (row[0],)).fetchone()
-    return names
-
-
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
