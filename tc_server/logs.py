@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO, cast
+from typing import IO, Any, TextIO, cast
 
 import structlog
 
@@ -15,12 +15,12 @@ class LinesOrNothing:
     raised out of whatever was logging. In the supervisor of --workers that ended its restart and
     readiness loops, and it went on answering /healthz 200 while supervising nothing."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
+    def __init__(self, stream: IO[Any]) -> None:
+        self._stream = stream  # text (the log lines) or bytes (the workers' lines, tc_server/supervisor.py)
 
-    def write(self, text: str) -> int:
+    def write(self, data: Any) -> int:
         try:
-            return self._stream.write(text)
+            return self._stream.write(data)
         except (OSError, ValueError):  # ValueError: the stream was closed
             return 0
 

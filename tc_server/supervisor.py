@@ -42,7 +42,7 @@ from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
-from tc_server.logs import resolved_format
+from tc_server.logs import LinesOrNothing, resolved_format
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -112,13 +112,11 @@ async def exit_code(proc: asyncio.subprocess.Process) -> int:
 
 
 def _pass_on(data: bytes) -> None:
-    """Write a worker's lines to our stderr; dropped when that fails (see logs.LinesOrNothing): the
-    workers' pipes are read on regardless, or a worker would block on its next log line."""
-    try:
-        sys.stderr.buffer.write(data)
-        sys.stderr.buffer.flush()
-    except (OSError, ValueError):
-        pass
+    """Write a worker's lines to our stderr; dropped when that fails (logs.LinesOrNothing): the workers'
+    pipes are read on regardless, or a worker would block on its next log line."""
+    stderr = LinesOrNothing(sys.stderr.buffer)
+    stderr.write(data)
+    stderr.flush()
 
 
 def kill_worker(proc: asyncio.subprocess.Process) -> None:
