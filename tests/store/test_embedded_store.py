@@ -269,6 +269,16 @@ async def test_a_file_an_earlier_tc_server_wrote_again_is_brought_over_again(tmp
         await store.close()
 
 
+async def written_and_closed(tmp_path: Path, *puts: Put) -> None:
+    """A store in ``tmp_path`` that wrote ``puts``, closed again (for a test to damage its file)."""
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        for put in puts:
+            await store.put(put.key, put.value, secondary_indexes=put.secondary_indexes, ephemeral=put.ephemeral)
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("damage", ["i", "i\x007", "x\x001", b"i\x001"])
 async def test_a_record_whose_entries_list_is_damaged_is_written_and_its_entries_repaired(
         tmp_path: Path, damage: str | bytes) -> None:
@@ -276,12 +286,8 @@ async def test_a_record_whose_entries_list_is_damaged_is_written_and_its_entries
     # entry that is not there, not text) failed every write of the key with an IndexError, and with it
     # every other write of its group; one that named another entry left the real one behind for good, and
     # then a create of the key with that entry failed on the index's primary key, for good.
-    store = await EmbeddedStore.open(tmp_path)
-    try:
-        await store.put("/r/a", b"", secondary_indexes={"i": "1"})
-        await store.put("/r/eph", b"", secondary_indexes={"i": "5"}, ephemeral=True)
-    finally:
-        await store.close()
+    await written_and_closed(tmp_path, Put("/r/a", b"", secondary_indexes={"i": "1"}),
+                             Put("/r/eph", b"", secondary_indexes={"i": "5"}, ephemeral=True))
     with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
         conn.execute("UPDATE records SET entries = ?", (damage,))
     store = await EmbeddedStore.open(tmp_path)  # dropping the ephemeral record reads its list too
@@ -302,11 +308,7 @@ async def test_a_record_whose_entries_list_is_damaged_is_written_and_its_entries
 
 
 async def test_an_entry_a_damaged_file_left_does_not_refuse_its_key(tmp_path: Path) -> None:
-    store = await EmbeddedStore.open(tmp_path)
-    try:
-        await store.put("/r/a", b"")
-    finally:
-        await store.close()
+    await written_and_closed(tmp_path, Put("/r/a", b""))
     with sqlite3.connect(tmp_path / DB_FILENAME) as conn:  # an index row its record does not list
         conn.execute("INSERT INTO index_entries VALUES ('i', '1', '/r/a')")
     store = await EmbeddedStore.open(tmp_path)
