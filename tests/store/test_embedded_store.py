@@ -247,14 +247,20 @@ async def test_a_file_of_the_earlier_layout_keeps_its_index_entries_and_replaces
         assert conn.execute("SELECT * FROM index_entries ORDER BY key").fetchall() == [("i", "3", "/r/a")]
 
 
+async def written_and_closed(tmp_path: Path, *puts: Put) -> None:
+    """A store in ``tmp_path`` that wrote ``puts``, closed again (for a test to damage its file)."""
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        for put in puts:
+            await store.put(put.key, put.value, secondary_indexes=put.secondary_indexes, ephemeral=put.ephemeral)
+    finally:
+        await store.close()
+
+
 async def test_a_file_an_earlier_tc_server_wrote_again_is_brought_over_again(tmp_path: Path) -> None:
     # An earlier tc-server started on a file of this layout: it recreates its by-key index and moves a
     # record's index entries without touching records.entries, which then lists the entries it had.
-    store = await EmbeddedStore.open(tmp_path)
-    try:
-        await store.put("/r/a", b"", secondary_indexes={"i": "1"})
-    finally:
-        await store.close()
+    await written_and_closed(tmp_path, Put("/r/a", b"", secondary_indexes={"i": "1"}))
     with sqlite3.connect(tmp_path / DB_FILENAME) as old:
         old.execute("CREATE INDEX index_entries_by_key ON index_entries (key)")
         old.execute("UPDATE index_entries SET secondary_key = '2' WHERE key = '/r/a'")
@@ -265,16 +271,6 @@ async def test_a_file_an_earlier_tc_server_wrote_again_is_brought_over_again(tmp
         await store.put("/r/a", b"", expected_version=a.version, secondary_indexes={"i": "3"})
         assert [(r.key, r.value) async for r in store.scan_index("i", "0", "3")] == []  # entry "2" went too
         assert await index_keys(store, "i") == ["/r/a"]
-    finally:
-        await store.close()
-
-
-async def written_and_closed(tmp_path: Path, *puts: Put) -> None:
-    """A store in ``tmp_path`` that wrote ``puts``, closed again (for a test to damage its file)."""
-    store = await EmbeddedStore.open(tmp_path)
-    try:
-        for put in puts:
-            await store.put(put.key, put.value, secondary_indexes=put.secondary_indexes, ephemeral=put.ephemeral)
     finally:
         await store.close()
 
