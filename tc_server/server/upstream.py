@@ -333,22 +333,28 @@ class ForwardingSession:
         return await self._connection(url, lambda: self._upstream.connect_to(url, self._connect))
 
     async def _connection(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
-        conn = self._connections.get(key)
-        if conn is not None and conn.is_usable:
-            stalled = self._stalled(conn)
-            if stalled is None:
-                return conn
-            self._give_up(key, conn, stalled)
-        if self._closed:
-            raise ConnectionClosed(key, "the client's connection is closed")
-        opening = self._opening.get(key)
-        if opening is None:
-            opening = self._opening[key] = asyncio.create_task(self._open(key, open_))
-            # Retrieved here: the forwards that waited may all have given up (their deadline passed).
-            opening.add_done_callback(lambda task: task.cancelled() or task.exception())
-        # Shielded: a forward whose deadline passes stops waiting, but the opening goes on for the
-        # others (and is ended by close(): open_connection closes what it half-opened when cancelled).
-        return await asyncio.shield(opening)
+        # A loop: a forward that waited for an opening checks the fresh connection as any other does.
+        # Returned unchecked, every waiter wrote to it at once, and a broker that reads nothing was
+        # left with all their bytes (up to the whole burst) however low MAX_UNSENT_BYTES is.
+        while True:
+            conn = self._connections.get(key)
+            if conn is not None and conn.is_usable:
+                stalled = self._stalled(conn)
+                if stalled is None:
+                    return conn
+                self._give_up(key, conn, stalled)
+            if self._closed:
+                raise ConnectionClosed(key, "the client's connection is closed")
+            opening = self._opening.get(key)
+            if opening is None:
+                opening = self._opening[key] = asyncio.create_task(self._open(key, open_))
+                # Retrieved here: the forwards that waited may all have given up (their deadline passed).
+                opening.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # Shielded: a forward whose deadline passes stops waiting, but the opening goes on for the
+            # others (and is ended by close(): open_connection closes what it half-opened when cancelled).
+            opened = await asyncio.shield(opening)
+            if not opened.is_usable:
+                return opened  # closed as soon as opened: the request fails typed, no second opening
 
     async def _open(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
         try:

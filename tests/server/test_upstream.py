@@ -211,6 +211,26 @@ async def test_a_broker_that_stops_reading_does_not_make_forwarded_bytes_pile_up
         assert len(seen) >= 3 and all(conn.closed.done() for conn in seen - current)
 
 
+async def test_forwards_that_waited_for_a_fresh_connection_check_it_before_writing(settings):
+    # The first forward of a burst finds the connection hung (it has owed an answer for two timeouts)
+    # and opens a fresh one; the other 149 wait for it (the broker is slow to answer CONNECT). Before,
+    # they all wrote to it unchecked once it was open: 27 MB left with a broker that reads nothing,
+    # whatever MAX_UNSENT_BYTES said (the test above failed in CI when this path was taken).
+    broker = StandInBroker(reads=False)
+    async with front_door(settings, [broker], request_timeout_s=0.5) as (app, client):
+        topic = "persistent://public/default/" + "x" * (200 * 1024)
+        first = await client.request(Lookup(topic, client.next_request_id()), 10.0)
+        assert first.response is LookupType.FAILED
+        hung = {conn for session in sessions(app) for conn in session._connections.values()}
+        broker.connect_delay_s = 0.2  # the whole burst arrives while the fresh connection opens
+        await asyncio.sleep(2 * 0.5 + 0.1)
+        request_ids = [client.next_request_id() for _ in range(150)]  # 30 MB
+        await asyncio.gather(*(client.request(Lookup(topic, request_id), 10.0) for request_id in request_ids))
+        assert len(hung) == 1 and all(conn.closed.done() for conn in hung)
+        current = {conn for session in sessions(app) for conn in session._connections.values()}
+        assert sum(conn.unsent_bytes for conn in current) <= MAX_UNSENT_BYTES + 2 * len(topic)
+
+
 async def test_an_idle_upstream_connection_to_a_broker_that_stopped_answering_is_closed_by_keepalive(settings):
     # Before, upstream connections had no keep-alive: an idle one to a hung broker stayed for good.
     broker = StandInBroker(connect_to("pulsar://broker-1:6650"))
