@@ -77,7 +77,7 @@ class App:
         # closed unanswered: it answers now (its decision is durable; delivery goes on until the coordinator
         # steps down below).
         self.context.dispatcher.stop_waiting_for_participants()
-        await self.admin.stop()
+        self.admin.stopping()
         drain_s = min(self.settings.request_timeout_s + DRAIN_MARGIN_S, DRAIN_MAX_S)
         # With the default --request-timeout-s (10 s) the requests' own deadlines fall after the drain's
         # bound: a request the store held was closed unanswered. Their deadlines come at the bound instead.
@@ -89,6 +89,7 @@ class App:
         finally:
             expiry.cancel()
         await self.coordinator.stop()
+        await self.admin.stop()  # after the drain and the step-down: probes and scrapes are answered through them
         if self.broker_pool is not None:
             await self.broker_pool.close()
         await self.store.close()

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tc_server import app as app_module
@@ -99,6 +100,41 @@ async def test_a_request_the_store_holds_is_answered_before_the_stop_closes_it(
         answered = await asyncio.wait_for(stalled, STOP_BOUND_S)
         assert answered.error is ServerError.TransactionCoordinatorNotFound, answered
         assert "--request-timeout-s" in (answered.message or "")
+    finally:
+        client.close()
+
+
+async def test_the_admin_port_answers_through_the_drain_with_readyz_saying_stopping(settings: Settings) -> None:
+    # Before, the admin port closed as the stop began: a liveness probe during a drain (up to DRAIN_MAX_S,
+    # then the step-down) found nothing listening, and the drain's metrics were never scraped.
+    store = GatedStore()
+    app = await start_app(settings, store=store)
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    admin_port = app.admin.port
+    base = f"http://127.0.0.1:{admin_port}"
+    try:
+        store.gate.clear()
+        stalled = asyncio.create_task(client.new_txn(tc_id=3, ttl_ms=60_000))
+        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds it: the drain waits for it
+            if app.context.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(app.stop())
+        await asyncio.sleep(0.1)
+        assert not stopping.done()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "/healthz") as healthz:
+                assert healthz.status == 200
+            async with http.get(base + "/readyz") as readyz:
+                assert readyz.status == 503
+                assert "stopping" in (await readyz.json())["problems"][0]
+            async with http.get(base + "/metrics") as metrics:
+                assert metrics.status == 200
+        store.gate.set()
+        await asyncio.wait_for(stopping, STOP_BOUND_S)
+        await asyncio.wait_for(stalled, STOP_BOUND_S)
+        with pytest.raises(ConnectionRefusedError):  # and closed once the stop is done
+            await asyncio.open_connection("127.0.0.1", admin_port)
     finally:
         client.close()
 
