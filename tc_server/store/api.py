@@ -244,8 +244,9 @@ class MetadataStore(Protocol):
         ...
 
     def write_problem(self) -> str | None:
-        """What the store knows, without asking anyone, to be wrong with its writes now (the embedded
-        store's writer process far behind), for /readyz; None when nothing is."""
+        """What the store knows, without waiting for anyone, to be wrong with its writes now (the embedded
+        store's writer process far behind), for /readyz; None when nothing is. It may start a check whose
+        outcome a later call tells (the embedded store's empty write while it is idle)."""
         ...
 
     async def close(self) -> None:

@@ -266,13 +266,23 @@ class EmbeddedStore(StoreWrites):
 
     def write_problem(self) -> str | None:
         """The writer process is as far behind as writes are refused at (a stalled disk, a stopped or hung
-        process): /readyz says so as soon as that, not only once requests time out. (An idle store has
-        nothing unanswered to tell by.)"""
-        behind_s = self._behind_s(self._loop.time())
-        if behind_s <= self._max_queue_delay_s:
+        process): /readyz says so as soon as that, not only once requests time out. An idle store has
+        nothing unanswered to tell by, so a call that finds none hands the writer an empty write (a commit
+        of nothing: its fsync tries the disk too), which a later call finds answered or not; without it an
+        idle instance with a stopped writer said ready, and its first clients' writes timed out."""
+        if self._closed:
             return None
-        return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
-                f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
+        behind_s = self._behind_s(self._loop.time())
+        if behind_s > self._max_queue_delay_s:
+            return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
+                    f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
+        if not self._pending:
+            try:
+                probe = self._submit([])
+            except StoreUnavailableError as exc:  # its writer is gone and not restarted yet
+                return str(exc)
+            probe.add_done_callback(lambda future: future.cancelled() or future.exception())
+        return None
 
     def _behind_s(self, now: float) -> float:
         """How long the oldest unanswered write has waited for the writer process (0 with none): past
@@ -445,7 +455,7 @@ class EmbeddedStore(StoreWrites):
         for request, future in done:
             if not future.done():
                 future.set_result(request)
-        if self.on_commit is not None:
+        if self.on_commit is not None and size:  # not write_problem()'s empty probes
             self.on_commit(size)
 
     def _failed(self, message: str, request_ids: list[int]) -> None:

@@ -679,6 +679,34 @@ async def test_writes_are_refused_at_once_while_the_writer_is_too_far_behind(tmp
         await store.close()
 
 
+async def test_an_idle_store_whose_writer_stopped_is_a_write_problem_by_the_next_check(tmp_path: Path) -> None:
+    # Before, an idle store had no unanswered write to tell by: a stopped writer read as ready until the
+    # first clients' writes timed out. A check that finds nothing pending hands the writer an empty write.
+    store = await EmbeddedStore.open(tmp_path, max_queue_delay_s=0.2)
+    committed: list[int] = []
+    store.on_commit = committed.append
+    try:
+        await store.put("/warm", b"")
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            assert store.write_problem() is None  # nothing known yet: the empty write goes out
+            await asyncio.sleep(0.4)
+            problem = store.write_problem()
+            assert problem is not None and "has not answered a write for" in problem, problem
+        finally:
+            os.kill(writer.pid, signal.SIGCONT)
+        for _ in range(1000):  # the empty write is answered once the writer runs again
+            if not store._pending:
+                break
+            await asyncio.sleep(0.01)
+        assert store.write_problem() is None
+        assert committed == [1]  # the empty writes are not counted as commits of the batch-size metric
+    finally:
+        await store.close()
+
+
 async def test_a_writer_far_behind_is_a_write_problem_until_it_answers(tmp_path: Path) -> None:
     # /readyz asked the store a read, which a stalled writer does not hold up: it said ready until requests
     # timed out. The store tells once its oldest unanswered write is as old as writes are refused at.
