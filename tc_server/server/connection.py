@@ -629,6 +629,11 @@ class ClientConnection(asyncio.Protocol):
             return
         # Frames the client sent after CONNECT wait in the decoder until the broker is connected.
         self._pause_reading("relay-setup")
+        # The setup has its own bound (open_relay's timeout, the upstream's request timeout). The
+        # keep-alive, still waiting for a handshake of this connection's own, closed a client whose
+        # relay took longer to set up than the rest of its first interval ("no CONNECT").
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         self._log = self._log.bind(proxy_to=target)
         ssl_context = self._ctx.peer_ssl_context if peer else upstream.ssl_context if upstream else None
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
@@ -665,9 +670,7 @@ class ClientConnection(asyncio.Protocol):
                 broker.transport.close()
             return
         assert broker.transport is not None
-        if self._keepalive is not None:
-            self._keepalive.cancel()  # PING/PONG now run end to end between client and broker
-        self._relay = broker
+        self._relay = broker  # PING/PONG now run end to end between client and broker
         self._ctx.metrics.proxied_connections.inc()
         broker.transport.write(encode_command(connect_for_broker(connect, self._proxied))
                                + self._decoder.take_buffered())

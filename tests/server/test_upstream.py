@@ -33,6 +33,7 @@ from tc_server.client import (
 from tc_server.config import ConfigError, Settings
 from tc_server.metrics import Metrics
 from tc_server.server import connection as connection_module
+from tc_server.server import relay as relay_module
 from tc_server.server import upstream as upstream_module
 from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.server.upstream import MAX_UNSENT_BYTES, ForwardingSession, Upstream
@@ -555,6 +556,39 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
                     await asyncio.sleep(0.05)
         assert [line["waited_s"] for line in logged
                 if line["event"] == "the broker of a relayed connection read nothing; closing it"] == [1.0]
+        writer.close()
+    finally:
+        client.close()
+        await app.stop()
+        for broker in brokers:
+            broker.stop()
+
+
+async def test_a_relay_slower_to_set_up_than_the_keepalive_interval_is_not_closed_for_it(settings, monkeypatch):
+    # The setup is bounded by the upstream's request timeout (10 s here). Before, the keep-alive tick of
+    # the connection's first interval took the setup for a client that never sent CONNECT and closed it.
+    owner = StandInBroker()
+    upstream = StandInBroker()
+    brokers = (owner, upstream)
+    for broker in brokers:
+        await broker.start()
+    upstream.answer = connect_to(owner.url)
+    opening = relay_module.open_relay
+
+    async def slow_network(*args, **kwargs):
+        await asyncio.sleep(0.8)  # two keep-alive intervals
+        return await opening(*args, **kwargs)
+
+    monkeypatch.setattr(connection_module, "open_relay", slow_network)
+    app = await start_app(replace(settings, upstream_url=upstream.url, keepalive_s=0.4))
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        await client.lookup(TOPIC)
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        assert await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+        assert not [c for c in app.context.connections if c._relay is not None][0]._closing
+        assert await eventually(lambda: len(owner.connects) == 1, 5)  # the client's CONNECT reached the broker
         writer.close()
     finally:
         client.close()
