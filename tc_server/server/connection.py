@@ -85,6 +85,9 @@ REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffer
 # Past the input budget, a connection still holding more than this after serving what it can is
 # growing a large unfinished frame (TC commands are far smaller): it is the one closed.
 SMALL_INPUT_BYTES = 16 * 1024
+# Answers queued in one turn past this are written before the next frame is read (_process_frames): the
+# transport's high-water mark (64 KiB), so a client that reads nothing is paused within about one of it.
+ANSWERS_QUEUED_BYTES = 64 * 1024
 # WATCH_TC_ASSIGNMENTS watches one connection may hold (a client needs one; see ClientConnection._watch).
 MAX_WATCHES_PER_CONNECTION = 16
 # How long a closing connection may take to hand its last answers to the client before it is cut: one
@@ -339,6 +342,14 @@ class ClientConnection(asyncio.Protocol):
                     self._pause_reading("server-busy")
                     self._ctx.paused.add(self)
                     return
+                if self._out.queued_bytes > ANSWERS_QUEUED_BYTES:
+                    # Written now rather than at the turn's end: a write buffer over its high-water mark
+                    # pauses reading (pause_writing) before the next frame. Without it, one read's small
+                    # requests were all answered first, however much larger their answers (a repeated
+                    # WATCH_TC_ASSIGNMENTS: the whole map, ~33 times the request), by a client that reads
+                    # nothing: the input budget bounded what it sent, nothing what the server then held.
+                    self._out.flush()
+                    continue
                 frame = self._decoder.next_frame()
                 if frame is None:
                     self._close_if_done()
@@ -514,7 +525,9 @@ class ClientConnection(asyncio.Protocol):
             self._log.warning("original_principal ignored: the role is not in --proxy-roles",
                               role=result.session.role, original_principal=connect.original_principal[:64])
         self._start_auth_refresh(result.session)
-        self._log = self._log.bind(client=connect.client_version, protocol=result.protocol_version)
+        # Cut, as every field a client chooses: bound to the logger, a frame's worth of it was repeated in
+        # every later line of the connection.
+        self._log = self._log.bind(client=connect.client_version[:64], protocol=result.protocol_version)
         if result.protocol_version < MIN_TC_CLIENT_CONNECT_VERSION:
             # Such a client skips TC_CLIENT_CONNECT and sends txn requests straight away; we
             # serve them all the same.
@@ -623,7 +636,7 @@ class ClientConnection(asyncio.Protocol):
                 # clients open again, through whichever instance.
                 error = ServerError.ServiceNotReady
                 why = "no lookup answered by this tc-server instance has named it yet; retry"
-            self._log.warning("refusing to proxy", target=target, reason=why)
+            self._log.warning("refusing to proxy", target=target[:256], reason=why)
             self.send(Error(NO_REQUEST_ID, error, f"cannot proxy to {target}: {why}"))
             self.close()
             return
@@ -634,7 +647,7 @@ class ClientConnection(asyncio.Protocol):
         # relay took longer to set up than the rest of its first interval ("no CONNECT").
         if self._keepalive is not None:
             self._keepalive.cancel()
-        self._log = self._log.bind(proxy_to=target)
+        self._log = self._log.bind(proxy_to=target[:256])
         ssl_context = self._ctx.peer_ssl_context if peer else upstream.ssl_context if upstream else None
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
@@ -857,14 +870,19 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_keepalive(self) -> None:
         """PulsarHandler's keep-alive tick: no handshake yet → close; no PONG since the last
-        PING → close; otherwise PING again."""
+        PING → close, unless this side is not reading (then the PONG may wait unread in the socket, as
+        PulsarHandler skips the close while auto-read is off); otherwise PING again."""
         if self._closing:
             return
         if not self._connected:
             self._log.warning("no CONNECT within the keep-alive interval; closing")
             self.close()
             return
-        if self._waiting_pong:
+        # Not read for the server's own bounds (its share of requests in flight, the server at its
+        # bound, a stop's drain): a healthy client's PONG waits unread, and closing lost every answer in
+        # flight on it. A client that does not read its answers (write-buffer) is closed as before.
+        pong_unread = self._flow.paused and not self._flow.paused_for("write-buffer")
+        if self._waiting_pong and not pong_unread:
             self._log.warning("no PONG within the keep-alive interval; closing")
             self.close()
             return

@@ -35,6 +35,9 @@ class ReadFlowControl:
     def paused(self) -> bool:
         return bool(self._reasons)
 
+    def paused_for(self, reason: str) -> bool:
+        return reason in self._reasons
+
     def pause(self, reason: str) -> None:
         """Stop reading for ``reason`` (the socket stops at the first reason)."""
         if not self._reasons and self._open():

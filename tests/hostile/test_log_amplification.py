@@ -5,10 +5,11 @@ counted in the metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from tc_server.app import App
-from tc_server.client import TcClient
+from tc_server.client import TcClient, connect, connect_command
 from tc_server.wire import EndTxn, ServerError, TxnAction, Unknown, encode_command
 
 REPEATS = 500
@@ -51,3 +52,39 @@ async def test_failing_requests_are_logged_once_per_interval(
     lines = [e for e in server_log if e["event"] == "request failed"]
     # One line per second at most, with the count of those left out: far fewer than the requests.
     assert 1 <= len(lines) < REPEATS // 50, len(lines)
+
+
+VERSION_BYTES = 200 * 1024
+
+
+def line_bytes(event: dict[str, Any]) -> int:
+    return len(json.dumps(event, default=str))
+
+
+async def test_a_long_client_version_is_not_repeated_in_every_log_line(
+        app: App, server_log: list[dict[str, Any]]) -> None:
+    # CONNECT's client_version was bound to the connection's logger uncut: every later line of the
+    # connection repeated up to a frame's worth (256 KiB) of it, however few lines the limiters let out.
+    assert app.listener is not None
+    client = await connect("127.0.0.1", app.listener.port, handshake=False)
+    client_command = connect_command(client_version="v" * VERSION_BYTES)
+    await client.handshake(client_command)
+    sent = len(encode_command(client_command))
+    unknown = encode_command(Unknown(type_code=26))  # a type tc-server does not serve
+    client.send_raw(unknown)
+    sent += len(unknown)
+    for _ in range(100):
+        if client.errors:
+            break
+        await asyncio.sleep(0.02)
+    assert client.errors
+    client.close()
+    for _ in range(100):
+        if any(e["event"] == "connection closed" for e in server_log):
+            break
+        await asyncio.sleep(0.02)
+    logged = sum(line_bytes(e) for e in server_log)
+    biggest = max(server_log, key=line_bytes)
+    assert line_bytes(biggest) <= 4096, (
+        f"the client sent {sent} bytes; the server logged {logged} bytes in {len(server_log)} lines, "
+        f"{line_bytes(biggest)} in its line {biggest['event']!r} alone")

@@ -11,9 +11,11 @@ import pytest
 
 from tc_server.app import start_app
 from tc_server.client import connect, connect_command
+from tc_server.config import Settings
 from tc_server.server import connection as connection_module
 from tc_server.server.discovery import ASSIGN_TOPIC
-from tc_server.wire import Lookup, encode_command
+from tc_server.wire import Lookup, ServerError, encode_command
+from tests.support.gated_store import GatedStore
 
 
 @pytest.fixture
@@ -79,3 +81,32 @@ async def test_a_client_that_stopped_reading_is_dropped_though_its_answers_canno
         assert not app.context.connections
     finally:
         sock.close()
+
+
+async def test_a_client_that_answers_every_ping_is_not_dropped_while_the_server_does_not_read_it(
+        settings: Settings) -> None:
+    # Before, the next tick took the client's PONG, waiting unread in the socket while the server's own
+    # bounds (its share of --max-requests-in-flight, a stalled store) held its reading, for a dead client,
+    # and the answers of every request in flight were lost with the connection. PulsarHandler skips the
+    # close while auto-read is off.
+    store = GatedStore()
+    # request timeout above the keep-alive interval (as END_TXN's participant wait, 25 s, plus its
+    # decision, up to --request-timeout-s, is above the default 30 s keep-alive).
+    app = await start_app(replace(settings, keepalive_s=0.3, request_timeout_s=2.0, max_requests_in_flight=4),
+                          store=store)
+    try:
+        assert app.listener is not None
+        client = await connect("127.0.0.1", app.listener.port)  # answers every PING (TcClient's default)
+        store.gate.clear()  # the store stalls: NEW_TXN waits until its deadline
+        pending = [asyncio.ensure_future(client.new_txn(tc_id=i % 4)) for i in range(8)]
+        answers = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 10)
+        lost = [a for a in answers if isinstance(a, BaseException)]
+        assert not lost, (f"{len(lost)} of {len(answers)} requests lost with their connection "
+                          f"(closed={client.closed.done()}): {lost[0]!r}")
+        # Each is answered at its deadline, typed (the client retries elsewhere).
+        assert all(not isinstance(a, BaseException) and a.error is ServerError.TransactionCoordinatorNotFound
+                   for a in answers)
+        client.close()
+    finally:
+        store.gate.set()
+        await app.stop()
