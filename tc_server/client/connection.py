@@ -80,6 +80,20 @@ class Endpoint:
             raise ValueError(f"no port in {url!r}")
         return cls(parts.hostname, port, parts.scheme == "pulsar+ssl")
 
+    @classmethod
+    def with_tls(cls, url: str, ssl_context: ssl.SSLContext | None) -> tuple[Endpoint, ssl.SSLContext | None]:
+        """``url`` parsed, and the TLS context to connect with (None: plain TCP). A caller that hands a
+        context speaks TLS to every broker: a ``pulsar://`` URL is then refused (ValueError), not connected
+        to in plain, which carried tc-server's own broker token in the clear to a plain URL a lookup
+        answer named in its TLS field."""
+        endpoint = cls.parse(url)
+        if not endpoint.tls:
+            if ssl_context is not None:
+                raise ValueError(f"{url} is not a pulsar+ssl:// URL, while the brokers are reached over TLS (the "
+                                 "credentials would cross it in the clear)")
+            return endpoint, None
+        return endpoint, ssl_context if ssl_context is not None else ssl.create_default_context()
+
 
 @dataclass(frozen=True, slots=True)
 class ClientAuth:
@@ -353,11 +367,15 @@ async def open_connection(
 ) -> PulsarConnection:
     """Connect to ``url`` and finish the handshake with ``connect`` (default: no credentials).
 
-    Raises ConnectionFailed (unreachable, refused, TLS failure, no answer in ``timeout_s``),
-    HandshakeRefused (ERROR in answer to CONNECT), ValueError (a malformed URL)."""
-    endpoint = Endpoint.parse(url)
-    if endpoint.tls and ssl_context is None:
-        ssl_context = ssl.create_default_context()
+    Raises ConnectionFailed (unreachable, refused, TLS failure, no answer in ``timeout_s``, a plain URL
+    with ``ssl_context``: Endpoint.with_tls), HandshakeRefused (ERROR in answer to CONNECT), ValueError (a
+    malformed URL)."""
+    try:
+        endpoint, ssl_context = Endpoint.with_tls(url, ssl_context)
+    except ValueError as exc:
+        if ssl_context is None:
+            raise
+        raise ConnectionFailed(url, str(exc)) from None
     loop = asyncio.get_running_loop()
 
     def make() -> PulsarConnection:
@@ -367,9 +385,7 @@ async def open_connection(
 
     try:
         async with asyncio.timeout(timeout_s):
-            _, conn = await loop.create_connection(
-                make, endpoint.host, endpoint.port, ssl=ssl_context if endpoint.tls else None
-            )
+            _, conn = await loop.create_connection(make, endpoint.host, endpoint.port, ssl=ssl_context)
     except (OSError, TimeoutError) as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
         raise ConnectionFailed(url, f"cannot connect: {reason}") from None

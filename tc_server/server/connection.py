@@ -181,6 +181,18 @@ class ServerContext:
             self.connections_per_address.pop(address, None)
 
 
+def close_flushing(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``transport`` once what it holds is written, or cut it after CLOSE_FLUSH_S (a peer that
+    stopped reading never takes it). One that is closing already is left as it is: asyncio's SSL
+    transport closed a second time drops its protocol, and asking its write buffer then raised
+    AttributeError (a stop's drain reaching a TLS connection its peer had just closed)."""
+    if transport.is_closing():
+        return
+    transport.close()
+    if transport.get_write_buffer_size():  # else it is closed already
+        loop.call_later(CLOSE_FLUSH_S, transport.abort)
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, context: ServerContext) -> None:
         self._ctx = context
@@ -284,10 +296,7 @@ class ClientConnection(asyncio.Protocol):
         if self._relay is not None and self._relay.transport is not None:
             # Bounded as close() is: a broker that stopped reading never drains what waits for it, and
             # the socket stayed open for good, tracked by nothing.
-            relay = self._relay.transport
-            relay.close()
-            if relay.get_write_buffer_size():
-                self._loop.call_later(CLOSE_FLUSH_S, relay.abort)
+            close_flushing(self._relay.transport, self._loop)
         self._log.info("connection closed", error=repr(exc) if exc else None, in_flight=self._in_flight)
 
     def eof_received(self) -> bool | None:
@@ -648,7 +657,10 @@ class ClientConnection(asyncio.Protocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
         self._log = self._log.bind(proxy_to=target[:256])
-        ssl_context = self._ctx.peer_ssl_context if peer else upstream.ssl_context if upstream else None
+        if peer:  # a plain client goes to the peer's plain URL (_peers), a TLS one to its TLS URL
+            ssl_context = self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://") else None
+        else:
+            ssl_context = upstream.ssl_context if upstream else None
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 
@@ -844,10 +856,7 @@ class ClientConnection(asyncio.Protocol):
         if not self._closing and self._transport is not None:
             self._out.flush()
             self._closing = True
-            transport = self._transport
-            transport.close()
-            if transport.get_write_buffer_size():  # else it is closed already
-                self._loop.call_later(CLOSE_FLUSH_S, transport.abort)
+            close_flushing(self._transport, self._loop)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop reading and wait (bounded) for the requests in flight, then close (graceful stop)."""

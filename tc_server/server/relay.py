@@ -56,13 +56,11 @@ class BrokerSide(asyncio.Protocol):
 
 async def open_relay(url: str, client: RelayClientSide, *, ssl_context: ssl.SSLContext | None,
                      timeout_s: float) -> BrokerSide:
-    """Connect to the broker at ``url``. Raises OSError / TimeoutError / ValueError (bad URL)."""
-    endpoint = Endpoint.parse(url)
-    if endpoint.tls and ssl_context is None:
-        ssl_context = ssl.create_default_context()
+    """Connect to the broker at ``url``. Raises OSError / TimeoutError / ValueError (a bad URL, or a plain one
+    with ``ssl_context``: Endpoint.with_tls)."""
+    endpoint, ssl_context = Endpoint.with_tls(url, ssl_context)
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout_s):
-        _, broker = await loop.create_connection(
-            lambda: BrokerSide(client), endpoint.host, endpoint.port, ssl=ssl_context if endpoint.tls else None
-        )
+        _, broker = await loop.create_connection(lambda: BrokerSide(client), endpoint.host, endpoint.port,
+                                                 ssl=ssl_context)
     return broker

@@ -1,0 +1,60 @@
+"""tc-server's own (superuser) broker credential and a pulsar+ssl:// upstream.
+
+README / docs/security.md: "A `pulsar://` URL in the answer's TLS field counts as none". The participant
+delivery (END_TXN_ON_PARTITION after a commit) took the owner from the LOOKUP's CONNECT answer without
+that check, and carried tc-server's superuser token there in the clear: every connection opened with a
+TLS context now refuses a plain URL (Endpoint.with_tls)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+
+from tc_server.client import connect
+from tc_server.wire import LookupResponse, LookupType
+from tests.participants.test_delivery_gates import OwnerBroker
+from tests.security.pki import TestCa
+from tests.support.stand_in_broker import StandInBroker
+
+BROKER_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0Yy1zZXJ2ZXIifQ.tc-server-superuser-signature"
+
+
+@pytest.fixture
+def ca(tmp_path) -> TestCa:
+    return TestCa(tmp_path)
+
+
+def broker_context(ca: TestCa) -> ssl.SSLContext:
+    cert = ca.issue("localhost", "broker", server=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert.cert_file, cert.key_file)
+    return context
+
+
+async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tls_field(start, ca):
+    plain_owner = OwnerBroker()  # a broker's plain port: whatever reaches it crossed the network in the clear
+    await plain_owner.start()
+    tls = StandInBroker(ssl_context=broker_context(ca))
+    # The owner's LOOKUP answer names a pulsar:// URL in its TLS field (a misconfigured advertised listener).
+    tls.answer = lambda c: LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=plain_owner.url,
+                                          broker_service_url_tls=plain_owner.url)
+    await tls.start()
+    app = await start(upstream_url=tls.url, broker_client_tls_trust_certs=str(ca.cert_file),
+                      broker_client_auth_plugin="org.apache.pulsar.client.impl.auth.AuthenticationToken",
+                      broker_client_auth_params=f"token:{BROKER_TOKEN}", participant_wait_s=2.0)
+    client = await connect("127.0.0.1", app.listener.port)
+    try:
+        txn = await client.new_txn(tc_id=0)
+        assert (await client.add_partition(txn.most, txn.least, "persistent://public/default/orders")).error is None
+        assert (await client.end_txn(txn.most, txn.least, commit=True)).error is None
+        await asyncio.sleep(0.5)
+        assert tls.lookup_frames, "the delivery looked the topic up on the TLS upstream"
+        leaked = [c for c in plain_owner.connects if c.auth_data == BROKER_TOKEN.encode()]
+        assert leaked == [], ("tc-server's superuser broker token was sent over plain TCP to "
+                              f"{plain_owner.url} (named in the lookup answer's TLS field)")
+    finally:
+        client.close()
+        plain_owner.stop()
+        tls.stop()
