@@ -98,6 +98,19 @@ def _token_reader(params: str) -> Callable[[], bytes]:
                 raise ConfigError(f"broker_client_auth_params: environment variable {name} is not set")
             return os.environ[name].strip().encode()
         return from_env
+    if params.lstrip().startswith("{"):
+        # Pulsar's AuthenticationToken takes a JSON object {"token": "<jwt>"} too (a broker.conf's
+        # brokerClientAuthenticationParameters often has this form); sent as is, brokers refused it and no
+        # decision was ever delivered.
+        try:
+            doc = json.loads(params)
+        except ValueError:
+            doc = None
+        if doc is not None:
+            if not isinstance(doc, dict) or not isinstance(doc.get("token"), str):
+                raise ConfigError('broker_client_auth_params: the token plugin\'s JSON form is {"token": "<jwt>"}')
+            token = doc["token"].encode()
+            return lambda: token
     value = params.encode()
     return lambda: value
 

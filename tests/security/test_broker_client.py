@@ -60,6 +60,10 @@ def test_token_plugin_param_forms(monkeypatch):
 
     assert data("token:abc.def.ghi") == b"abc.def.ghi"
     assert data("abc.def.ghi") == b"abc.def.ghi"
+    # The JSON form Pulsar's AuthenticationToken takes (before, it was sent to brokers as the token itself).
+    assert data('{"token":"abc.def.ghi"}') == b"abc.def.ghi"
+    with pytest.raises(ConfigError, match="JSON form is"):
+        data('{"tokn":"abc.def.ghi"}')
     monkeypatch.setenv("TC_TEST_BROKER_TOKEN", "from.the.env\n")
     assert data("env:TC_TEST_BROKER_TOKEN") == b"from.the.env"
     with pytest.raises(ConfigError, match="environment variable TC_TEST_NOT_SET is not set"):
