@@ -88,13 +88,13 @@ def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]
     it is not quoted."""
     scheme, sep, address = canonical_url(url).partition("://")
     forms = " or ".join(f"{name}://HOST:PORT" for name in schemes)
+    if "@" in (address if sep else url):
+        # Nothing reads credentials there (tc-server's own go in broker_client_auth_params), and the URL
+        # is logged as it is. Checked first: the other refusals quote the URL.
+        raise ValueError(f"user:password@ is not supported in a {scheme if sep else 'pulsar'}:// URL: give the "
+                         "credentials in broker_client_auth_params")
     if not sep or scheme not in schemes:
         raise ValueError(f"must be {forms} (got {url!r})")
-    if "@" in address:
-        # Nothing reads credentials there (tc-server's own go in broker_client_auth_params), and the URL
-        # is logged as it is.
-        raise ValueError(f"user:password@ is not supported in a {scheme}:// URL: give the credentials in "
-                         "broker_client_auth_params")
     if any(char in address for char in "/?#"):
         raise ValueError(f"must be {forms}, without a path, query or fragment (got {url!r})")
     try:
@@ -394,6 +394,8 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
+# The settings that hold a secret (kept out of the settings' repr): never quoted in an error either.
+SECRET_SETTINGS = frozenset(f.name for f in fields(Settings) if not f.repr)
 ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}
 # TC_SERVER_* variables that are not settings, yet not typos: the configuration file, and the test
 # suite's knobs (tests/store/oxia_backends.py, tests/v5), which every server a test starts inherits.
@@ -433,23 +435,29 @@ def _unknown_setting(where: str, name: str) -> ConfigError:
 
 def _coerce(name: str, raw: Any, source: str) -> Any:
     kind = type(getattr(Settings(), name))
+    if name in SECRET_SETTINGS:
+        # Named by its type, never quoted: a TOML inline table (Pulsar's JSON parameters' shape) held the
+        # token, and the refusal went to stderr and the container log with it.
+        raw_shown = f"a {type(raw).__name__}"
+    else:
+        raw_shown = repr(raw)
     converters: dict[type, Callable[[Any], Any]] = {int: int, float: float, str: str, bool: _to_bool}
     if kind in (int, float) and isinstance(raw, bool):
-        raise ConfigError(f"{name} (from {source}): expected a number, got the boolean {raw!r}")
+        raise ConfigError(f"{name} (from {source}): expected a number, got the boolean {raw_shown}")
     # TOML has types of its own, which str() and int() would mangle silently: superuser_roles = ["a", "b"]
     # read as the text "['a', 'b']" (no role ever matched), workers = 2.9 as 2.
     if kind is int and isinstance(raw, float) and not raw.is_integer():
-        raise ConfigError(f"{name} (from {source}): expected a whole number, got {raw!r}")
+        raise ConfigError(f"{name} (from {source}): expected a whole number, got {raw_shown}")
     if kind is str and isinstance(raw, list):
         if not all(isinstance(item, str) for item in raw):
-            raise ConfigError(f"{name} (from {source}): a list must hold strings only, got {raw!r}")
+            raise ConfigError(f"{name} (from {source}): a list must hold strings only, got {raw_shown}")
         raw = ",".join(raw)  # the comma-separated settings (superuser_roles, upstream_url, ...)
     elif kind is str and isinstance(raw, dict | bool | float):
-        raise ConfigError(f"{name} (from {source}): expected a string, got {raw!r}")
+        raise ConfigError(f"{name} (from {source}): expected a string, got {raw_shown}")
     try:
         return converters[kind](raw)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{name} (from {source}): cannot read {raw!r} as {kind.__name__}: {exc}") from None
+        raise ConfigError(f"{name} (from {source}): cannot read {raw_shown} as {kind.__name__}: {exc}") from None
 
 
 def _to_bool(raw: Any) -> bool:

@@ -43,9 +43,22 @@ def test_a_bad_address_is_a_configuration_error(name: str, value: str, message: 
 
 
 @pytest.mark.parametrize("name", ["advertised_url", "upstream_url"])
-def test_credentials_in_a_url_are_refused_without_quoting_them(name: str) -> None:
+@pytest.mark.parametrize("url", ["pulsar://tc:s3cr3t@b:6650", "http://tc:s3cr3t@b:6650", "pulsar://tc:s3cr3t@b:6650/x",
+                                 "tc:s3cr3t@b:6650"])
+def test_credentials_in_a_url_are_refused_without_quoting_them(name: str, url: str) -> None:
+    # Before, a URL with another scheme or a path was refused for that, quoting it, password and all.
     with pytest.raises(ConfigError, match=f"^{name}: user:password@ is not supported") as raised:
-        settings_from(**{name: "pulsar://tc:s3cr3t@b:6650"})
+        settings_from(**{name: url})
+    assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize("setting", ["broker_client_auth_params", "token_secret_key"])
+def test_a_secret_setting_of_the_wrong_toml_type_is_refused_without_quoting_it(tmp_path, setting: str) -> None:
+    # A TOML inline table (the shape of Pulsar's JSON parameters) was quoted in full, token and all.
+    config = tmp_path / "tc-server.toml"
+    config.write_text(f'{setting} = {{ token = "s3cr3t" }}\n')
+    with pytest.raises(ConfigError, match=f"^{setting} .*expected a string, got a dict") as raised:
+        load_settings(environ={}, config_file=str(config))
     assert "s3cr3t" not in str(raised.value)
 
 
