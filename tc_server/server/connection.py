@@ -78,6 +78,7 @@ MAX_IN_FLIGHT = 16_384
 # ERROR needs a request id; -1 is what the broker sends when there is none (authentication errors).
 NO_REQUEST_ID = -1
 NOT_SERVED = "not served by a transaction coordinator; set --upstream-url to forward it to a broker"
+STOPPING = "this tc-server instance is stopping: retry at the coordinator's next leader"
 NOT_FORWARDED = ("not served on tc-server's service URL, which forwards lookups only (FORWARDED_COMMANDS); "
                  "producers and consumers connect to the broker a LOOKUP names")
 # Why a connection was closed at once (the label values of tc_server_connections_refused_total).
@@ -859,11 +860,35 @@ class ClientConnection(asyncio.Protocol):
             close_flushing(self._transport, self._loop)
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop reading and wait (bounded) for the requests in flight, then close (graceful stop)."""
+        """Stop reading, answer the requests received but not started, wait (bounded) for those in flight,
+        then close (graceful stop)."""
         self._pause_reading("shutdown")
+        self._refuse_unstarted()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
         self.close()
+
+    def _refuse_unstarted(self) -> None:
+        """Transaction requests already received but not started (they wait in the decoder while the
+        connection is at its bound of requests in flight, or came in the read the stop cut short) are
+        answered TransactionCoordinatorNotFound, which clients retry at the coordinator's next leader.
+        Before, the connection closed without a word for them, and the Java client waited out its
+        operation timeout (30 s) before giving up on each."""
+        if self._closing or self._relay is not None or not self._connected:
+            return
+        try:
+            while (frame := self._decoder.next_frame()) is not None:
+                try:
+                    cmd = decode_command(frame)
+                except MalformedCommand:
+                    continue
+                if isinstance(cmd, NewTxn | EndTxn | AddPartitionToTxn | AddSubscriptionToTxn):
+                    self.send(Dispatcher.error_response(cmd, ServerError.TransactionCoordinatorNotFound,
+                                                        STOPPING))
+        except FrameError:
+            pass  # the rest cannot be read: nothing of it is answerable
+        finally:
+            self._count_input()
 
     def _pause_reading(self, reason: str) -> None:
         self._flow.pause(reason)

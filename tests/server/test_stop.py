@@ -104,6 +104,34 @@ async def test_a_request_the_store_holds_is_answered_before_the_stop_closes_it(
         client.close()
 
 
+async def test_requests_received_but_not_started_are_answered_by_the_stop(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server is at its bound of requests in flight (4): four more wait unread in the decoder. Before,
+    # the stop closed the connection without a word for them (the Java client then waits out its 30 s
+    # operation timeout for each); now they are answered at once, retryably.
+    monkeypatch.setattr(app_module, "DRAIN_MAX_S", 1.0)
+    store = GatedStore()
+    app = await start_app(replace(settings, max_requests_in_flight=4), store=store)
+    client = await connect("127.0.0.1", app.listeners[0].port)
+    try:
+        store.gate.clear()
+        requests = [asyncio.ensure_future(client.new_txn(tc_id=i % 4, ttl_ms=60_000)) for i in range(8)]
+        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds its four
+            if app.context.in_flight == 4:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # and the other four have arrived
+        assert app.context.in_flight == 4
+        await asyncio.wait_for(app.stop(), STOP_BOUND_S)
+        answers = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), STOP_BOUND_S)
+        assert all(not isinstance(a, BaseException) and a.error is ServerError.TransactionCoordinatorNotFound
+                   for a in answers), answers
+        assert sum("stopping" in (a.message or "") for a in answers if not isinstance(a, BaseException)) == 4
+    finally:
+        store.gate.set()
+        client.close()
+
+
 async def test_the_admin_port_answers_through_the_drain_with_readyz_saying_stopping(settings: Settings) -> None:
     # Before, the admin port closed as the stop began: a liveness probe during a drain (up to DRAIN_MAX_S,
     # then the step-down) found nothing listening, and the drain's metrics were never scraped.
