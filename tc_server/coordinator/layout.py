@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_FLOOR, Decimal
+from decimal import ROUND_FLOOR, Decimal, DecimalException
 from enum import Enum
 from typing import Any
 from urllib.parse import quote_plus
@@ -306,6 +306,8 @@ def load_json_object(raw: bytes) -> dict[str, Any]:
     ``1795447209.230663502`` must not become a binary float). ValueError naming the problem."""
     try:
         doc = json.loads(raw, parse_float=Decimal, parse_constant=_no_constants)
+    except DecimalException as exc:  # an ArithmeticError: every reader's `except ValueError` missed it
+        raise MalformedRecord("a number is out of range") from exc
     except RecursionError as exc:
         raise MalformedRecord("value is nested too deeply") from exc
     except UnicodeDecodeError as exc:

@@ -118,6 +118,10 @@ def test_header_earlier_tc_server_form_is_read() -> None:
     (b'{"state":"OPEN","timeout":-1.0,"createdAt":1.0}', "'timeout' is negative"),
     (b'{"state":"OPEN","timeout":"-PT1M","createdAt":1.0}', "'timeout' is negative"),
     (b'{"state":"OPEN","timeout":1.0,"createdAt":-5.0}', "'createdAt' is negative"),
+    # Decimal refuses such an exponent with InvalidOperation, an ArithmeticError that every reader's
+    # `except ValueError` missed (it ended the audit's export, and would have reached the coordinator's).
+    (b'{"state":"OPEN","timeout":1.0,"createdAt":1e999999999999999999999}', "out of range"),
+    (b'{"state":"OPEN","timeout":1.0,"createdAt":1.0,"x":1e999999999999999999999}', "out of range"),
 ])
 def test_header_malformed_is_named(raw: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
