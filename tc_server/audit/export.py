@@ -134,7 +134,7 @@ def parse_header(record: Record) -> dict[str, Any]:
         "txn_most": most,
         "txn_least": least,
         "coordinator_id": most,
-        "state": state,
+        "state": _text(state),  # a lone surrogate here failed the whole export's batch write
         "created_ms": created,
         "timeout_ms": timeout,
         "deadline_ms": deadline,
@@ -192,6 +192,10 @@ def parse_tc_seq(record: Record) -> dict[str, Any]:
     text = record.key[len(layout.TC_SEQ_PREFIX) :]
     if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _INT32_MAX:
         raise RejectedRecord(f"bad coordinator id {text!r}")
+    if text != str(int(text)):
+        # The coordinator reads /txn/tc-seq/3 only: /txn/tc-seq/03 taken for it hid a coordinator without
+        # its sequence record (whose ids start again at 0) from id_reuse_risk.
+        raise RejectedRecord(f"non-canonical coordinator id {text!r}")
     doc = _json_object(record.value)
     next_id = _int64(doc, "next")
     return {"coordinator_id": int(text), "next": next_id}

@@ -226,3 +226,26 @@ async def test_records_that_crashed_the_export_are_exported_or_rejected(tmp_path
     assert "out of range (0 to year 9999)" in reasons["/txn/id/0_2"]
     assert "RecursionError" in reasons["/txn/tc-seq/1"]
     await store.close()
+
+
+async def test_records_a_review_found_stopping_or_fooling_the_export(tmp_path: Path) -> None:
+    # A lone surrogate in the state (only the other text fields went through _text: the batch write
+    # failed), a number whose exponent Decimal refuses (an ArithmeticError past `except ValueError`), in
+    # a header and in an op record: each stopped the whole export. /txn/tc-seq/03 was exported as
+    # coordinator 3's sequence, which the coordinator never reads: a coordinator without its record (its
+    # ids start again at 0) looked safe to id_reuse_risk.
+    store = MemoryStore()
+    await store.put("/txn/id/0_2", b'{"state":"OPEN\\ud800","timeout":60.0,"createdAt":1.0}', partition_key="0_2")
+    await store.put("/txn/id/0_3", b'{"state":"OPEN","timeout":60.0,"createdAt":1e999999999999999999999}',
+                    partition_key="0_3")
+    await store.put("/txn/op/0_2-00000000000000000001",
+                    b'{"kind":"WRITE","segment":"s","ledgerId":1,"entryId":2,"x":1e999999999999999999999}',
+                    partition_key="0_2")
+    await store.put("/txn/tc-seq/03", layout.tc_seq_json(100))
+    counts = await export_snapshot(store, tmp_path / "snap", source="memory", show_progress=False)
+    await store.close()
+    assert counts == {"headers": 1, "ops": 0, "tc_seq": 0, "rejects": 3}
+    assert pq.read_table(tmp_path / "snap" / "headers").to_pylist()[0]["state"] == "OPEN\ufffd"
+    reasons = [json.loads(line)["reason"] for line in (tmp_path / "snap" / "rejects.jsonl").read_text().splitlines()]
+    assert sum("out of range" in reason for reason in reasons) == 2
+    assert any("non-canonical coordinator id '03'" in reason for reason in reasons)
