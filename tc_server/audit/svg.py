@@ -1,19 +1,30 @@
 """Small inline-SVG charts for the audit report: no JavaScript, no network, no plotting library.
 
-Each function returns one ``<svg>`` element as a string; every label goes through ``html.escape``.
+Each function returns one ``<svg>`` element as a string; every label goes through :func:`escape`.
 """
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Mapping, Sequence
-from html import escape
 
 # Colour-blind-safe (Okabe–Ito) series colours.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 STATE_COLOURS = {"OPEN": "#E69F00", "COMMITTED": "#009E73", "ABORTED": "#D55E00"}
 
+# What XML 1.0 cannot hold in text at all, escaped or not: C0 controls but tab, LF and CR, lone
+# surrogates, U+FFFE and U+FFFF.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
 _W, _H = 720, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 16, 56
+
+
+def escape(text: str) -> str:
+    """``text`` for a chart's text and attributes. Labels come from the store (a state or a segment name is
+    any JSON string): html.escape left control characters in place, and the chart was no longer XML."""
+    return html.escape(_NOT_XML.sub("\ufffd", text))
 
 
 def colour(name: str, index: int) -> str:
