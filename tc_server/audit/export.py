@@ -34,6 +34,7 @@ import pyarrow as pa
 from tc_server.audit.schema import (
     HEADERS,
     HEADERS_SCHEMA,
+    MAX_TIME_MS,
     OPS,
     OPS_SCHEMA,
     PARTICIPANTS,
@@ -51,10 +52,6 @@ from tc_server.store.api import SEQUENCE_DIGITS, MetadataStore, Record
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
-# The times a header may hold, in epoch ms: 0 up to the end of year 9999 (what an ISO instant can say).
-# Bounded well inside int64 so that the job's arithmetic (deadline + grace, now - finalized) cannot
-# overflow: Spark runs with ANSI mode on, where an overflow fails the whole job.
-_MAX_TIME_MS = 253_402_300_799_999
 # Redraw the progress line at most this often; a terminal does not need more.
 _PROGRESS_INTERVAL_S = 0.2
 # How much of a rejected value goes into rejects.jsonl: enough to recognise it, bounded.
@@ -124,7 +121,7 @@ def parse_header(record: Record) -> dict[str, Any]:
     if not isinstance(state, str):
         raise RejectedRecord(f"field 'state' is not a string: {state!r}")
     for name, value in (("created", created), ("timeout", timeout), ("finalized", finalized)):
-        if value is not None and not 0 <= value <= _MAX_TIME_MS:
+        if value is not None and not 0 <= value <= MAX_TIME_MS:
             raise RejectedRecord(f"{name} time out of range (0 to year 9999): {value} ms")
     deadline = created + timeout
     owner = doc.get("owner")

@@ -33,11 +33,13 @@ from tc_server.audit.schema import (  # noqa: E402
     FORMAT_NAME,
     FORMAT_VERSION,
     KNOWN_STATES,
+    MAX_TIME_MS,
     OPTIONAL_TABLES,
     PARTICIPANTS,
     REJECTS_JSONL,
     SNAPSHOT_JSON,
     TABLES,
+    TIME_COLUMNS,
     VIOLATIONS,
     spark_schema,
 )
@@ -98,6 +100,8 @@ def check_snapshot_doc(doc: Any, where: str) -> dict[str, Any]:
     taken = doc.get("taken_at_ms")
     if isinstance(taken, bool) or not isinstance(taken, int):
         raise BadInputError(f"{where}: taken_at_ms is not an integer: {taken!r}")
+    if not 0 <= taken <= MAX_TIME_MS:  # found only by the report, after the whole job, as exit 3
+        raise BadInputError(f"{where}: taken_at_ms {taken} is out of range (0 to year 9999)")
     return doc
 
 
@@ -151,6 +155,31 @@ def validate_local_snapshot(root: Path) -> dict[str, Any]:
                 raise BadInputError(f"{file}: not a readable Parquet file: {exc}") from exc
             _check_arrow_schema(table, file, schema)
     return checked
+
+
+def check_values(table: str, df: Any, location: str) -> None:
+    """Nulls where the contract has none, and times outside [0, MAX_TIME_MS], in one aggregation over the
+    table. Before, a header with a null state passed every finding's predicate unseen (the audit said "no
+    violations"), and one time near int64's end overflowed the job's arithmetic under ANSI mode (exit 3,
+    over one row). The ops' text columns are left out: reading every segment name again would cost more
+    than any finding a null there could hide (the pinning chart shows it as a segment of its own)."""
+    from pyspark.sql import functions as F
+
+    fields = ARROW_SCHEMAS[table]
+    required = [f.name for f in fields if not f.nullable and (table != "ops" or str(f.type) != "string")]
+    checks = [F.sum(F.col(name).isNull().cast("long")).alias(f"null__{name}") for name in required]
+    checks += [F.sum((~F.col(name).between(0, MAX_TIME_MS)).cast("long")).alias(f"range__{name}")
+               for name in TIME_COLUMNS.get(table, ())]
+    if not checks:
+        return
+    counts = df.agg(*checks).first().asDict()
+    problems = [f"{count} null in column {key[len('null__'):]!r}" for key, count in counts.items()
+                if key.startswith("null__") and count]
+    problems += [f"{count} outside 0 to year 9999 in column {key[len('range__'):]!r}" for key, count in counts.items()
+                 if key.startswith("range__") and count]
+    if problems:
+        raise BadInputError(f"{location}: table {table!r} has values the snapshot format does not allow: "
+                            f"{'; '.join(problems)}")
 
 
 def _read_remote_snapshot_doc(spark: Any, root: str) -> dict[str, Any]:
@@ -309,9 +338,13 @@ def run_audit(
     # whole GC interval (and the grace) has passed too, or every store with traffic shows a backlog.
     gc_due_ms = (params.retention_s + params.gc_interval_s + params.grace_s) * 1000
 
+    if not 0 <= now_ms <= MAX_TIME_MS:
+        raise BadInputError(f"now_ms {now_ms} is out of range (0 to year 9999)")
     validated = local_in is not None
     headers, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
     participants = _read_optional_table(spark, input_dir, PARTICIPANTS, validated=validated)
+    for table, df in zip(TABLES, (headers, ops, tc_seq), strict=True):
+        check_values(table, df, f"{input_dir.rstrip('/')}/{table}")
     out = output_dir.rstrip("/")
     # Seconds per step, in the summary: where the time goes is the first question about a slow audit.
     timings: dict[str, float] = {}

@@ -40,6 +40,14 @@ TABLES = (HEADERS, OPS, TC_SEQ)
 PARTICIPANTS = "participants"
 OPTIONAL_TABLES = (PARTICIPANTS,)
 
+# The times a snapshot may hold, in epoch ms: 0 up to the end of year 9999 (what an ISO instant can say).
+# Bounded well inside int64 so that the job's arithmetic (deadline + grace, now - finalized) cannot
+# overflow: Spark runs with ANSI mode on, where an overflow fails the whole job. The exporter rejects
+# records outside it; the job refuses a snapshot that holds one (made by other means).
+MAX_TIME_MS = 253_402_300_799_999
+# The time columns of each table, each within [0, MAX_TIME_MS].
+TIME_COLUMNS = {"headers": ("created_ms", "timeout_ms", "deadline_ms", "finalized_ms"), "ops": ("created_ms",)}
+
 # The states PIP-473 defines; anything else in a header is reported by ``illegal_headers``.
 KNOWN_STATES = ("OPEN", "COMMITTED", "ABORTED")
 TERMINAL_STATES = ("COMMITTED", "ABORTED")
