@@ -317,6 +317,9 @@ def _export(args: argparse.Namespace) -> int:
                 "beside the servers)" if isinstance(exc, StoreInUseError) else "")
         print(f"tc-server: cannot export: {exc}{hint}", file=sys.stderr)
         return 2
+    except OSError as exc:  # --out not an empty directory (a re-run from cron), or a file: one line, as above
+        print(f"tc-server: cannot export: {exc}", file=sys.stderr)
+        return 2
     print(", ".join(f"{name}: {count}" for name, count in counts.items()))
     return 0
 

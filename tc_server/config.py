@@ -482,9 +482,11 @@ def load_settings(
     path = config_file or environ.get(CONFIG_ENV)
     if path:
         try:
-            doc = tomllib.loads(Path(path).read_text())
+            doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
         except OSError as exc:
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path}: not UTF-8 (byte {exc.start}), as TOML must be") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
         for key, raw in doc.items():

@@ -52,6 +52,15 @@ def test_credentials_in_a_url_are_refused_without_quoting_them(name: str, url: s
     assert "s3cr3t" not in str(raised.value)
 
 
+def test_a_config_file_not_in_utf8_is_a_configuration_error(tmp_path) -> None:
+    # A Latin-1 comment (an editor's default on some desktops): before, UnicodeDecodeError escaped as a
+    # traceback from `run` and from the image's HEALTHCHECK.
+    config = tmp_path / "tc-server.toml"
+    config.write_bytes(b'# r\xe9glages du coordinateur\ncluster = "prod"\n')
+    with pytest.raises(ConfigError, match="tc-server.toml: not UTF-8"):
+        load_settings(environ={}, config_file=str(config))
+
+
 @pytest.mark.parametrize("setting", ["broker_client_auth_params", "token_secret_key"])
 def test_a_secret_setting_of_the_wrong_toml_type_is_refused_without_quoting_it(tmp_path, setting: str) -> None:
     # A TOML inline table (the shape of Pulsar's JSON parameters) was quoted in full, token and all.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import sys
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tc_server.app import open_configured_store
 from tc_server.cli import main
+from tc_server.config import Settings
 from tc_server.store.embedded import DB_FILENAME
 
 
@@ -59,3 +62,28 @@ def test_export_of_a_directory_without_a_store_says_so_and_creates_none(tmp_path
     assert err.count("\n") == 1 and "holds no embedded store" in err and str(typo) in err, err
     assert not (typo / DB_FILENAME).exists()
     assert not (tmp_path / "snap" / "snapshot.json").exists()
+
+
+def make_embedded_store(data: Path) -> None:
+    async def go() -> None:
+        store = await open_configured_store(Settings(store="embedded", data_dir=str(data)))
+        await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("out_is", ["a non-empty directory", "a file"])
+def test_an_out_that_cannot_take_the_snapshot_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          out_is: str) -> None:
+    # Before, a traceback and exit code 1 (FileExistsError, NotADirectoryError): a re-run of the same export
+    # from cron is the ordinary way to meet the first.
+    data, out = tmp_path / "data", tmp_path / "snap"
+    make_embedded_store(data)
+    if out_is == "a file":
+        out.write_text("")
+    else:
+        out.mkdir()
+        (out / "snapshot.json").write_text("{}")
+    assert export(data, out) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tc-server: cannot export: "), err
