@@ -182,6 +182,11 @@ def test_dockerignore_matches_image_check_context() -> None:
     assert match
     assert set(match.group(1).split()) == allowed
     assert "deploy/install.sh" in allowed and "tc_server" in allowed and "pyproject.toml" in allowed
+    # Every path it admits exists: LICENSE did not, and the image, labelled Apache-2.0, shipped without the
+    # license text (a review).
+    assert all((ROOT / path).exists() for path in allowed), [path for path in allowed if not (ROOT / path).exists()]
+    assert 'licenses="Apache-2.0"' in (ROOT / "Dockerfile").read_text()
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
 
 
 # --- compose -------------------------------------------------------------------------------------
