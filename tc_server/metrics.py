@@ -1,8 +1,9 @@
 """Prometheus metrics (README, *Operations*): PIP-473's store series and Pulsar's coordinator series.
 
-Names follow Prometheus conventions (base units, ``_total`` on counters). Labels are bounded:
-``cluster``, ``coordinator_id``, ``command``, ``result``; never a txn id. Each server owns its own
-registry so that several servers can run in one test process.
+Names follow Prometheus conventions (base units, ``_total`` on counters). Labels are bounded sets
+(``cluster``, ``coordinator_id``, ``command``, ``result``, ``outcome``, ``kind``, ``index``, ``error``,
+``reason``, and ``url``, the configured upstream URLs only); never a txn id, nothing a client names.
+Each server owns its own registry so that several servers can run in one test process.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ class Metrics:
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "
             "(max_connections, max_connections_per_address, max_buffered_input)", ["reason"], registry=r)
-        self.in_flight = Gauge("tc_server_requests_in_flight", "Transaction requests being served", registry=r)
+        self.in_flight = Gauge("tc_server_requests_in_flight",
+                              "Requests being served: transaction requests and forwarded ones", registry=r)
         self.store_batch_size = Histogram(
             "tc_server_store_batch_size", "Operations per store commit/batch",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
