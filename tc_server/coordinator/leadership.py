@@ -56,23 +56,14 @@ def leader_value(url: str, instance_id: str, url_tls: str | None = None) -> byte
     return layout.TcLeader(broker_id=instance_id, broker_service_url=url, broker_service_url_tls=url_tls).to_json()
 
 
-def parse_leader_tls(raw: bytes) -> str | None:
-    """The leader's ``pulsar+ssl://`` URL, if it has one (an unreadable record is logged by parse_leader)."""
+def parse_leader(raw: bytes) -> layout.TcLeader | None:
+    """A leader record, ours or a Pulsar broker's; None for one that does not parse (logged: the partition
+    then looks leaderless until it is replaced)."""
     try:
-        return layout.TcLeader.from_json(raw).broker_service_url_tls
-    except ValueError:
-        return None
-
-
-def parse_leader(raw: bytes) -> tuple[str | None, str | None]:
-    """(brokerServiceUrl, brokerId) of a leader record, ours or a Pulsar broker's; (None, None) for
-    one that does not parse (logged: the partition then looks leaderless until it is replaced)."""
-    try:
-        leader = layout.TcLeader.from_json(raw)
+        return layout.TcLeader.from_json(raw)
     except ValueError as exc:
         log.warning("unreadable leader record", error=str(exc))
-        return None, None
-    return leader.broker_service_url, leader.broker_id
+        return None
 
 
 class LeaderElection:
@@ -201,10 +192,7 @@ class LeaderElection:
             if len(self.led) < self.share and self.may_lead(tc_id):
                 await self._try_take(tc_id)
             return
-        url, owner = parse_leader(current.value)
-        self._learn_tls_url(url, current.value)
-        if url:
-            self.leaders[tc_id] = url
+        owner = self._note_leader(tc_id, current.value)
         if owner == self.instance_id:
             if tc_id in self.led:
                 self._versions[tc_id] = current.version
@@ -220,10 +208,21 @@ class LeaderElection:
     def may_lead(self, tc_id: int) -> bool:
         return self._campaign is None or tc_id in self._campaign
 
-    def _learn_tls_url(self, url: str | None, raw: bytes) -> None:
-        url_tls = parse_leader_tls(raw)
-        if url and url_tls:
-            self.tls_urls[url] = url_tls
+    def _note_leader(self, tc_id: int, raw: bytes) -> str | None:
+        """Record who leads ``tc_id`` from its leader record, and that leader's TLS URL; returns the
+        record's brokerId. A Pulsar 5 broker with a TLS listener only writes no brokerServiceUrl (Pulsar's
+        TcLeader: "may be null"): it is known by its TLS URL, which then stands for both. Before, such a
+        coordinator looked leaderless: missing from LOOKUP and WATCH_TC_ASSIGNMENTS answers, and this
+        instance never ready."""
+        leader = parse_leader(raw)
+        if leader is None:
+            return None
+        known = leader.broker_service_url or leader.broker_service_url_tls
+        if known:
+            self.leaders[tc_id] = known
+            if leader.broker_service_url_tls:
+                self.tls_urls[known] = leader.broker_service_url_tls
+        return leader.broker_id
 
     async def _try_take(self, tc_id: int) -> None:
         path = layout.leader_path(tc_id)
@@ -235,10 +234,7 @@ class LeaderElection:
         except BadVersionError:
             current = await self._store.get(path)
             if current is not None:
-                url, _ = parse_leader(current.value)
-                self._learn_tls_url(url, current.value)
-                if url:
-                    self.leaders[tc_id] = url
+                self._note_leader(tc_id, current.value)
             return
         await self._serve(tc_id, record.version)
 
