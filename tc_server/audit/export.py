@@ -1,6 +1,6 @@
 """Stream a metadata store's transaction records into an audit snapshot (docs/audit.md).
 
-The three record families are scanned one after the other, each streamed into Parquet in batches of
+The record families are scanned one after the other, each streamed into Parquet in batches of
 ``batch_rows``, so memory stays bounded however large the store is. A record that cannot be parsed is
 written to ``rejects.jsonl`` with its key and the reason and counted; it never stops the export.
 
@@ -11,7 +11,9 @@ chosen to keep concurrent activity from looking like a violation:
   header only after its ops are gone, so an op seen first finds its header in the later scan (no
   false ``orphan_ops``, but for one race: the op deleted right after it was read and its header then
   collected by GC before the headers scan, docs/audit.md); participant records before headers for the
-  same reason (GC keeps a header while they remain, docs/participants.md);
+  same reason (GC keeps a header while they remain, docs/participants.md); decision events before
+  headers, as a decision is published only after its header holds it (no false ``decision_mismatch``
+  with a header read as OPEN);
 * tc-seq last: ``next`` only grows and an id is handed out only after its block was reserved, so every
   header seen earlier is below the ``next`` read later (no false ``id_reuse_risk``);
 * ``taken_at_ms`` is the time the export *started*: a txn found overdue or past retention against
@@ -32,6 +34,8 @@ from typing import IO, Any
 import pyarrow as pa
 
 from tc_server.audit.schema import (
+    EVENTS,
+    EVENTS_SCHEMA,
     HEADERS,
     HEADERS_SCHEMA,
     MAX_TIME_MS,
@@ -185,6 +189,23 @@ def parse_op(record: Record) -> dict[str, Any]:
     }
 
 
+def parse_event(record: Record) -> dict[str, Any]:
+    """One events row from ``/txn/segment-events/<enc(segment)>-<seq20>`` or
+    ``/txn/subscription-events/<enc(segment)>:<enc(subscription)>-<seq20>`` (``TxnEvent``:
+    ``{"txnId":"<most>_<least>","decision":…}``); the stream is the key without its sequence."""
+    stream, sep, seq_text = record.key.rpartition("-")
+    if not sep or len(seq_text) != SEQUENCE_DIGITS or not (seq_text.isascii() and seq_text.isdigit()):
+        raise RejectedRecord(f"event key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
+    doc = _json_object(record.value)
+    txn, decision = doc.get("txnId"), doc.get("decision")
+    if not isinstance(txn, str):
+        raise RejectedRecord(f"field 'txnId' is not a string: {txn!r}")
+    if not isinstance(decision, str):
+        raise RejectedRecord(f"field 'decision' is not a string: {decision!r}")
+    most, least = _txn_id(txn)
+    return {"txn_most": most, "txn_least": least, "decision": _text(decision), "stream": _text(stream)}
+
+
 def parse_tc_seq(record: Record) -> dict[str, Any]:
     text = record.key[len(layout.TC_SEQ_PREFIX) :]
     if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _INT32_MAX:
@@ -205,7 +226,7 @@ class _Progress:
         self._stream = stream
         self._start = time.monotonic()
         self._last = 0.0
-        self.counts: dict[str, int] = {OPS: 0, PARTICIPANTS: 0, HEADERS: 0, TC_SEQ: 0, "rejects": 0}
+        self.counts: dict[str, int] = {OPS: 0, PARTICIPANTS: 0, EVENTS: 0, HEADERS: 0, TC_SEQ: 0, "rejects": 0}
 
     def tick(self, *, force: bool = False) -> None:
         if self._stream is None:
@@ -215,11 +236,12 @@ class _Progress:
             return
         self._last = now
         c = self.counts
-        rows = c[OPS] + c[PARTICIPANTS] + c[HEADERS] + c[TC_SEQ] + c["rejects"]
+        rows = sum(c.values())
         rate = rows / max(now - self._start, 1e-9)
         self._stream.write(
             f"\rexport: ops {c[OPS]:,}  headers {c[HEADERS]:,}  tc-seq {c[TC_SEQ]:,}  "
-            f"rejects {c['rejects']:,}  participants {c[PARTICIPANTS]:,}  ({rate:,.0f} rows/s)"
+            f"rejects {c['rejects']:,}  participants {c[PARTICIPANTS]:,}  events {c[EVENTS]:,}  "
+            f"({rate:,.0f} rows/s)"
         )
         self._stream.flush()
 
@@ -299,6 +321,9 @@ async def export_snapshot(
         # Under /txn/participant/<txn>/, a level deeper than a prefix scan lists: found through its index.
         (lambda: store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, *participants), PARTICIPANTS,
          parse_participant, PARTICIPANTS_SCHEMA),
+        # Events before headers too: a decision is published only once its header holds it.
+        (lambda: _chained(store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX),
+                          store.scan_prefix(layout.SUBSCRIPTION_EVENTS_PREFIX)), EVENTS, parse_event, EVENTS_SCHEMA),
         (lambda: store.scan_prefix(layout.HEADER_PREFIX), HEADERS, parse_header, HEADERS_SCHEMA),
         (lambda: store.scan_prefix(layout.TC_SEQ_PREFIX), TC_SEQ, parse_tc_seq, TC_SEQ_SCHEMA),
     ]
@@ -316,12 +341,18 @@ async def export_snapshot(
     total_rejects = sum(rejects.values())
     if total_rejects == 0:
         rejects_path.unlink()
-    optional = {PARTICIPANTS: {"rows": rows[PARTICIPANTS], "rejects": rejects[PARTICIPANTS]}}
+    optional = {table: {"rows": rows[table], "rejects": rejects[table]} for table in (PARTICIPANTS, EVENTS)}
     write_snapshot_json(
         out_dir, snapshot_document(taken_at_ms=taken_at_ms, source=source, row_counts=rows, rejects=rejects,
                                    extra={"optional_tables": optional})
     )
     return {HEADERS: rows[HEADERS], OPS: rows[OPS], TC_SEQ: rows[TC_SEQ], "rejects": total_rejects}
+
+
+async def _chained(*scans: AsyncIterator[Record]) -> AsyncIterator[Record]:
+    for scan in scans:
+        async for record in scan:
+            yield record
 
 
 async def _export_from(kind: str, data_dir: str, out: Path, show_progress: bool | None) -> dict[str, int]:

@@ -195,6 +195,27 @@ def undelivered_decisions(headers: DataFrame, participants: DataFrame, *, now_ms
     )
 
 
+def decision_mismatch(headers: DataFrame, events: DataFrame) -> DataFrame:
+    """Txns whose published decisions disagree: with each other (two events of one txn with different
+    decisions), or with their header (an event that says COMMITTED for a header that says ABORTED, or
+    any decision for a header still OPEN). A Pulsar 5 participant applies the event it reads: a
+    participant committed what the header calls aborted, or the other way round. One row per txn: the
+    header's state (null without a header: GC may have collected it, which alone is no mismatch), the
+    distinct decisions published, the events and one of their streams."""
+    published = events.groupBy(*TXN_ID).agg(
+        F.array_sort(F.collect_set("decision")).alias("decisions"),
+        F.count(F.lit(1)).alias("events"),
+        F.min("stream").alias("example_stream"),
+    )
+    h = headers.select(*TXN_ID, F.col("state").alias("header_state"))
+    return (
+        published.join(h, on=TXN_ID, how="left")
+        .where((F.size("decisions") > 1)
+               | (F.col("header_state").isNotNull() & (F.col("decisions")[0] != F.col("header_state"))))
+        .select(*TXN_ID, "header_state", "decisions", "events", "example_stream")
+    )
+
+
 def pinning(annotated_ops: DataFrame, *, now_ms: int) -> DataFrame:
     """Per segment with ops of OPEN txns: the lowest (ledger_id, entry_id) they hold, which pins the
     segment's read horizon (readers cannot pass an undecided write), the txn holding it, and the

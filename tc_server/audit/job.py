@@ -30,6 +30,7 @@ from tc_server.audit import findings as fx  # noqa: E402
 from tc_server.audit import report  # noqa: E402
 from tc_server.audit.schema import (  # noqa: E402
     ARROW_SCHEMAS,
+    EVENTS,
     FORMAT_NAME,
     FORMAT_VERSION,
     KNOWN_STATES,
@@ -343,6 +344,7 @@ def run_audit(
     validated = local_in is not None
     headers, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
     participants = _read_optional_table(spark, input_dir, PARTICIPANTS, validated=validated)
+    events = _read_optional_table(spark, input_dir, EVENTS, validated=validated)
     for table, df in zip(TABLES, (headers, ops, tc_seq), strict=True):
         check_values(table, df, f"{input_dir.rstrip('/')}/{table}")
     out = output_dir.rstrip("/")
@@ -367,6 +369,7 @@ def run_audit(
         "id_reuse_risk": fx.id_reuse_risk(headers, tc_seq),
         "illegal_headers": fx.illegal_headers(headers),
         "undelivered_decisions": fx.undelivered_decisions(headers, participants, now_ms=now_ms, grace_ms=grace_ms),
+        "decision_mismatch": fx.decision_mismatch(headers, events),
     }
     violations: dict[str, int] = {}
     samples: dict[str, list[dict[str, Any]]] = {}

@@ -38,7 +38,10 @@ TABLES = (HEADERS, OPS, TC_SEQ)
 # tc-server's participant records of today's brokers (docs/participants.md). Optional: snapshots taken
 # before tc-server recorded participants, and generated ones, have none; then the table is empty.
 PARTICIPANTS = "participants"
-OPTIONAL_TABLES = (PARTICIPANTS,)
+# The decisions published to Pulsar 5's participants (``/txn/segment-events/…``, ``/txn/subscription-events/…``).
+# Optional: snapshots taken before the audit read them, and generated ones, have none.
+EVENTS = "events"
+OPTIONAL_TABLES = (PARTICIPANTS, EVENTS)
 
 # The times a snapshot may hold, in epoch ms: 0 up to the end of year 9999 (what an ISO instant can say).
 # Bounded well inside int64 so that the job's arithmetic (deadline + grace, now - finalized) cannot
@@ -107,8 +110,19 @@ PARTICIPANTS_SCHEMA = pa.schema(
     ]
 )
 
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("txn_most", pa.int64(), nullable=False),
+        pa.field("txn_least", pa.int64(), nullable=False),
+        # The event's decision, verbatim (COMMITTED or ABORTED when well-formed).
+        pa.field("decision", pa.string(), nullable=False),
+        # The event's key without its sequence: which segment's (or segment:subscription's) stream it is in.
+        pa.field("stream", pa.string(), nullable=False),
+    ]
+)
+
 ARROW_SCHEMAS: dict[str, pa.Schema] = {HEADERS: HEADERS_SCHEMA, OPS: OPS_SCHEMA, TC_SEQ: TC_SEQ_SCHEMA,
-                                       PARTICIPANTS: PARTICIPANTS_SCHEMA}
+                                       PARTICIPANTS: PARTICIPANTS_SCHEMA, EVENTS: EVENTS_SCHEMA}
 
 
 def spark_schema(table: str) -> Any:
@@ -161,6 +175,14 @@ def spark_schema(table: str) -> Any:
                 StructField("subscription", StringType(), True),
             ]
         ),
+        EVENTS: StructType(
+            [
+                StructField("txn_most", LongType(), False),
+                StructField("txn_least", LongType(), False),
+                StructField("decision", StringType(), False),
+                StructField("stream", StringType(), False),
+            ]
+        ),
     }
     return schemas[table]
 
@@ -210,4 +232,5 @@ VIOLATIONS = (
     "id_reuse_risk",
     "illegal_headers",
     "undelivered_decisions",
+    "decision_mismatch",
 )

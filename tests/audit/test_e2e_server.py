@@ -87,6 +87,7 @@ def test_server_export_audit(tmp_path: Path, spark: Any) -> None:
         "id_reuse_risk": 0,
         "illegal_headers": 0,
         "undelivered_decisions": 0,
+        "decision_mismatch": 0,
     }
     import pyarrow.parquet as pq
 

@@ -162,6 +162,37 @@ async def test_audit_of_export(spark: Any, tmp_path: Path) -> None:
     assert sum(summary["violations"].values()) == 3
 
 
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+async def test_a_published_decision_its_header_contradicts_is_exported_and_reported(spark: Any, tmp_path: Path) -> None:
+    # The header says ABORTED, the event a Pulsar 5 participant read says COMMITTED. Before, the export read
+    # no event stream and the audit passed it. Events in both streams' key forms are exported; a malformed
+    # one is a reject.
+    from tc_server.audit import cli
+
+    store = MemoryStore()
+    header = TxnHeader(TxnState.ABORTED, created_ms=5_000, timeout_ms=60_000, finalized_ms=6_000).to_json()
+    await store.put(layout.header_path(0, 1), header, partition_key="0_1")
+    await store.put(layout.tc_seq_path(0), layout.tc_seq_json(100))
+    segment = "segment://public/default/orders/0"
+    await store.put_sequential(layout.segment_events_prefix(segment), layout.event_json(0, 1, TxnState.COMMITTED),
+                               partition_key=layout.enc(segment))
+    await store.put_sequential(layout.subscription_events_prefix(segment, "sub"),
+                               layout.event_json(0, 1, TxnState.ABORTED),
+                               partition_key=layout.subscription_partition_key(segment, "sub"))
+    await store.put_sequential(layout.segment_events_prefix(segment), b'{"txnId":7}', partition_key=layout.enc(segment))
+    await export_snapshot(store, tmp_path / "snap", source="memory", show_progress=False)
+    await store.close()
+    events = pq.read_table(tmp_path / "snap" / "events").to_pylist()
+    assert sorted(row["decision"] for row in events) == ["ABORTED", "COMMITTED"]
+    assert {row["stream"] for row in events} == {layout.segment_events_prefix(segment),
+                                                 layout.subscription_events_prefix(segment, "sub")}
+    code = cli.main(["--input", str(tmp_path / "snap"), "--output", str(tmp_path / "out"), "--now-ms", "10000"])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == 1 and summary["violations"]["decision_mismatch"] == 1, summary["violations"]
+    assert summary["export_rejects"] == 1
+
+
 # Keys shaped like the real ones, with any value: a parser may only accept or raise RejectedRecord.
 _KEYS = st.one_of(
     st.builds(lambda a, b: f"{layout.HEADER_PREFIX}{a}_{b}", st.integers(-5, 2**40), st.integers(-5, 2**70)),

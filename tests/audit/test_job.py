@@ -37,6 +37,7 @@ EXPECTED = {
     "id_reuse_risk": 5,
     "illegal_headers": 12,
     "undelivered_decisions": 0,  # a generated snapshot has no participant records
+    "decision_mismatch": 0,  # nor decision events
 }
 TXNS = 3_000
 
@@ -246,3 +247,22 @@ def test_an_op_within_the_clock_skew_of_its_commit_is_not_late(spark: Any) -> No
     annotated = findings.annotate_ops(headers, ops)
     assert [r["seq"] for r in findings.late_ops(annotated).collect()] == [1, 2]  # no tolerance
     assert [r["seq"] for r in findings.late_ops(annotated, skew_ms=1000).collect()] == [2]
+
+
+def test_published_decisions_that_disagree_with_their_header_or_each_other(spark: Any) -> None:
+    # Before, the export read no event stream: a header saying ABORTED while a participant's stream said
+    # COMMITTED (a decision changed after it was published) passed every audit.
+    headers = spark.createDataFrame([(0, txn, 0, state, 0, 60_000, 60_000, final, None, 2) for txn, state, final in (
+        (1, "COMMITTED", 10), (2, "ABORTED", 10), (3, "OPEN", None), (4, "COMMITTED", 10))],
+        schema=_schema("headers"))
+    events = spark.createDataFrame([
+        (0, 1, "COMMITTED", "/txn/segment-events/a"), (0, 1, "COMMITTED", "/txn/segment-events/b"),  # agree
+        (0, 2, "COMMITTED", "/txn/segment-events/a"),  # its header says ABORTED
+        (0, 3, "ABORTED", "/txn/segment-events/a"),  # its header is still OPEN
+        (0, 5, "COMMITTED", "/txn/segment-events/a"), (0, 5, "ABORTED", "/txn/subscription-events/a:s"),  # two
+        (0, 6, "ABORTED", "/txn/segment-events/a"),  # no header (collected): no mismatch alone
+    ], schema=_schema("events"))
+    rows = {r["txn_least"]: (r["header_state"], r["decisions"], r["events"])
+            for r in findings.decision_mismatch(headers, events).collect()}
+    assert rows == {2: ("ABORTED", ["COMMITTED"], 1), 3: ("OPEN", ["ABORTED"], 1),
+                    5: (None, ["ABORTED", "COMMITTED"], 2)}
