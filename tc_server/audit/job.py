@@ -103,6 +103,7 @@ def check_snapshot_doc(doc: Any, where: str) -> dict[str, Any]:
         raise BadInputError(f"{where}: taken_at_ms is not an integer: {taken!r}")
     if not 0 <= taken <= MAX_TIME_MS:  # found only by the report, after the whole job, as exit 3
         raise BadInputError(f"{where}: taken_at_ms {taken} is out of range (0 to year 9999)")
+    _export_rejects(doc)
     return doc
 
 
@@ -133,7 +134,7 @@ def validate_local_snapshot(root: Path) -> dict[str, Any]:
     if not meta.is_file():
         raise BadInputError(f"{meta}: missing (not a snapshot, or an export that did not finish)")
     try:
-        doc = json.loads(meta.read_text())
+        doc = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{meta}: not valid JSON: {exc}") from exc
     checked = check_snapshot_doc(doc, str(meta))
@@ -466,7 +467,7 @@ def _write_text(spark: Any, out: str, name: str, text: str) -> None:
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
         tmp = local / (name + ".tmp")
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")  # the report says charset=utf-8, whatever the locale
         tmp.replace(local / name)
         return
     # A cluster file system: write through Hadoop's FileSystem, as the Parquet tables were.
@@ -573,10 +574,13 @@ def _export_rejects(snapshot: dict[str, Any]) -> int:
     for rejects in (snapshot.get("rejects"), *(table.get("rejects") for table in
                                                (snapshot.get("optional_tables") or {}).values()
                                                if isinstance(table, dict))):
-        if isinstance(rejects, dict):
-            counted += sum(int(v) for v in rejects.values())
-        elif isinstance(rejects, int):
-            counted += rejects
+        values = list(rejects.values()) if isinstance(rejects, dict) else [] if rejects is None else [rejects]
+        for value in values:
+            # Checked with snapshot.json (check_snapshot_doc): int() of a string crashed the job after the whole
+            # run, and a negative count cancelled real rejects out.
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BadInputError(f"{SNAPSHOT_JSON}: a rejects count is not a non-negative integer: {value!r}")
+            counted += value
     return counted
 
 

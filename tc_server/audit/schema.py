@@ -217,7 +217,7 @@ def write_snapshot_json(out_dir: Path, doc: dict[str, Any]) -> None:
     # Written through a temporary name and renamed, so that a reader never sees half a file and
     # the presence of snapshot.json means the export finished.
     tmp = out_dir / (SNAPSHOT_JSON + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(out_dir / SNAPSHOT_JSON)
 
 

@@ -49,6 +49,18 @@ def test_unsupported_format_version(snapshot: Path, tmp_path: Path, capsys: pyte
     assert "format_version 99 is not supported" in err
 
 
+@pytest.mark.parametrize("count", ["3", -1, 1.5])
+def test_a_rejects_count_that_is_not_a_count(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             count: object) -> None:
+    # Before, int() of it after the whole Spark run (exit 3), or a negative count cancelling real rejects.
+    doc = json.loads((snapshot / "snapshot.json").read_text())
+    doc["rejects"]["ops"] = count
+    (snapshot / "snapshot.json").write_text(json.dumps(doc))
+    code, _, err = run(snapshot, tmp_path, capsys)
+    assert code == EXIT_BAD_INPUT
+    assert "a rejects count is not a non-negative integer" in err
+
+
 def test_missing_table(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for f in (snapshot / "tc_seq").iterdir():
         f.unlink()
