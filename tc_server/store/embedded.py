@@ -97,6 +97,9 @@ log = structlog.get_logger(__name__)
 
 # Rows of a partition-scoped index scan read on the event loop before moving to the reader thread.
 INLINE_SCAN_ROWS = 64
+# An idle store's writer is asked an empty write (write_problem) at most this often: the supervisor asks
+# each worker's /readyz twice a second, and a commit (an fsync, a WAL page) each time is disk wear for nothing.
+IDLE_PROBE_S = 30.0
 
 DB_FILENAME: Final = "tc-server.sqlite3"
 # Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
@@ -240,6 +243,7 @@ class EmbeddedStore(StoreWrites):
         # is started again only after a growing delay; writes meanwhile fail at once. One that has
         # answered is replaced at the next write.
         self._writer_answered = False
+        self._answered_at = self._loop.time()  # the writer's last answer (or the open): write_problem's probe
         self._restarts = Backoff()
         self._no_writer_until = 0.0
 
@@ -267,16 +271,18 @@ class EmbeddedStore(StoreWrites):
     def write_problem(self) -> str | None:
         """The writer process is as far behind as writes are refused at (a stalled disk, a stopped or hung
         process): /readyz says so as soon as that, not only once requests time out. An idle store has
-        nothing unanswered to tell by, so a call that finds none hands the writer an empty write (a commit
-        of nothing: its fsync tries the disk too), which a later call finds answered or not; without it an
-        idle instance with a stopped writer said ready, and its first clients' writes timed out."""
+        nothing unanswered to tell by, so a call that finds none, IDLE_PROBE_S after the writer last
+        answered, hands it an empty write (a commit of nothing: its fsync tries the disk too), which a later
+        call finds answered or not; without it an idle instance with a stopped writer said ready, and its
+        first clients' writes timed out."""
         if self._closed:
             return None
-        behind_s = self._behind_s(self._loop.time())
+        now = self._loop.time()
+        behind_s = self._behind_s(now)
         if behind_s > self._max_queue_delay_s:
             return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
                     f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
-        if not self._pending:
+        if not self._pending and now - self._answered_at >= IDLE_PROBE_S:
             try:
                 probe = self._submit([])
             except StoreUnavailableError as exc:  # its writer is gone and not restarted yet
@@ -425,6 +431,7 @@ class EmbeddedStore(StoreWrites):
 
     def _answered(self, data: bytes) -> None:
         self._writer_answered = True
+        self._answered_at = self._loop.time()
         for answer in self._frames.feed(data):
             if answer[0] == COMMITTED:
                 self._committed(*answer[1:])

@@ -679,9 +679,11 @@ async def test_writes_are_refused_at_once_while_the_writer_is_too_far_behind(tmp
         await store.close()
 
 
-async def test_an_idle_store_whose_writer_stopped_is_a_write_problem_by_the_next_check(tmp_path: Path) -> None:
+async def test_an_idle_store_whose_writer_stopped_is_a_write_problem_by_the_next_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Before, an idle store had no unanswered write to tell by: a stopped writer read as ready until the
-    # first clients' writes timed out. A check that finds nothing pending hands the writer an empty write.
+    # first clients' writes timed out. A check that finds nothing pending, IDLE_PROBE_S after the writer's
+    # last answer, hands the writer an empty write; sooner it sends none (the supervisor asks twice a second).
     store = await EmbeddedStore.open(tmp_path, max_queue_delay_s=0.2)
     committed: list[int] = []
     store.on_commit = committed.append
@@ -689,6 +691,8 @@ async def test_an_idle_store_whose_writer_stopped_is_a_write_problem_by_the_next
         await store.put("/warm", b"")
         writer = store._writer
         assert writer is not None
+        assert store.write_problem() is None and not store._pending  # answered just now: no probe
+        monkeypatch.setattr(embedded, "IDLE_PROBE_S", 0.0)
         os.kill(writer.pid, signal.SIGSTOP)
         try:
             assert store.write_problem() is None  # nothing known yet: the empty write goes out
