@@ -311,10 +311,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         if broker_credentials is not None:
             # Decisions reach today's brokers (docs/participants.md); without an upstream the
             # participant records wait for an instance that has one.
+            # The credentials' TLS context only with a TLS upstream: it is there whenever trust certificates
+            # are set (peer relays use them too), and the pool refuses every plain URL given one
+            # (Endpoint.with_tls): plain brokers were never told a decision.
             broker_pool = ConnectionPool(
                 connect_command(broker_credentials.client_auth()),
-                ssl_context=broker_credentials.ssl_context, timeout_s=settings.request_timeout_s,
-                auth_data_source=broker_credentials.auth_data)
+                ssl_context=broker_credentials.ssl_context if settings.upstream_tls else None,
+                timeout_s=settings.request_timeout_s, auth_data_source=broker_credentials.auth_data)
             delivery = BrokerDelivery(settings.upstream_urls, broker_pool, request_timeout_s=settings.request_timeout_s,
                                       max_in_flight=settings.delivery_max_in_flight,
                                       max_in_flight_per_broker=settings.delivery_max_in_flight_per_broker,

@@ -246,6 +246,12 @@ class Settings:
             urls.append(canonical_url(item))
         return urls
 
+    @property
+    def upstream_tls(self) -> bool:
+        """The brokers are reached over TLS: the upstream URLs are ``pulsar+ssl://`` (one scheme for all of
+        them, checked at start)."""
+        return any(url.startswith("pulsar+ssl://") for url in self.upstream_urls)
+
     def validate(self) -> Settings:
         def check(ok: bool, name: str, why: str) -> None:
             if not ok:

@@ -144,7 +144,7 @@ def forwarding_tls_context(settings: Settings) -> ssl.SSLContext | None:
     lookups and requests, relayed connections) when the upstream speaks TLS (a ``pulsar+ssl://``
     upstream URL), else None. The broker client's CA and host-name settings, but never tc-server's own
     client certificate: a client authenticates to the broker as itself, not as tc-server."""
-    if not any(url.startswith("pulsar+ssl://") for url in settings.upstream_urls):
+    if not settings.upstream_tls:
         return None
     return _client_context(settings)
 

@@ -58,3 +58,29 @@ async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tl
         client.close()
         plain_owner.stop()
         tls.stop()
+
+
+async def test_decisions_reach_plain_brokers_when_trust_certs_is_set(start, tmp_path):
+    # --broker-client-tls-trust-certs set for peer relays over TLS, the brokers plain: the broker pool had the
+    # credentials' TLS context, and since connections opened with one refuse plain URLs (Endpoint.with_tls),
+    # no decision reached the brokers. The pool has it only with a TLS upstream now.
+    owner = OwnerBroker()
+    await owner.start()
+    owner.answer = lambda c: LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=owner.url)
+    ca = TestCa(tmp_path)
+    app = await start(upstream_url=owner.url, broker_client_tls_trust_certs=str(ca.cert_file),
+                      broker_client_auth_plugin="token", broker_client_auth_params="token:abc",
+                      participant_wait_s=1.0)
+    client = await connect("127.0.0.1", app.listener.port)
+    try:
+        txn = await client.new_txn(tc_id=0)
+        assert (await client.add_partition(txn.most, txn.least, "persistent://public/default/orders")).error is None
+        assert (await client.end_txn(txn.most, txn.least, commit=True)).error is None
+        for _ in range(100):
+            if owner.end_txns:
+                break
+            await asyncio.sleep(0.1)
+        assert owner.end_txns == 1
+    finally:
+        client.close()
+        owner.stop()
