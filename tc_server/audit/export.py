@@ -124,10 +124,11 @@ def parse_header(record: Record) -> dict[str, Any]:
     state = doc.get("state")
     if not isinstance(state, str):
         raise RejectedRecord(f"field 'state' is not a string: {state!r}")
-    for name, value in (("created", created), ("timeout", timeout), ("finalized", finalized)):
+    deadline = created + timeout
+    # The deadline too: the job refuses a snapshot holding one past the bound (check_values).
+    for name, value in (("created", created), ("timeout", timeout), ("finalized", finalized), ("deadline", deadline)):
         if value is not None and not 0 <= value <= MAX_TIME_MS:
             raise RejectedRecord(f"{name} time out of range (0 to year 9999): {value} ms")
-    deadline = created + timeout
     owner = doc.get("owner")
     if owner is not None and not isinstance(owner, str):
         raise RejectedRecord(f"field 'owner' is not a string: {owner!r}")

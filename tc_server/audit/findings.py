@@ -208,10 +208,10 @@ def decision_mismatch(headers: DataFrame, events: DataFrame) -> DataFrame:
         F.min("stream").alias("example_stream"),
     )
     h = headers.select(*TXN_ID, F.col("state").alias("header_state"))
+    only = F.try_element_at("decisions", F.lit(1))  # the one decision, when there is one
     return (
         published.join(h, on=TXN_ID, how="left")
-        .where((F.size("decisions") > 1)
-               | (F.col("header_state").isNotNull() & (F.col("decisions")[0] != F.col("header_state"))))
+        .where((F.size("decisions") > 1) | (F.col("header_state").isNotNull() & (only != F.col("header_state"))))
         .select(*TXN_ID, "header_state", "decisions", "events", "example_stream")
     )
 

@@ -346,7 +346,7 @@ def run_audit(
     headers, ops, tc_seq = (_read_table(spark, input_dir, t, validated=validated) for t in TABLES)
     participants = _read_optional_table(spark, input_dir, PARTICIPANTS, validated=validated)
     events = _read_optional_table(spark, input_dir, EVENTS, validated=validated)
-    for table, df in zip(TABLES, (headers, ops, tc_seq), strict=True):
+    for table, df in zip((*TABLES, PARTICIPANTS, EVENTS), (headers, ops, tc_seq, participants, events), strict=True):
         check_values(table, df, f"{input_dir.rstrip('/')}/{table}")
     out = output_dir.rstrip("/")
     # Seconds per step, in the summary: where the time goes is the first question about a slow audit.
@@ -382,7 +382,8 @@ def run_audit(
             violations[name] = int(total or 0)
         else:
             violations[name] = written.count()
-        samples[name] = _rows(written, _SAMPLE_ROWS) if violations[name] else []
+        # Ordered (Spark's top-N, no full sort): the same snapshot shows the same examples in every run.
+        samples[name] = _rows(written.orderBy(*written.columns), _SAMPLE_ROWS) if violations[name] else []
 
     from pyspark.sql import functions as F
 

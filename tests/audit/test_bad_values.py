@@ -12,6 +12,7 @@ import pytest
 from tc_server.audit import cli
 from tc_server.audit.job import EXIT_BAD_INPUT
 from tc_server.audit.schema import (
+    EVENTS_SCHEMA,
     HEADERS_SCHEMA,
     OPS_SCHEMA,
     TC_SEQ_SCHEMA,
@@ -82,3 +83,18 @@ def test_huge_time_in_a_header_does_not_fail_the_job(
                                                             deadline_ms=big)])
     code, err = _run(snap, tmp_path / "out", capsys)
     assert code == EXIT_BAD_INPUT and "outside 0 to year 9999 in column 'deadline_ms'" in err, (code, err)
+
+
+def test_an_event_with_a_null_decision_is_bad_input(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The optional tables are checked as the required ones are: decision_mismatch, given an empty set of
+    # decisions for that txn, failed the whole job (exit 3) under ANSI mode.
+    snap = _snapshot(tmp_path / "snap", [_header()])
+    nullable = EVENTS_SCHEMA.set(2, EVENTS_SCHEMA.field("decision").with_nullable(True))
+    w = TableWriter(snap / "events", nullable)
+    w.write(pa.Table.from_pylist([{"txn_most": 0, "txn_least": 1, "decision": None,
+                                   "stream": "/txn/segment-events/x"}], schema=nullable))
+    w.close()
+    code, err = _run(snap, tmp_path / "out", capsys)
+    assert code == EXIT_BAD_INPUT and "events' has values" in err and "null in column 'decision'" in err, (code, err)

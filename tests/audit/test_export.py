@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tc_server.audit.export import RejectedRecord, export_snapshot, main, parse_header, parse_op, parse_tc_seq
 from tc_server.audit.job import validate_local_snapshot
-from tc_server.audit.schema import HEADERS_SCHEMA, OPS_SCHEMA, TC_SEQ_SCHEMA
+from tc_server.audit.schema import HEADERS_SCHEMA, MAX_TIME_MS, OPS_SCHEMA, TC_SEQ_SCHEMA
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.store.api import Record
@@ -273,10 +273,15 @@ async def test_records_a_review_found_stopping_or_fooling_the_export(tmp_path: P
                     b'{"kind":"WRITE","segment":"s","ledgerId":1,"entryId":2,"x":1e999999999999999999999}',
                     partition_key="0_2")
     await store.put("/txn/tc-seq/03", layout.tc_seq_json(100))
+    # Its created time and timeout each within year 9999, their sum (the deadline) not: exported, it made
+    # the job refuse the whole snapshot.
+    await store.put(layout.header_path(0, 4), TxnHeader(TxnState.OPEN, created_ms=MAX_TIME_MS - 1_000,
+                                                        timeout_ms=60_000).to_json(), partition_key="0_4")
     counts = await export_snapshot(store, tmp_path / "snap", source="memory", show_progress=False)
     await store.close()
-    assert counts == {"headers": 1, "ops": 0, "tc_seq": 0, "rejects": 3}
+    assert counts == {"headers": 1, "ops": 0, "tc_seq": 0, "rejects": 4}
     assert pq.read_table(tmp_path / "snap" / "headers").to_pylist()[0]["state"] == "OPEN\ufffd"
     reasons = [json.loads(line)["reason"] for line in (tmp_path / "snap" / "rejects.jsonl").read_text().splitlines()]
-    assert sum("out of range" in reason for reason in reasons) == 2
+    assert sum("out of range" in reason for reason in reasons) == 3
+    assert any(reason.startswith("deadline time out of range") for reason in reasons)
     assert any("non-canonical coordinator id '03'" in reason for reason in reasons)
