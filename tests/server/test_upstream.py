@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -117,6 +118,14 @@ async def test_a_broker_url_that_does_not_parse_fails_the_lookup_with_a_typed_an
         assert bad_url in (failed.message or ""), failed
         # The client's connection and its forwarding go on.
         assert (await client.lookup(TOPIC)).response is LookupType.FAILED
+
+
+async def ask_to_be_relayed(app: App, owner: StandInBroker, **connect_fields: Any) -> asyncio.StreamWriter:
+    """A raw client connection to ``app`` whose CONNECT asks to be carried to ``owner`` (proxy_to_broker_url)."""
+    _, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+    writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}",
+                                        **connect_fields)))
+    return writer
 
 
 async def eventually(condition: Callable[[], bool], within_s: float) -> bool:
@@ -478,8 +487,7 @@ async def test_a_relayed_connection_whose_broker_stopped_reading_is_closed_when_
     async with front_door(settings, [upstream], (owner,)) as (app, client):
         upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)  # the owner is named: a proxied connection may go there
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
-        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        writer = await ask_to_be_relayed(app, owner)
         await eventually(lambda: any(c._relay is not None and c._relay.transport is not None
                                      for c in app.context.connections), 5)
         (relayed,) = [c for c in app.context.connections if c._relay is not None]
@@ -537,16 +545,10 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
     # that left was never noticed, and both connections stayed open for good.
     owner = StandInBroker(reads=False)
     upstream = StandInBroker()
-    brokers = (owner, upstream)
-    for broker in brokers:
-        await broker.start()
-    upstream.answer = connect_to(owner.url)
-    app = await start_app(replace(settings, upstream_url=upstream.url, keepalive_s=0.5))
-    client = await connect("127.0.0.1", app.listeners[0].port)
-    try:
+    async with front_door(replace(settings, keepalive_s=0.5), [upstream], (owner,)) as (app, client):
+        upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
-        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        writer = await ask_to_be_relayed(app, owner)
         await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
         (relayed,) = [c for c in app.context.connections if c._relay is not None]
         with capture_logs() as logged:
@@ -557,44 +559,28 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
         assert [line["waited_s"] for line in logged
                 if line["event"] == "the broker of a relayed connection read nothing; closing it"] == [1.0]
         writer.close()
-    finally:
-        client.close()
-        await app.stop()
-        for broker in brokers:
-            broker.stop()
 
 
 async def test_a_relay_slower_to_set_up_than_the_keepalive_interval_is_not_closed_for_it(settings, monkeypatch):
-    # The setup is bounded by the upstream's request timeout (10 s here). Before, the keep-alive tick of
+    # The setup is bounded by the upstream's request timeout (2 s here). Before, the keep-alive tick of
     # the connection's first interval took the setup for a client that never sent CONNECT and closed it.
-    owner = StandInBroker()
-    upstream = StandInBroker()
-    brokers = (owner, upstream)
-    for broker in brokers:
-        await broker.start()
-    upstream.answer = connect_to(owner.url)
     opening = relay_module.open_relay
 
-    async def slow_network(*args, **kwargs):
+    async def slow_network(*args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.8)  # two keep-alive intervals
         return await opening(*args, **kwargs)
 
     monkeypatch.setattr(connection_module, "open_relay", slow_network)
-    app = await start_app(replace(settings, upstream_url=upstream.url, keepalive_s=0.4))
-    client = await connect("127.0.0.1", app.listeners[0].port)
-    try:
+    owner = StandInBroker()
+    upstream = StandInBroker()
+    async with front_door(replace(settings, keepalive_s=0.4), [upstream], (owner,)) as (app, client):
+        upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
-        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}")))
+        writer = await ask_to_be_relayed(app, owner)
         assert await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
         assert not [c for c in app.context.connections if c._relay is not None][0]._closing
         assert await eventually(lambda: len(owner.connects) == 1, 5)  # the client's CONNECT reached the broker
         writer.close()
-    finally:
-        client.close()
-        await app.stop()
-        for broker in brokers:
-            broker.stop()
 
 
 def test_the_brokers_learned_from_lookups_stay_within_their_bound(monkeypatch):
@@ -619,10 +605,8 @@ async def test_a_relayed_connect_names_no_original_principal_for_a_client_that_i
     async with front_door(settings, [upstream], (owner,)) as (app, client):
         upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
-        writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}",
-                                            original_principal="admin", original_auth_method="token",
-                                            original_auth_data="admin's token")))
+        writer = await ask_to_be_relayed(app, owner, original_principal="admin", original_auth_method="token",
+                                         original_auth_data="admin's token")
         await eventually(lambda: bool(owner.connects), 5)
         (relayed,) = owner.connects
         assert (relayed.original_principal, relayed.original_auth_method, relayed.original_auth_data) == (
