@@ -428,10 +428,14 @@ async def test_close_does_not_wait_the_request_timeout_for_an_oxia_that_does_not
         await server.stop()
 
 
-async def test_a_session_created_while_the_store_closes_does_not_outlive_it(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("late_close_s", [0.0, 5.0], ids=["its-close-answered", "its-close-cut-by-the-store's"])
+async def test_a_session_created_while_the_store_closes_does_not_outlive_it(
+        monkeypatch: pytest.MonkeyPatch, late_close_s: float) -> None:
     # An ephemeral put waited for its shard's new session while close() closed the sessions it knew; the
     # session then arrived, was kept, and its keep-alive task ran on after close() (and died on the closed
-    # pool at its first beat), the server holding the session until it expired.
+    # pool at its first beat), the server holding the session until it expired. The late session is now
+    # closed too; when close() closes the channels under that close (slower than the others), the put
+    # still ends StoreClosedError, not CancelledError (a CI run met that order).
     asked, answer = asyncio.Event(), asyncio.Event()
     create, close_session = standin._Servicer.CreateSession, standin._Servicer.CloseSession
 
@@ -442,8 +446,11 @@ async def test_a_session_created_while_the_store_closes_does_not_outlive_it(monk
         return await create(self, request, context)
 
     async def slow_close(self, request, context):
-        answer.set()  # shard 1's session is created while close() waits for this
-        await asyncio.sleep(0.3)
+        if request.shard == 1:  # the late session's
+            await asyncio.sleep(late_close_s)
+        else:
+            answer.set()  # shard 1's session is created while close() waits for this
+            await asyncio.sleep(0.3)
         return await close_session(self, request, context)
 
     monkeypatch.setattr(standin._Servicer, "CreateSession", slow_create)

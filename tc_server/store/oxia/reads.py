@@ -47,13 +47,19 @@ def unavailable(what: str, error: BaseException) -> StoreUnavailableError:
     return StoreUnavailableError(f"{what}: {detail}")
 
 
-def closed_under_the_call() -> None:
-    """For an ``except asyncio.CancelledError`` around a call: grpc.aio ends a call cancelled locally with
-    CancelledError, and only the store's close() cancels calls locally (it closes the channels). Unless
-    the caller's own task is being cancelled, raise the StoreClosedError the store's callers expect: a
-    CancelledError would end their task as cancelled, which no one asked for."""
+def cut_by_close() -> bool:
+    """For an ``except asyncio.CancelledError`` around a call: True when the store's close() ended the call
+    (grpc.aio ends a call cancelled locally with CancelledError, and only close() cancels calls locally:
+    it closes the channels), False when the caller's own task is being cancelled."""
     task = asyncio.current_task()
-    if task is None or not task.cancelling():
+    return task is None or not task.cancelling()
+
+
+def closed_under_the_call() -> None:
+    """For an ``except asyncio.CancelledError`` around a call: unless the caller's own task is being
+    cancelled, raise the StoreClosedError the store's callers expect. A CancelledError would end their task
+    as cancelled, which no one asked for."""
+    if cut_by_close():
         raise StoreClosedError("the Oxia store was closed during the call")
 
 

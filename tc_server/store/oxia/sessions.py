@@ -22,7 +22,7 @@ import structlog
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError, lease_clock
 from tc_server.store.oxia.connections import ConnectionPool
-from tc_server.store.oxia.reads import closed_under_the_call, unavailable
+from tc_server.store.oxia.reads import closed_under_the_call, cut_by_close, unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -171,6 +171,13 @@ class SessionManager:
         except (grpc.RpcError, TimeoutError, StoreError) as e:
             log.warning("oxia_session_close_failed", shard=session.shard,
                         session_id=session.session_id, error=str(unavailable("close session", e)))
+        except asyncio.CancelledError:
+            # Best effort like the rest: close() may close the channels under this call (the close of a
+            # session created while close() ran); that ended the caller's put with CancelledError.
+            if not cut_by_close():
+                raise
+            log.warning("oxia_session_close_failed", shard=session.shard, session_id=session.session_id,
+                        error="the store closed its connections during the call")
 
     async def _keep_alive(self, session: _Session) -> None:
         period = self._timeout_ms / 10 / 1000
