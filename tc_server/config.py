@@ -13,7 +13,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,12 @@ def canonical_url(url: str) -> str:
     slash after the port (Pulsar's clients take the scheme in any case, and a slash after the port)."""
     scheme, sep, address = url.partition("://")
     return f"{scheme.lower()}{sep}{address.removesuffix('/')}"
+
+
+def speaks_tls(upstream_urls: Iterable[str]) -> bool:
+    """The brokers behind these upstream URLs are reached over TLS: they are ``pulsar+ssl://`` (one scheme for
+    all of them, checked at start)."""
+    return any(url.startswith("pulsar+ssl://") for url in upstream_urls)
 
 
 def parse_pulsar_url(url: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
@@ -248,9 +254,8 @@ class Settings:
 
     @property
     def upstream_tls(self) -> bool:
-        """The brokers are reached over TLS: the upstream URLs are ``pulsar+ssl://`` (one scheme for all of
-        them, checked at start)."""
-        return any(url.startswith("pulsar+ssl://") for url in self.upstream_urls)
+        """The brokers are reached over TLS (speaks_tls)."""
+        return speaks_tls(self.upstream_urls)
 
     def validate(self) -> Settings:
         def check(ok: bool, name: str, why: str) -> None:

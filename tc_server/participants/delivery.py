@@ -39,6 +39,7 @@ from tc_server.client import (
     error_of,
     is_retryable,
 )
+from tc_server.config import speaks_tls
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.server.deadlines import RequestDeadlines
@@ -89,7 +90,7 @@ class BrokerDelivery:
             raise ValueError("delivering decisions needs at least one upstream URL")
         self._urls = list(upstream_urls)
         self._preferred = 0  # the index of the upstream URL lookups go to first (_pass_over)
-        self._use_tls = any(url.startswith("pulsar+ssl://") for url in upstream_urls)
+        self._use_tls = speaks_tls(upstream_urls)
         self._pool = pool
         # One timer per 100 ms of requests rather than an asyncio.timeout() each (~5 us, issue 13).
         self._deadlines = RequestDeadlines(request_timeout_s)

@@ -882,7 +882,7 @@ class ClientConnection(asyncio.Protocol):
                     cmd = decode_command(frame)
                 except MalformedCommand:
                     continue
-                if isinstance(cmd, NewTxn | EndTxn | AddPartitionToTxn | AddSubscriptionToTxn):
+                if isinstance(cmd, TxnRequest):
                     self.send(Dispatcher.error_response(cmd, ServerError.TransactionCoordinatorNotFound,
                                                         STOPPING))
         except FrameError:
