@@ -160,13 +160,17 @@ def parse_participant(record: Record) -> dict[str, Any]:
             "subscription": None if participant.subscription is None else _text(participant.subscription)}
 
 
+def _without_sequence(key: str, what: str) -> tuple[str, int]:
+    """A sequential key (the store's ``-<seq20>`` suffix) split into what precedes the suffix and its number."""
+    before, sep, seq_text = key.rpartition("-")
+    if not sep or len(seq_text) != SEQUENCE_DIGITS or not (seq_text.isascii() and seq_text.isdigit()):
+        raise RejectedRecord(f"{what} key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
+    return before, int(seq_text)
+
+
 def parse_op(record: Record) -> dict[str, Any]:
     """One ops row from ``/txn/op/<most>_<least>-<seq20>``."""
-    rest = record.key[len(layout.OP_PREFIX) :]
-    txn, sep, seq_text = rest.rpartition("-")
-    if not sep or len(seq_text) != SEQUENCE_DIGITS or not (seq_text.isascii() and seq_text.isdigit()):
-        raise RejectedRecord(f"op key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
-    seq = int(seq_text)
+    txn, seq = _without_sequence(record.key[len(layout.OP_PREFIX) :], "op")
     if seq > _INT64_MAX:
         raise RejectedRecord(f"op sequence {seq} out of int64 range")
     most, least = _txn_id(txn)
@@ -194,9 +198,7 @@ def parse_event(record: Record) -> dict[str, Any]:
     """One events row from ``/txn/segment-events/<enc(segment)>-<seq20>`` or
     ``/txn/subscription-events/<enc(segment)>:<enc(subscription)>-<seq20>`` (``TxnEvent``:
     ``{"txnId":"<most>_<least>","decision":…}``); the stream is the key without its sequence."""
-    stream, sep, seq_text = record.key.rpartition("-")
-    if not sep or len(seq_text) != SEQUENCE_DIGITS or not (seq_text.isascii() and seq_text.isdigit()):
-        raise RejectedRecord(f"event key does not end in -<{SEQUENCE_DIGITS}-digit sequence>")
+    stream, _ = _without_sequence(record.key, "event")
     doc = _json_object(record.value)
     txn, decision = doc.get("txnId"), doc.get("decision")
     if not isinstance(txn, str):
