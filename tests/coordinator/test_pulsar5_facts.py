@@ -1,5 +1,5 @@
 """Facts of Pulsar 5's records a reader could get wrong, from a review against Pulsar 5.0.0-M1
-(org.apache.pulsar:pulsar-broker:5.0.0-M1, the jar in ~/.m2, read with javap,
+(org.apache.pulsar:pulsar-broker:5.0.0-M1 from Maven Central, the jar `make pulsar-broker5` resolves, read with javap,
 and its record classes serialised by Pulsar's own TxnMetadataStore.toJson on a JVM; apache/pulsar sources
 TcLeader.java @ ba9bf6976035650e6f2637d5f441537afd4b27f0, TransactionCoordinatorV5.java @ the same commit).
 
