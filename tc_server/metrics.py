@@ -61,6 +61,7 @@ METRIC_NAMES = (
     "tc_server_oldest_undelivered_decision_seconds",
     "tc_server_decision_delivery_seconds",
     "tc_server_participant_requests_total",
+    "tc_server_ready",
 )
 
 
@@ -181,6 +182,14 @@ class LoopHistogram(LoopFamily[LoopHistogramChild]):
         return family
 
 
+def ready_gauge(registry: CollectorRegistry) -> Gauge:
+    """``tc_server_ready``: /readyz's answer at the time of the scrape, for alert rules
+    (deploy/prometheus/alerts.yml), which read metrics, not probes. Served by the waiting start's admin
+    port too (0), so an instance that waits for its store is not-ready there, not a failed scrape."""
+    return Gauge("tc_server_ready", "1 when /readyz answers 200 (evaluated at each scrape; /readyz names the "
+                 "problems when 0)", registry=registry)
+
+
 class Metrics:
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
@@ -215,7 +224,8 @@ class Metrics:
             ["command", "error"], registry=r)
         self.leader = Gauge(
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
-            ["coordinator_id"], registry=r)
+            TC_LABELS, registry=r)
+        self.ready = ready_gauge(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "

@@ -35,14 +35,16 @@ from pathlib import Path
 import aiohttp
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tc_server.admin.http import AdminServer
+from tc_server.admin.routes import metrics_response
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import LinesOrNothing, resolved_format
+from tc_server.metrics import ready_gauge
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -170,6 +172,8 @@ class Supervisor:
         for worker in self.workers:
             self._up.labels(str(worker.index)).set(0)
             self._restarts.labels(str(worker.index))
+        # As a single process's: /readyz's answer, here every worker ready at the last poll (set at scrape).
+        self._ready = ready_gauge(self._registry)
         self._http: aiohttp.ClientSession | None = None
         # --admin-tls: the server's certificate files (reloaded when they change), and the context the
         # workers' /readyz is asked with, made again after each reload (with a required client
@@ -409,7 +413,8 @@ class Supervisor:
         self._stopping.set()
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        self._ready.set(1 if all(worker.ready for worker in self.workers) else 0)
+        return metrics_response(self._registry)
 
     async def run(self) -> int:
         """Serve the admin port, keep the workers running until stopped; the exit code."""

@@ -16,14 +16,14 @@ from urllib.parse import urlencode
 
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
-from tc_server.metrics import Metrics
+from tc_server.metrics import Metrics, ready_gauge
 from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
@@ -64,6 +64,12 @@ def number(text: str, name: str, maximum: int = MAX_LONG, minimum: int = 0) -> i
 
 def json_response(status: int, doc: object) -> web.Response:
     return web.json_response(doc, status=status, dumps=lambda d: json.dumps(d, separators=(",", ":")))
+
+
+def metrics_response(registry: CollectorRegistry) -> web.Response:
+    """``registry`` in Prometheus' text format."""
+    # CONTENT_TYPE_LATEST carries a charset, which aiohttp's content_type argument refuses.
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def txn_id(most: int, least: int) -> str:
@@ -127,16 +133,24 @@ class StartingRoutes:
 
     def __init__(self) -> None:
         self.problem = "waiting for the metadata store"
+        # Only tc_server_ready (0): a scrape meanwhile finds an instance that is not ready, not one that is
+        # down (a failed scrape), and the alert rules say which (deploy/prometheus/alerts.yml).
+        self._registry = CollectorRegistry(auto_describe=True)
+        ready_gauge(self._registry).set(0)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return json_response(200, {"status": "starting"})
 
     async def readyz(self, request: web.Request) -> web.Response:
         return json_response(503, {"ready": False, "problems": [self.problem]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return metrics_response(self._registry)
 
 
 class AdminRoutes:
@@ -161,6 +175,13 @@ class AdminRoutes:
         return json_response(200, {"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
+        problems = await self.problems()
+        if problems:
+            return json_response(503, {"ready": False, "problems": problems})
+        return json_response(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})
+
+    async def problems(self) -> list[str]:
+        """Why this instance is not ready, one line each; none when it is (/readyz and tc_server_ready)."""
         problems = []
         try:
             async with asyncio.timeout(READY_PROBE_TIMEOUT_S):
@@ -177,13 +198,13 @@ class AdminRoutes:
                             "timeout, so this instance may no longer hold them; their requests are refused until one "
                             "is, or another instance leads them")
         problems.extend(self._tc.health.problems())
-        if problems:
-            return json_response(503, {"ready": False, "problems": problems})
-        return json_response(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})
+        return problems
 
     async def metrics(self, request: web.Request) -> web.Response:
-        # CONTENT_TYPE_LATEST carries a charset, which aiohttp's content_type argument refuses.
-        return web.Response(body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        # Alert rules read readiness from here (deploy/prometheus/alerts.yml): the same checks as /readyz,
+        # the store's answer included (bounded by READY_PROBE_TIMEOUT_S, under Prometheus' scrape timeout).
+        self._metrics.ready.set(0 if await self.problems() else 1)
+        return metrics_response(self._metrics.registry)
 
     async def coordinators(self, request: web.Request) -> web.Response:
         def entry(tc_id: int) -> dict[str, object]:

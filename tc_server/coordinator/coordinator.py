@@ -94,7 +94,7 @@ class TransactionCoordinator:
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
         for tc_id in range(config.partitions):
-            metrics.leader.labels(str(tc_id)).set(0)
+            metrics.leader.labels(**metrics.tc(tc_id)).set(0)
             metrics.active.labels(**metrics.tc(tc_id)).set(0)
             for family in (metrics.created, metrics.committed, metrics.aborted, metrics.timed_out,
                            metrics.execution_latency):
@@ -283,7 +283,7 @@ class TransactionCoordinator:
             await stale.stop()
         partition.start()
         self._partitions[tc_id] = partition
-        self.metrics.leader.labels(str(tc_id)).set(1)
+        self.metrics.leader.labels(**self.metrics.tc(tc_id)).set(1)
         # Recover after winning (a scan taken before could miss txns the previous leader created
         # meanwhile). Until the scan lands the partition serves from the store (a txn it has not
         # loaded is read on demand); only its timeouts wait for the scan.
@@ -337,7 +337,7 @@ class TransactionCoordinator:
 
     async def _lost(self, tc_id: int) -> None:
         partition = self._partitions.pop(tc_id, None)
-        self.metrics.leader.labels(str(tc_id)).set(0)
+        self.metrics.leader.labels(**self.metrics.tc(tc_id)).set(0)
         # The gauge reads the partition when scraped (set_function); point it away from the lost
         # partition, which it would otherwise keep alive (with its open-txn maps) until led again.
         self.metrics.active.labels(**self.metrics.tc(tc_id)).set_function(lambda: 0)

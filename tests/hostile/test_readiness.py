@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tc_server.app import App, start_app
 from tc_server.client import connect
 from tc_server.config import Settings
@@ -48,13 +50,27 @@ class FailingStore(MemoryStore):
         return super().scan_index(index_name, start_inclusive, end_exclusive, partition_key=partition_key)
 
 
-async def readyz(app: App) -> tuple[int, dict[str, Any]]:
+async def admin_get(app: App, path: str) -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
-    writer.write(b"GET /readyz HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n")
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n".encode())
     raw = await reader.read()
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), json.loads(body)
+    return int(head.split(b" ")[1]), body
+
+
+async def readyz(app: App) -> tuple[int, dict[str, Any]]:
+    status, body = await admin_get(app, "/readyz")
+    return status, json.loads(body)
+
+
+async def scraped_ready(app: App) -> float:
+    """tc_server_ready from /metrics, which the alert rules read (deploy/prometheus/alerts.yml)."""
+    status, body = await admin_get(app, "/metrics")
+    assert status == 200
+    (sample,) = [s for family in text_string_to_metric_families(body.decode()) for s in family.samples
+                 if s.name == "tc_server_ready"]
+    return float(sample.value)
 
 
 class ManualClock:
@@ -72,6 +88,8 @@ async def until_status(app: App, status: int) -> dict[str, Any]:
     for _ in range(int(BOUND_S / 0.05)):
         code, doc = await readyz(app)
         if code == status:
+            # The gauge the alert rules read says the same (its checks are /readyz's, run at the scrape).
+            assert await scraped_ready(app) == (1.0 if status == 200 else 0.0), doc
             return doc
         await asyncio.sleep(0.05)
     raise AssertionError(f"/readyz never answered {status}; last: {doc}")

@@ -197,5 +197,8 @@ async def test_the_admin_port_answers_while_the_first_try_of_a_silent_oxia_waits
             await poll(answers, "/healthz while the first try waits")  # before: only after 600 s
             status, body = await get_json(server, "/readyz")
             assert status == 503 and "connecting to" in str(body), body
+            # A scrape meanwhile finds an instance that is not ready, not a failed scrape (TcServerDown).
+            status, metrics = await asyncio.to_thread(server.get, "/metrics")
+            assert status == 200 and "tc_server_ready 0.0" in metrics.decode().splitlines(), metrics
         finally:
             await asyncio.to_thread(server.stop)

@@ -151,6 +151,11 @@ async def test_a_killed_worker_is_restarted_and_its_decisions_stay(store: str, t
         assert ready["workers"][0]["pid"] == pids[0], "the other worker keeps running"
         _, metrics = server.get("/metrics")
         assert 'tc_server_worker_restarts_total{worker="1"} 1.0' in metrics.decode()
+        # tc_server_ready (the alert rules read it) follows the supervisor's next poll of the workers.
+        while "tc_server_ready 1.0" not in server.get("/metrics")[1].decode().splitlines():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the supervisor's tc_server_ready not 1 within {RESTART_BOUND_S:.0f} s")
+            time.sleep(0.2)
         for most, least in committed:
             assert header_status(server, most, least) == "COMMITTED", (most, least)
         # New ids on the restarted worker's coordinators are above every id it handed out before.
