@@ -1,0 +1,292 @@
+"""The alert rules (deploy/prometheus/alerts.yml) with the real Prometheus tools, Debian's `prometheus`
+package (`make prometheus-tools`): promtool checks the rules and runs their unit tests
+(tests/deploy/alerts_test.yml); a real Prometheus scrapes a real tc-server with the rules loaded, where every
+rule evaluates without error, every series the rules read is scraped, nothing fires on a healthy instance,
+and real failures (the embedded store's writer process killed, an upstream broker that refuses
+connections, tc-server killed) make their alerts fire or pend. The files that carry the rules elsewhere
+(the PrometheusRule, compose's Prometheus, the runbook) are checked against them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tc_server.bench.process import descendants_of, terminate_process
+from tc_server.client import connect
+from tests.support.server_process import ServerProcess, free_port
+
+from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names
+
+RULES = DEPLOY / "prometheus" / "alerts.yml"
+UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
+PROMETHEUS_RULE = K8S / "alerts" / "prometheusrule.yaml"
+RUNBOOK = ROOT / "docs" / "alerts.md"
+# The series the rules read that a single tc-server process does not export: Prometheus makes `up`, the
+# supervisor of --workers exports the workers' restarts (tests/server/test_workers.py checks that one).
+NOT_FROM_ONE_PROCESS = {"up", "tc_server_worker_restarts_total"}
+# Exported from the first forwarded request on (its labels are command and outcome); the failure test
+# below sees it.
+AFTER_THE_FIRST_FORWARD = {"tc_server_forwarded_requests_total"}
+# Prometheus' own wait for a scrape and an evaluation here (the shipped configs use 15 s).
+INTERVAL = "1s"
+WAIT_S = 30.0
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: `make prometheus-tools` installs Debian's prometheus package")
+    return path
+
+
+def rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+# --- the rule file on its own ----------------------------------------------------------------------
+
+def test_promtool_accepts_the_rules() -> None:
+    done = subprocess.run([tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_rules_unit_tests_pass() -> None:
+    # Run from the test file's directory: its rule_files path is relative to it.
+    done = subprocess.run([tool("promtool"), "test", "rules", UNIT_TESTS.name], cwd=UNIT_TESTS.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_is_unit_tested_firing_and_quiet() -> None:
+    cases = [case for test in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for case in test["alert_rule_test"]]
+    for rule in rules():
+        mine = [case for case in cases if case["alertname"] == rule["alert"]]
+        assert any(case["exp_alerts"] for case in mine), f"{rule['alert']}: no case where it fires"
+        assert any(not case["exp_alerts"] for case in mine), f"{rule['alert']}: no case where it stays quiet"
+
+
+def test_every_alert_has_a_severity_and_its_runbook_section() -> None:
+    runbook = RUNBOOK.read_text()
+    headings = {line[4:].strip() for line in runbook.splitlines() if line.startswith("### ")}
+    for rule in rules():
+        name = rule["alert"]
+        assert rule["labels"]["severity"] in {"critical", "warning"}, name
+        assert rule["annotations"]["runbook"] == f"docs/alerts.md#{name.lower()}", name
+        assert name in headings, f"docs/alerts.md has no '### {name}' section"
+    assert headings == {rule["alert"] for rule in rules()}, "docs/alerts.md describes alerts that do not exist"
+
+
+def test_the_prometheus_rule_holds_the_same_groups() -> None:
+    (doc,) = load_yaml_docs(PROMETHEUS_RULE)
+    assert doc["kind"] == "PrometheusRule"
+    assert doc["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
+        "deploy/kubernetes/alerts/prometheusrule.yaml must carry deploy/prometheus/alerts.yml's groups")
+
+
+def test_compose_prometheus_loads_the_rules() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    mounts = compose()["services"]["prometheus"]["volumes"]
+    assert "./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts, COMPOSE
+
+
+def test_every_scrape_config_names_its_job_as_the_rules_expect() -> None:
+    """`up{job="tc-server"}` finds the instances whichever way they are scraped."""
+    assert 'up{job="tc-server"}' in next(r["expr"] for r in rules() if r["alert"] == "TcServerDown")
+    for name in ("prometheus.yml", "kubernetes-scrape.yml"):
+        config = yaml.safe_load((DEPLOY / "prometheus" / name).read_text())
+        assert "tc-server" in {job["job_name"] for job in config["scrape_configs"]}, name
+    (standalone,) = load_yaml_docs(K8S / "standalone" / "podmonitor.yaml")
+    pod_labels = next(doc for doc in load_yaml_docs(K8S / "standalone" / "deployment.yaml")
+                      if doc["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels[standalone["spec"]["jobLabel"]] == "tc-server"
+    (sidecar,) = load_yaml_docs(K8S / "sidecar" / "podmonitor.yaml")
+    (endpoint,) = sidecar["spec"]["podMetricsEndpoints"]
+    assert {"targetLabel": "job", "replacement": "tc-server"} in endpoint["relabelings"]
+
+
+def test_kustomize_builds_the_standalone_variant_with_the_rules() -> None:
+    done = subprocess.run(["kubectl", "kustomize", str(K8S / "standalone")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert "PrometheusRule" in kinds and "Deployment" in kinds
+
+
+def test_the_sidecar_post_renderer_adds_the_sidecar_and_the_rules() -> None:
+    """deploy/kubernetes/sidecar/post-render.sh, as Helm runs it: a rendered chart in, the chart with the
+    sidecar, its Service, PodMonitor and rules out (it copies the directory and ../alerts, which it includes)."""
+    chart = yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
+        "spec": {"serviceName": "pulsar-broker", "selector": {"matchLabels": {"component": "broker"}},
+                 "template": {"metadata": {"labels": {"component": "broker"}},
+                              "spec": {"containers": [{"name": "pulsar-broker", "image": "apachepulsar/pulsar"}]}}},
+    })
+    done = subprocess.run([str(K8S / "sidecar" / "post-render.sh")], input=chart, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert {"StatefulSet", "Service", "PodMonitor", "PrometheusRule"} <= {doc["kind"] for doc in docs}
+    (broker,) = [doc for doc in docs if doc["kind"] == "StatefulSet"]
+    names = [c["name"] for c in broker["spec"]["template"]["spec"]["containers"]]
+    assert sorted(names) == ["pulsar-broker", "tc-server"]
+
+
+# --- a real Prometheus scraping a real tc-server ------------------------------------------------------
+
+class Prometheus:
+    """A Prometheus server on loopback with the rule file loaded, scraping one tc-server admin port."""
+
+    def __init__(self, workdir: Path, admin_port: int) -> None:
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": "tc-server",
+                                "static_configs": [{"targets": [f"127.0.0.1:{admin_port}"]}]}],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "prometheus.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_for(lambda: self._ready(), "Prometheus ready")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib_open(f"http://127.0.0.1:{self.port}/-/ready") as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            assert self.proc.poll() is None, f"Prometheus exited: {self.log_path.read_text()[-2000:]}"
+            return False
+
+    def api(self, path: str, **params: str) -> Any:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib_open(f"http://127.0.0.1:{self.port}/api/v1/{path}{query}") as resp:
+            doc = json.load(resp)
+        assert doc["status"] == "success", doc
+        return doc["data"]
+
+    def alerts(self) -> dict[str, str]:
+        """alert name -> state (pending, firing) of the active alerts."""
+        return {alert["labels"]["alertname"]: alert["state"] for alert in self.api("alerts")["alerts"]}
+
+    def value(self, query: str) -> float | None:
+        result = self.api("query", query=query)["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_for(self, check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: not within {WAIT_S:.0f} s; Prometheus log: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        terminate_process(self.proc, timeout_s=10, kill_wait_s=5)
+
+
+def urllib_open(url: str) -> Any:
+    import urllib.request
+    return urllib.request.urlopen(url, timeout=5)  # noqa: S310 - http://127.0.0.1 only
+
+
+@contextmanager
+def scraped(tmp_path: Path, *server_args: str) -> Iterator[tuple[ServerProcess, Prometheus]]:
+    """A tc-server on the embedded store and a Prometheus that has scraped it and evaluated the rules."""
+    server = ServerProcess(tmp_path / "data", *server_args).start()
+    prometheus: Prometheus | None = None
+    try:
+        prometheus = Prometheus(tmp_path, server.admin_port)
+        prometheus.wait_for(lambda: prometheus.value('tc_server_ready{job="tc-server"}') == 1.0,
+                            "a scrape of the ready tc-server")
+        prometheus.wait_for(lambda: all(rule.get("lastEvaluation", "0001").startswith("2")
+                                        for group in prometheus.api("rules")["groups"] for rule in group["rules"]),
+                            "every rule evaluated")
+        yield server, prometheus
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        server.stop()
+
+
+def unanswered_url() -> str:
+    return f"pulsar://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Healthy, and with an upstream broker that would refuse connections: nobody asked it to forward, so
+    nothing is wrong (tc_server_upstream_up stays 0 until a forward connects)."""
+    with scraped(tmp_path_factory.mktemp("healthy"), "--upstream-url", unanswered_url()) as (_, prometheus):
+        yield prometheus
+
+
+def test_every_rule_evaluates_without_error(healthy: Prometheus) -> None:
+    evaluated = {rule["name"]: (rule["health"], rule.get("lastError", ""))
+                 for group in healthy.api("rules")["groups"] for rule in group["rules"]}
+    assert set(evaluated) == {rule["alert"] for rule in rules()}
+    assert all(health == "ok" for health, _ in evaluated.values()), evaluated
+
+
+def test_every_series_the_rules_read_is_scraped(healthy: Prometheus) -> None:
+    read = {name for rule in rules() for name in metric_names(rule["expr"])} - NOT_FROM_ONE_PROCESS
+    read -= AFTER_THE_FIRST_FORWARD
+    scraped_names = set(healthy.api("label/__name__/values"))
+    missing = sorted(read - scraped_names)
+    assert not missing, f"the rules read series a fresh tc-server does not export: {missing}"
+
+
+def test_nothing_fires_on_a_healthy_instance(healthy: Prometheus) -> None:
+    assert healthy.alerts() == {}
+
+
+async def test_real_failures_raise_their_alerts(tmp_path: Path) -> None:
+    """The store's writer process killed: TcServerStoreWriterLost fires. Forwards to an upstream broker
+    that refuses connections: TcServerUpstreamUnreachable pends (its `for` is 2 minutes). tc-server killed:
+    TcServerDown pends."""
+    with scraped(tmp_path, "--upstream-url", unanswered_url()) as (server, prometheus):
+        assert server.proc is not None
+        (writer,) = descendants_of(server.proc.pid)
+        os.kill(writer, signal.SIGKILL)
+        client = await connect("127.0.0.1", server.port)
+        try:
+            # tc-server finds its writer gone (the end of the channel, or this write, which then fails as an
+            # unknown outcome) and starts another for the next write.
+            await client.new_txn(tc_id=0)
+            # Forwarded lookups that fail, spread over several scrapes so that their rate is seen.
+            for _ in range(4):
+                answer = await client.lookup("persistent://public/default/alerts")
+                assert answer.error is not None, answer
+                await asyncio.sleep(1.0)
+        finally:
+            client.close()
+        await asyncio.to_thread(prometheus.wait_for,
+                                lambda: prometheus.alerts().get("TcServerStoreWriterLost") == "firing",
+                                "TcServerStoreWriterLost firing")
+        await asyncio.to_thread(prometheus.wait_for,
+                                lambda: prometheus.alerts().get("TcServerUpstreamUnreachable") == "pending",
+                                "TcServerUpstreamUnreachable pending")
+        assert AFTER_THE_FIRST_FORWARD <= set(prometheus.api("label/__name__/values"))
+        server.kill()
+        await asyncio.to_thread(prometheus.wait_for, lambda: prometheus.alerts().get("TcServerDown") == "pending",
+                                "TcServerDown pending")
