@@ -13,6 +13,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.pulsar.client.api.AuthenticationFactory;
 import org.apache.pulsar.client.api.ClientBuilder;
 import org.apache.pulsar.client.api.PulsarClient;
@@ -178,14 +179,39 @@ public final class TcInterop {
         close(client);
     }
 
+    /** Commit in a loop until {@code --until-file} exists, on {@code --threads} threads (default 1): one line
+     * per transaction, committed or not (the kill and rolling-restart tests read every id). */
     private static void commitLoop(Options o) throws Exception {
         Path until = Path.of(o.required("until-file"));
         long txnTimeoutMs = o.longOpt("txn-timeout-ms", 60_000);
+        int threads = o.intOpt("threads", 1);
         long t0 = System.nanoTime();
         PulsarClient client = build(o);
         emit(obj("event", "ready", "build_ms", msSince(t0), "handler_connections", handlerConnections(client)));
-        int committed = 0;
-        int errors = 0;
+        AtomicInteger committed = new AtomicInteger();
+        AtomicInteger errors = new AtomicInteger();
+        List<Thread> loops = new ArrayList<>(threads);
+        for (int i = 0; i < threads; i++) {
+            Thread loop = new Thread(() -> {
+                try {
+                    commitUntil(client, until, txnTimeoutMs, committed, errors);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }, "commit-loop-" + i);
+            loop.start();
+            loops.add(loop);
+        }
+        for (Thread loop : loops) {
+            loop.join();
+        }
+        emit(obj("event", "result", "scenario", "commit-loop", "committed", committed.get(), "errors", errors.get(),
+                "handler_connections", handlerConnections(client)));
+        close(client);
+    }
+
+    private static void commitUntil(PulsarClient client, Path until, long txnTimeoutMs, AtomicInteger committed,
+                                    AtomicInteger errors) throws InterruptedException {
         while (!Files.exists(until)) {
             long start = System.nanoTime();
             TxnID id = null;
@@ -194,11 +220,11 @@ public final class TcInterop {
                         .withTransactionTimeout(txnTimeoutMs, TimeUnit.MILLISECONDS).build().get();
                 id = txn.getTxnID();
                 txn.commit().get();
-                committed++;
+                committed.incrementAndGet();
                 emit(obj("event", "committed", "most", id.getMostSigBits(), "least", id.getLeastSigBits(),
                         "ms", msSince(start), "at", System.currentTimeMillis()));
             } catch (ExecutionException e) {
-                errors++;
+                errors.incrementAndGet();
                 emit(obj("event", "error", "stage", id == null ? "open" : "commit",
                         "most", id == null ? null : id.getMostSigBits(),
                         "least", id == null ? null : id.getLeastSigBits(),
@@ -206,9 +232,6 @@ public final class TcInterop {
                 Thread.sleep(100);
             }
         }
-        emit(obj("event", "result", "scenario", "commit-loop", "committed", committed, "errors", errors,
-                "handler_connections", handlerConnections(client)));
-        close(client);
     }
 
     private static void buildOnly(Options o) {

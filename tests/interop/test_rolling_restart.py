@@ -1,0 +1,54 @@
+"""A rolling restart under the stock Java client's transactions, as a Kubernetes rolling update of the
+standalone Deployment does it: two tc-server instances sharing Oxia (the stand-in: the Oxia server cannot
+be installed here), each stopped gracefully (SIGTERM) and started again in turn, while 8 threads of one
+Java client open and commit transactions in a loop through a service URL naming both.
+
+No transaction fails: the stopping instance answers what it received (in flight, or received but not
+started: TransactionCoordinatorNotFound, which the client retries at the coordinator's next leader) and
+releases its leader records, so the other instance takes its coordinators at once. Every commit the client
+was told of is COMMITTED, and no id is handed out twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .conftest import Harness, RunningHarness, TcServer
+
+THREADS = 8
+# Commits to see in each phase (before, while an instance is down, after it is back).
+COMMITS_PER_PHASE = 60
+PHASE_BOUND_S = 90
+
+
+def test_a_rolling_restart_fails_no_transaction(java_harness: Harness, tc_server_factory: Any,
+                                                harness_process: list[RunningHarness], oxia_standin: str,
+                                                tmp_path: Path) -> None:
+    servers: list[TcServer] = [
+        tc_server_factory(store="oxia", extra_args=["--oxia-address", oxia_standin]).start() for _ in range(2)]
+    service_url = "pulsar://" + ",".join(f"127.0.0.1:{server.port}" for server in servers)
+    stop = tmp_path / "stop-commit-loop"
+    loop = java_harness.spawn("commit-loop", service_url=service_url, until_file=stop, threads=THREADS,
+                              op_timeout_ms=30_000)
+    harness_process.append(loop)
+    loop.wait_for("ready", 1, 60)
+    loop.wait_for("committed", COMMITS_PER_PHASE, PHASE_BOUND_S)
+    for server in servers:
+        assert server.stop() == 0, server.log_tail()
+        loop.wait_for("committed", COMMITS_PER_PHASE, PHASE_BOUND_S, after=len(loop.lines))
+        server.start()
+        loop.wait_for("committed", COMMITS_PER_PHASE, PHASE_BOUND_S, after=len(loop.lines))
+    stop.touch()
+    assert loop.finish(60) == 0, loop.stderr_tail()
+    result = loop.lines[-1]
+    assert result["event"] == "result", result
+
+    errors = [line for line in loop.lines if line["event"] == "error"]
+    assert not errors, f"{len(errors)} transactions failed in the rolling restart, e.g. {errors[:3]}"
+    committed = [(line["most"], line["least"]) for line in loop.lines if line["event"] == "committed"]
+    assert len(committed) == result["committed"] >= 5 * COMMITS_PER_PHASE
+    assert len(set(committed)) == len(committed), "a txn id was handed out twice"
+    not_committed = [(most, least, servers[0].txn(most, least)) for most, least in committed
+                     if servers[0].txn(most, least)[1].get("status") != "COMMITTED"]
+    assert not not_committed, f"acknowledged commits not COMMITTED: {not_committed[:5]}"
