@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from tc_server import __version__
 from tc_server.config import ENV_PREFIX, ConfigError, Settings, load_settings
 from tc_server.store import store_kinds_help
 
@@ -134,6 +135,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tc-server", description="Apache Pulsar transaction coordinator")
+    parser.add_argument("--version", action="version", version=f"tc-server {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the coordinator")
     run.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")

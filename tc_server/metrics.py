@@ -9,12 +9,15 @@ Each server owns its own registry so that several servers can run in one test pr
 from __future__ import annotations
 
 import bisect
+import platform
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from tc_server import __version__
 
 # No ``*_created`` series: one per labelled counter and histogram (115 of them on a fresh server) that
 # nobody queries (rate() and increase() cope with resets on their own). The switch is process-wide and
@@ -62,6 +65,7 @@ METRIC_NAMES = (
     "tc_server_decision_delivery_seconds",
     "tc_server_participant_requests_total",
     "tc_server_ready",
+    "tc_server_build_info",
 )
 
 
@@ -190,6 +194,15 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
                  "problems when 0)", registry=registry)
 
 
+def build_info(registry: CollectorRegistry) -> Gauge:
+    """``tc_server_build_info{version,python} 1``: which version each instance runs (a rolling upgrade's
+    progress), on every admin port (a worker's, the supervisor's)."""
+    gauge = Gauge("tc_server_build_info", "The running tc-server's version and Python", ["version", "python"],
+                  registry=registry)
+    gauge.labels(__version__, platform.python_version()).set(1)
+    return gauge
+
+
 class Metrics:
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
@@ -226,6 +239,7 @@ class Metrics:
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
             TC_LABELS, registry=r)
         self.ready = ready_gauge(r)
+        self.build_info = build_info(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "

@@ -44,7 +44,7 @@ from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import LinesOrNothing, resolved_format
-from tc_server.metrics import ready_gauge
+from tc_server.metrics import build_info, ready_gauge
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -174,6 +174,7 @@ class Supervisor:
             self._restarts.labels(str(worker.index))
         # As a single process's: /readyz's answer, here every worker ready at the last poll (set at scrape).
         self._ready = ready_gauge(self._registry)
+        build_info(self._registry)
         self._http: aiohttp.ClientSession | None = None
         # --admin-tls: the server's certificate files (reloaded when they change), and the context the
         # workers' /readyz is asked with, made again after each reload (with a required client

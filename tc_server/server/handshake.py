@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from tc_server import __version__
 from tc_server.auth.api import Authenticated, AuthenticationData, AuthenticationFailed
 from tc_server.wire import AuthChallenge, Connect, Connected, FeatureFlags
 
@@ -56,7 +57,7 @@ SERVER_PROTOCOL_VERSION = 21
 # The Java client sends TC_CLIENT_CONNECT only when CONNECTED says more than v18
 # (TransactionMetaStoreHandler.connectionOpened); every client we serve is newer, see the warning.
 MIN_TC_CLIENT_CONNECT_VERSION = 19
-SERVER_VERSION = "tc-server 0.1.0"
+SERVER_VERSION = f"tc-server {__version__}"
 # AuthData.REFRESH_AUTH_DATA: the challenge that asks a client for fresh credentials.
 REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
 

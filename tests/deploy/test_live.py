@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tc_server import __version__
 from tc_server.bench.process import READY_TIMEOUT_S
 from tests.security.pki import TestCa
 
@@ -78,6 +79,14 @@ def test_every_dashboard_series_is_in_a_fresh_scrape(server: object) -> None:
     assert not missing, (
         "series the dashboard reads are absent from /metrics of a freshly started server "
         f"(labelled families need their label sets created at start): {missing}")
+
+
+def test_build_info_names_the_running_version(server: object) -> None:
+    status, body = smoke.get(server.admin_url + "/metrics")  # type: ignore[attr-defined]
+    samples = [s for family in text_string_to_metric_families(body.decode()) for s in family.samples
+               if s.name == "tc_server_build_info"]
+    assert status == 200 and len(samples) == 1, samples
+    assert samples[0].labels["version"] == __version__ and samples[0].value == 1.0, samples
 
 
 def test_coordinator_series_carry_cluster_and_coordinator_id(server: object) -> None:
