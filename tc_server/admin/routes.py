@@ -190,8 +190,15 @@ class AdminRoutes:
             problems.append(f"metadata store unreachable: {exc!r}")
         if (write_problem := self._tc.store.write_problem()) is not None:
             problems.append(write_problem)
-        if not self._tc.ready:
-            problems.append("not every transaction coordinator has a leader yet")
+        leaderless, held_elsewhere = self._tc.not_served()
+        if leaderless:
+            problems.append(f"transaction coordinators {leaderless} have no leader yet")
+        if held_elsewhere:
+            problems.append(
+                f"transaction coordinators {held_elsewhere}: their leader records name this instance's URL "
+                f"({self._tc.config.advertised_url}) but another store session holds them: this instance's "
+                "predecessor's after a restart in place (until that session expires, --oxia-session-timeout-ms), "
+                "or another instance started with the same --advertised-url")
         lapsed = [p.tc_id for p in self._tc.led_partitions() if p.lease_lapsed()]
         if lapsed:
             problems.append(f"transaction coordinators {lapsed}: no store keep-alive answered within the session "

@@ -179,10 +179,26 @@ class TransactionCoordinator:
         at another URL. An instance restarted in place on Oxia finds its predecessor's records (its own
         URL, another session) until that session expires: those coordinators are not served yet, and
         LOOKUP would send their clients here, so it is not ready."""
+        leaderless, held_elsewhere = self.not_served()
+        return not leaderless and not held_elsewhere
+
+    def not_served(self) -> tuple[list[int], list[int]]:
+        """Why not :attr:`ready`: (the coordinators of this instance's share with no leader record, those
+        whose record names this instance's own URL although it does not lead them: its predecessor's
+        record after a restart in place, or another instance started with the same advertised URL)."""
         campaign = self.config.campaign
         own = self.config.advertised_url
-        return all(tc_id in self._partitions or self._election.leaders.get(tc_id) not in (None, own)
-                   for tc_id in (range(self.config.partitions) if campaign is None else campaign))
+        leaderless: list[int] = []
+        held_elsewhere: list[int] = []
+        for tc_id in range(self.config.partitions) if campaign is None else campaign:
+            if tc_id in self._partitions:
+                continue
+            leader = self._election.leaders.get(tc_id)
+            if leader is None:
+                leaderless.append(tc_id)
+            elif leader == own:
+                held_elsewhere.append(tc_id)
+        return leaderless, held_elsewhere
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]

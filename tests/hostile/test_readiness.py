@@ -24,7 +24,7 @@ from tc_server.config import Settings
 from tc_server.health import FRESH_S
 from tc_server.store.api import Record, StoreUnavailableError
 from tc_server.store.embedded import EmbeddedStore
-from tc_server.store.memory import MemoryStore
+from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import ServerError
 
 BOUND_S = 30.0
@@ -175,3 +175,24 @@ async def test_timeouts_that_cannot_be_aborted_make_readyz_fail(settings: Settin
         await until_status(app, 200)
     finally:
         await app.stop()
+
+
+async def test_two_instances_with_one_advertised_url_are_named_as_such(settings: Settings) -> None:
+    # Each holds its own coordinators' records, which name the URL they share: each then sees the other's
+    # coordinators "led by itself" without serving them. /readyz said "not every transaction coordinator
+    # has a leader yet", which sent the operator to look for a missing leader.
+    backend = MemoryBackend()
+    shared = replace(settings, advertised_url="pulsar://tc.example:6650")
+    a = await start_app(shared, store=MemoryStore(backend))
+    try:
+        b = await start_app(replace(shared, listen="127.0.0.1:0", admin_listen="127.0.0.1:0"),
+                            store=MemoryStore(backend))
+        try:
+            for app in (a, b):
+                doc = await until_status(app, 503)
+                assert any("another instance started with the same --advertised-url" in p
+                           and "pulsar://tc.example:6650" in p for p in doc["problems"]), doc
+        finally:
+            await b.stop()
+    finally:
+        await a.stop()
