@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import bisect
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from tc_server import __version__
@@ -194,6 +195,25 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
                  "problems when 0)", registry=registry)
 
 
+class CertificateExpiry(Collector):
+    """``tc_server_tls_certificate_expiry_timestamp_seconds``: when the server's TLS certificate in use
+    (--tls-cert-file) expires. Exported only once :attr:`read` is set (app.py, with --tls-listen or
+    --admin-tls): a 0 without TLS would be a certificate long expired to the alert rules."""
+
+    NAME = "tc_server_tls_certificate_expiry_timestamp_seconds"
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.read: Callable[[], float] | None = None
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        if self.read is not None:
+            family = GaugeMetricFamily(self.NAME, "When the server's TLS certificate in use (--tls-cert-file) "
+                                       "expires, in Unix seconds")
+            family.add_metric([], self.read())
+            yield family
+
+
 def build_info(registry: CollectorRegistry) -> Gauge:
     """``tc_server_build_info{version,python} 1``: which version each instance runs (a rolling upgrade's
     progress), on every admin port (a worker's, the supervisor's)."""
@@ -240,6 +260,7 @@ class Metrics:
             TC_LABELS, registry=r)
         self.ready = ready_gauge(r)
         self.build_info = build_info(r)
+        self.tls_certificate_expiry = CertificateExpiry(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "

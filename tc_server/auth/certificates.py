@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import structlog
+from cryptography import x509
 
 from tc_server.config import ConfigError, Settings
 
@@ -59,6 +60,17 @@ def build_server_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def certificate_not_after_s(cert_file: str) -> float:
+    """When the first certificate of ``cert_file`` (the server's own, before its chain) expires, in Unix
+    seconds. Raises ConfigError naming the file."""
+    try:
+        with open(cert_file, "rb") as f:
+            certificate = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"tls_cert_file ({cert_file}): cannot read the certificate's expiry: {exc}") from None
+    return certificate.not_valid_after_utc.timestamp()
+
+
 class ServerTlsContext:
     """Hand :attr:`context` to the server; :meth:`run` checks the files every interval."""
 
@@ -66,6 +78,9 @@ class ServerTlsContext:
         self.files = files
         self._stamp = self._file_stamp()
         self.context = build_server_context(files)
+        # Of the certificate in use (tc_server_tls_certificate_expiry_timestamp_seconds; the alert rules warn
+        # before it passes): a renewed file that cannot be loaded leaves it at the old one's.
+        self.not_after_s = certificate_not_after_s(files.cert_file)
         self._current = self.context
         self.context.sni_callback = self._select
         self.reloads = 0
@@ -93,11 +108,13 @@ class ServerTlsContext:
             return False
         try:
             fresh = build_server_context(self.files)
+            not_after_s = certificate_not_after_s(self.files.cert_file)
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
             return False
         self._stamp = stamp
         self._current = fresh
+        self.not_after_s = not_after_s
         self.reloads += 1
         self.reloaded_at_s = time.time()
         log.info("TLS certificate reloaded", cert_file=self.files.cert_file)

@@ -27,6 +27,7 @@ import yaml
 
 from tc_server.bench.process import descendants_of, terminate_process
 from tc_server.client import connect
+from tests.security.pki import TestCa
 from tests.support.server_process import ServerProcess, free_port
 
 from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names
@@ -41,6 +42,8 @@ NOT_FROM_ONE_PROCESS = {"up", "tc_server_worker_restarts_total"}
 # Exported from the first forwarded request on (its labels are command and outcome); the failure test
 # below sees it.
 AFTER_THE_FIRST_FORWARD = {"tc_server_forwarded_requests_total"}
+# Exported with TLS on only (a 0 without would be an expired certificate); the TLS test below sees it.
+ONLY_WITH_TLS = {"tc_server_tls_certificate_expiry_timestamp_seconds"}
 # Prometheus' own wait for a scrape and an evaluation here (the shipped configs use 15 s).
 INTERVAL = "1s"
 WAIT_S = 30.0
@@ -250,7 +253,7 @@ def test_every_rule_evaluates_without_error(healthy: Prometheus) -> None:
 
 def test_every_series_the_rules_read_is_scraped(healthy: Prometheus) -> None:
     read = {name for rule in rules() for name in metric_names(rule["expr"])} - NOT_FROM_ONE_PROCESS
-    read -= AFTER_THE_FIRST_FORWARD
+    read -= AFTER_THE_FIRST_FORWARD | ONLY_WITH_TLS
     scraped_names = set(healthy.api("label/__name__/values"))
     missing = sorted(read - scraped_names)
     assert not missing, f"the rules read series a fresh tc-server does not export: {missing}"
@@ -290,3 +293,18 @@ async def test_real_failures_raise_their_alerts(tmp_path: Path) -> None:
         server.kill()
         await asyncio.to_thread(prometheus.wait_for, lambda: prometheus.alerts().get("TcServerDown") == "pending",
                                 "TcServerDown pending")
+
+
+def test_a_certificate_a_day_from_its_expiry_raises_the_critical_alert(tmp_path: Path) -> None:
+    """A TLS listener whose certificate is valid for a day: the expiry is scraped as the certificate
+    says, and the critical alert fires (the warning, 14 days ahead, waits out its `for`)."""
+    ca = TestCa(tmp_path)
+    server_cert = ca.issue("localhost", "server", server=True, valid_days=1)
+    tls_args = ("--tls-listen", f"127.0.0.1:{free_port()}", "--tls-cert-file", str(server_cert.cert_file),
+                "--tls-key-file", str(server_cert.key_file))
+    with scraped(tmp_path, *tls_args) as (_, prometheus):
+        expiry = prometheus.value("tc_server_tls_certificate_expiry_timestamp_seconds")
+        assert expiry == server_cert.certificate.not_valid_after_utc.timestamp()
+        prometheus.wait_for(lambda: prometheus.alerts() == {"TcServerTlsCertificateExpiringCritical": "firing",
+                                                             "TcServerTlsCertificateExpiringSoon": "pending"},
+                            "the certificate alerts")

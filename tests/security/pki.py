@@ -75,8 +75,10 @@ class TestCa:
         self.cert_file = directory / f"{name.replace(' ', '-')}.pem"
         self.cert_file.write_bytes(self.certificate.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, common_name: str, file_stem: str, *, server: bool = False, pkcs8_key: bool = True) -> Issued:
-        """A leaf certificate; ``server`` adds the loopback names a client verifies."""
+    def issue(self, common_name: str, file_stem: str, *, server: bool = False, pkcs8_key: bool = True,
+              valid_days: float = 1) -> Issued:
+        """A leaf certificate valid for ``valid_days`` from now; ``server`` adds the loopback names a client
+        verifies."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -85,7 +87,8 @@ class TestCa:
                                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(self.certificate.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=valid_days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         )
         if server:

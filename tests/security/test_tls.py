@@ -151,12 +151,19 @@ async def test_certificate_is_reloaded_when_its_files_change(start, ca):
         writer.close()
         return x509.load_der_x509_certificate(der).serial_number
 
+    def scraped_expiry() -> float:
+        (family,) = app.metrics.tls_certificate_expiry.collect()
+        return float(family.samples[0].value)
+
     assert await served_serial() == server.certificate.serial_number
-    renewed = ca.issue("localhost", "server", server=True)  # same paths, new certificate and key
+    assert scraped_expiry() == server.certificate.not_valid_after_utc.timestamp()
+    # Same paths, a new certificate and key, valid longer: the expiry the alert rules read follows.
+    renewed = ca.issue("localhost", "server", server=True, valid_days=30)
     async with asyncio.timeout(WAIT_S):
         while await served_serial() != renewed.certificate.serial_number:
             await asyncio.sleep(0.1)
     assert app.tls.reloads >= 1
+    assert scraped_expiry() == renewed.certificate.not_valid_after_utc.timestamp()
 
 
 async def test_half_written_certificate_keeps_the_previous_one(start, ca):
