@@ -394,6 +394,9 @@ class Supervisor:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "workers": len(self.workers)})
 
+    def stopping(self) -> None:
+        """Nothing to say: the supervisor's readiness is its workers', which say it themselves."""
+
     async def readyz(self, request: web.Request) -> web.Response:
         results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
         listed = [{"index": worker.index, "pid": worker.proc.pid if worker.proc else None, "url": worker.url,

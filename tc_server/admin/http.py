@@ -89,6 +89,9 @@ class Routes(Protocol):
 
     def add_to(self, app: web.Application) -> None: ...
 
+    def stopping(self) -> None:
+        """The process has begun its stop (AdminServer.stopping): readiness says so from now on."""
+
 
 class _ConnectionBudget:
     """The admin port's connections open now, in all and by address (MAX_CONNECTIONS...)."""
@@ -185,11 +188,10 @@ class AdminServer:
         self._ssl = tls.context if tls is not None else None
         self._auth = authentication or AuthenticationService()
         self._authenticate_metrics = authenticate_metrics
-        self.app = web.Application(client_max_size=MAX_BODY_BYTES,
-                                   middlewares=[self._not_ready_while_stopping, _json_errors, self._authorize])
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors, self._authorize])
+        self._routes = routes
         routes.add_to(self.app)
         self._runner: web.AppRunner | None = None
-        self._stopping = False
         self.budget = _ConnectionBudget()
 
     async def start(self) -> None:
@@ -213,18 +215,11 @@ class AdminServer:
         return int(self._runner.addresses[0][1])
 
     def stopping(self) -> None:
-        """The process has begun its stop: /readyz answers 503 from now on, and every path (/healthz and
-        /metrics too) is served until :meth:`stop`, after the drain. Closed at the stop's start, the port
-        refused a liveness probe for the whole drain (up to DRAIN_MAX_S and the step-down) and the drain's
-        own metrics were never scraped."""
-        self._stopping = True
-
-    @web.middleware
-    async def _not_ready_while_stopping(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._stopping and request.path == "/readyz":
-            return json_response(503, {"ready": False, "problems": ["stopping: no new connections are taken, the "
-                                                                    "open ones are drained"]})
-        return await handler(request)
+        """The process has begun its stop: the routes' readiness says so from now on (/readyz 503, and
+        tc_server_ready 0), and every path (/healthz and /metrics too) is served until :meth:`stop`, after the
+        drain. Closed at the stop's start, the port refused a liveness probe for the whole drain (up to
+        DRAIN_MAX_S and the step-down) and the drain's own metrics were never scraped."""
+        self._routes.stopping()
 
     async def stop(self) -> None:
         if self._runner is not None:

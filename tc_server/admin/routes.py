@@ -152,12 +152,16 @@ class StartingRoutes:
     async def metrics(self, request: web.Request) -> web.Response:
         return metrics_response(self._registry)
 
+    def stopping(self) -> None:
+        """Not ready already."""
+
 
 class AdminRoutes:
     def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics) -> None:
         self._tc = coordinator
         self._metrics = metrics
         self._listing_scans = asyncio.Semaphore(LISTING_SCANS)
+        self._stopping = False
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
@@ -180,8 +184,13 @@ class AdminRoutes:
             return json_response(503, {"ready": False, "problems": problems})
         return json_response(200, {"ready": True, "led": [p.tc_id for p in self._tc.led_partitions()]})
 
+    def stopping(self) -> None:
+        self._stopping = True
+
     async def problems(self) -> list[str]:
         """Why this instance is not ready, one line each; none when it is (/readyz and tc_server_ready)."""
+        if self._stopping:
+            return ["stopping: no new connections are taken, the open ones are drained"]
         problems = []
         try:
             async with asyncio.timeout(READY_PROBE_TIMEOUT_S):

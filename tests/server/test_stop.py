@@ -158,6 +158,8 @@ async def test_the_admin_port_answers_through_the_drain_with_readyz_saying_stopp
                 assert "stopping" in (await readyz.json())["problems"][0]
             async with http.get(base + "/metrics") as metrics:
                 assert metrics.status == 200
+                # The gauge the alert rules read says what /readyz says (it said 1 through the drain).
+                assert "tc_server_ready 0.0" in (await metrics.text()).splitlines()
         store.gate.set()
         await asyncio.wait_for(stopping, STOP_BOUND_S)
         await asyncio.wait_for(stalled, STOP_BOUND_S)
