@@ -244,6 +244,11 @@ class Upstream:
                 last = exc
                 self.metrics.upstream_up.labels(url).set(0)
                 continue
+            except HandshakeRefused:
+                # The broker answered: it is up, and refused this client's credentials (the alert rules
+                # read the gauge as the broker's reachability).
+                self.metrics.upstream_up.labels(url).set(1)
+                raise
             self._preferred = index
             self.metrics.upstream_up.labels(url).set(1)
             return conn

@@ -27,6 +27,8 @@ import yaml
 
 from tc_server.bench.process import descendants_of, terminate_process
 from tc_server.client import connect
+from tc_server.server.connection import NO_REQUEST_ID
+from tc_server.wire import Error, ServerError, encode_command
 from tests.security.pki import TestCa
 from tests.support.server_process import ServerProcess, free_port
 
@@ -308,3 +310,40 @@ def test_a_certificate_a_day_from_its_expiry_raises_the_critical_alert(tmp_path:
         prometheus.wait_for(lambda: prometheus.alerts() == {"TcServerTlsCertificateExpiringCritical": "firing",
                                                              "TcServerTlsCertificateExpiringSoon": "pending"},
                             "the certificate alerts")
+
+
+async def test_a_broker_refusing_a_clients_credentials_is_not_unreachable(tmp_path: Path) -> None:
+    """tc-server's own authentication off, the broker checking tokens: a client with a bad token is refused
+    at the broker's CONNECT. The broker answered, so it is up (tc_server_upstream_up 1), and
+    TcServerUpstreamUnreachable (critical) stays quiet; it pended before (a review)."""
+    accepted = 0
+
+    async def refuse_credentials(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        await reader.read(65536)  # the CONNECT
+        writer.write(encode_command(Error(NO_REQUEST_ID, ServerError.AuthenticationError, "invalid token")))
+        await writer.drain()
+        writer.close()
+
+    broker = await asyncio.start_server(refuse_credentials, "127.0.0.1", 0)
+    url = f"pulsar://127.0.0.1:{broker.sockets[0].getsockname()[1]}"
+    (rule,) = [r for r in rules() if r["alert"] == "TcServerUpstreamUnreachable"]
+    try:
+        with scraped(tmp_path, "--upstream-url", url) as (server, prometheus):
+            client = await connect("127.0.0.1", server.port)
+            try:
+                for _ in range(4):  # over several scrapes, so that the failures' rate is seen
+                    answer = await client.lookup("persistent://public/default/t")
+                    assert answer.error is ServerError.AuthenticationError, answer
+                    await asyncio.sleep(1.0)
+            finally:
+                client.close()
+            await asyncio.to_thread(prometheus.wait_for,
+                                    lambda: prometheus.value("tc_server_upstream_up") == 1.0, "the broker up")
+            assert accepted >= 4
+            await asyncio.sleep(2.0)  # more evaluations
+            assert (await asyncio.to_thread(prometheus.api, "query", query=rule["expr"]))["result"] == []
+            assert "TcServerUpstreamUnreachable" not in await asyncio.to_thread(prometheus.alerts)
+    finally:
+        broker.close()
