@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import platform
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -67,6 +67,8 @@ METRIC_NAMES = (
     "tc_server_participant_requests_total",
     "tc_server_ready",
     "tc_server_build_info",
+    "tc_server_coordinator_has_leader",
+    "tc_server_tls_certificate_expiry_timestamp_seconds",
 )
 
 
@@ -195,22 +197,23 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
                  "problems when 0)", registry=registry)
 
 
-class CertificateExpiry(Collector):
-    """``tc_server_tls_certificate_expiry_timestamp_seconds``: when the server's TLS certificate in use
-    (--tls-cert-file) expires. Exported only once :attr:`read` is set (app.py, with --tls-listen or
-    --admin-tls): a 0 without TLS would be a certificate long expired to the alert rules."""
+class ScrapedGauge(Collector):
+    """A gauge read when scraped: its owner sets :attr:`read` to a function of its samples (label values,
+    value). Nothing is exported until then: a 0 where nothing is known would read as a fact (an expired
+    certificate, a coordinator without a leader)."""
 
-    NAME = "tc_server_tls_certificate_expiry_timestamp_seconds"
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.read: Callable[[], float] | None = None
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.read: Callable[[], Iterable[tuple[Sequence[str], float]]] | None = None
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         if self.read is not None:
-            family = GaugeMetricFamily(self.NAME, "When the server's TLS certificate in use (--tls-cert-file) "
-                                       "expires, in Unix seconds")
-            family.add_metric([], self.read())
+            family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+            for labels, value in self.read():
+                family.add_metric(labels, value)
             yield family
 
 
@@ -258,9 +261,16 @@ class Metrics:
         self.leader = Gauge(
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
             TC_LABELS, registry=r)
+        # Set by the coordinator (coordinator.py): what /readyz counts, per coordinator.
+        self.has_leader = ScrapedGauge(
+            "tc_server_coordinator_has_leader", "1 when the coordinator is led by this instance, or by another "
+            "whose URL this instance knows (another tc-server, or Pulsar 5's own coordinator)", TC_LABELS, r)
         self.ready = ready_gauge(r)
         self.build_info = build_info(r)
-        self.tls_certificate_expiry = CertificateExpiry(r)
+        # Set by app.py with --tls-listen or --admin-tls only.
+        self.tls_certificate_expiry = ScrapedGauge(
+            "tc_server_tls_certificate_expiry_timestamp_seconds",
+            "When the server's TLS certificate in use (--tls-cert-file) expires, in Unix seconds", (), r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "

@@ -93,6 +93,7 @@ class TransactionCoordinator:
         self._recovery_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
+        metrics.has_leader.read = self._has_leader_samples
         for tc_id in range(config.partitions):
             metrics.leader.labels(**metrics.tc(tc_id)).set(0)
             metrics.active.labels(**metrics.tc(tc_id)).set(0)
@@ -182,23 +183,27 @@ class TransactionCoordinator:
         leaderless, held_elsewhere = self.not_served()
         return not leaderless and not held_elsewhere
 
+    def _has_leader(self, tc_id: int) -> bool:
+        """Led here, or by a leader at another URL (another instance, or Pulsar 5's own coordinator)."""
+        return tc_id in self._partitions or self._election.leaders.get(tc_id) not in (None, self.config.advertised_url)
+
+    def _has_leader_samples(self) -> list[tuple[tuple[str, str], float]]:
+        """tc_server_coordinator_has_leader, for every coordinator: the alert rules' "no leader" is that no
+        instance says 1. (tc_server_coordinator_leader is 0 everywhere for a coordinator Pulsar 5's own
+        coordinator leads, which is served.)"""
+        cluster = self.metrics.cluster
+        return [((cluster, str(tc_id)), 1.0 if self._has_leader(tc_id) else 0.0)
+                for tc_id in range(self.config.partitions)]
+
     def not_served(self) -> tuple[list[int], list[int]]:
         """Why not :attr:`ready`: (the coordinators of this instance's share with no leader record, those
         whose record names this instance's own URL although it does not lead them: its predecessor's
         record after a restart in place, or another instance started with the same advertised URL)."""
         campaign = self.config.campaign
-        own = self.config.advertised_url
-        leaderless: list[int] = []
-        held_elsewhere: list[int] = []
-        for tc_id in range(self.config.partitions) if campaign is None else campaign:
-            if tc_id in self._partitions:
-                continue
-            leader = self._election.leaders.get(tc_id)
-            if leader is None:
-                leaderless.append(tc_id)
-            elif leader == own:
-                held_elsewhere.append(tc_id)
-        return leaderless, held_elsewhere
+        unserved = [tc_id for tc_id in (range(self.config.partitions) if campaign is None else campaign)
+                    if not self._has_leader(tc_id)]
+        leaderless = [tc_id for tc_id in unserved if self._election.leaders.get(tc_id) is None]
+        return leaderless, [tc_id for tc_id in unserved if tc_id not in leaderless]
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]

@@ -25,9 +25,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tc_server.app import start_app
 from tc_server.bench.process import descendants_of, terminate_process
 from tc_server.client import connect
+from tc_server.config import Settings
+from tc_server.coordinator import layout
+from tc_server.coordinator.leadership import leader_value
 from tc_server.server.connection import NO_REQUEST_ID
+from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import Error, ServerError, encode_command
 from tests.security.pki import TestCa
 from tests.support.server_process import ServerProcess, free_port
@@ -347,3 +352,34 @@ async def test_a_broker_refusing_a_clients_credentials_is_not_unreachable(tmp_pa
             assert "TcServerUpstreamUnreachable" not in await asyncio.to_thread(prometheus.alerts)
     finally:
         broker.close()
+
+
+async def test_a_coordinator_led_by_pulsar_5s_own_coordinator_has_a_leader(tmp_path: Path) -> None:
+    """Pulsar 5's coordinator leads coordinator 0 (README *Pulsar 5*: it takes over when tc-server steps
+    down, and tc-server follows it): tc-server is ready, LOOKUP names that leader, and no tc-server says
+    tc_server_coordinator_leader 1 for it. TcServerCoordinatorWithoutLeader (critical) pended there before
+    (a review); it reads tc_server_coordinator_has_leader, which knows that leader."""
+    backend = MemoryBackend()
+    pulsar5 = MemoryStore(backend)  # the other coordinator's store session, holding coordinator 0's record
+    await pulsar5.put(layout.leader_path(0), leader_value("pulsar://pulsar5-broker:6650", "pulsar5-broker"),
+                      ephemeral=True)
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=4,
+                        data_dir=str(tmp_path / "data"))
+    app = await start_app(settings, store=MemoryStore(backend))
+    prometheus: Prometheus | None = None
+    try:
+        (tmp_path / "prometheus").mkdir()
+        prometheus = await asyncio.to_thread(Prometheus, tmp_path / "prometheus", app.admin.port)
+        await asyncio.to_thread(prometheus.wait_for, lambda: prometheus.value("tc_server_ready") == 1.0,
+                                "a scrape of the ready tc-server")
+        assert await asyncio.to_thread(prometheus.value, 'tc_server_coordinator_leader{coordinator_id="0"}') == 0.0
+        assert await asyncio.to_thread(prometheus.value, 'tc_server_coordinator_has_leader{coordinator_id="0"}') == 1.0
+        await asyncio.sleep(2.0)  # evaluations
+        (rule,) = [r for r in rules() if r["alert"] == "TcServerCoordinatorWithoutLeader"]
+        assert (await asyncio.to_thread(prometheus.api, "query", query=rule["expr"]))["result"] == []
+        assert await asyncio.to_thread(prometheus.alerts) == {}
+    finally:
+        if prometheus is not None:
+            await asyncio.to_thread(prometheus.stop)
+        await app.stop()
+        await pulsar5.close()

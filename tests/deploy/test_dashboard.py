@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from tc_server.config import Settings
-from tc_server.metrics import METRIC_NAMES, REQUEST_BUCKETS, LoopFamily, Metrics
+from tc_server.metrics import METRIC_NAMES, REQUEST_BUCKETS, LoopFamily, Metrics, ScrapedGauge
 
 from .manifests import dashboard, dashboard_exprs, dashboard_panels, grouping_labels, metric_names, selectors
 
@@ -32,6 +32,8 @@ def families() -> dict[str, tuple[str, frozenset[str]]]:
         elif isinstance(value, LoopFamily):
             name = value.name + ("_total" if value.kind == "counter" else "")
             found[name] = (value.kind, frozenset(value.labelnames))
+        elif isinstance(value, ScrapedGauge):
+            found[value.name] = ("gauge", frozenset(value.labelnames))
     return found
 
 
