@@ -52,3 +52,5 @@ def test_a_rolling_restart_fails_no_transaction(java_harness: Harness, tc_server
     not_committed = [(most, least, servers[0].txn(most, least)) for most, least in committed
                      if servers[0].txn(most, least)[1].get("status") != "COMMITTED"]
     assert not not_committed, f"acknowledged commits not COMMITTED: {not_committed[:5]}"
+    slowest = max(line["ms"] for line in loop.lines if line["event"] == "committed")
+    print(f"rolling restart: {len(committed)} transactions committed, none failed; the slowest took {slowest} ms")
