@@ -23,7 +23,7 @@ from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
-from tc_server.metrics import Metrics, ready_gauge
+from tc_server.metrics import Metrics, build_info, ready_gauge
 from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
@@ -133,10 +133,11 @@ class StartingRoutes:
 
     def __init__(self) -> None:
         self.problem = "waiting for the metadata store"
-        # Only tc_server_ready (0): a scrape meanwhile finds an instance that is not ready, not one that is
+        # tc_server_ready (0) and build_info: a scrape meanwhile finds an instance that is not ready, not one that is
         # down (a failed scrape), and the alert rules say which (deploy/prometheus/alerts.yml).
         self._registry = CollectorRegistry(auto_describe=True)
         ready_gauge(self._registry).set(0)
+        build_info(self._registry)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)

@@ -10,13 +10,17 @@ open keep the certificate they were made with.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import re
 import ssl
 import time
+import warnings
 from dataclasses import dataclass
 
 import structlog
 from cryptography import x509
+from cryptography.utils import CryptographyDeprecationWarning
 
 from tc_server.config import ConfigError, Settings
 
@@ -60,15 +64,43 @@ def build_server_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
-def certificate_not_after_s(cert_file: str) -> float:
-    """When the first certificate of ``cert_file`` (the server's own, before its chain) expires, in Unix
-    seconds. Raises ConfigError naming the file."""
+# PEM blocks, and the labels under which OpenSSL reads a server's own certificate (PEM_read_bio_X509_AUX, behind
+# load_cert_chain): a TRUSTED CERTIFICATE block is the certificate followed by its trust settings.
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re.DOTALL)
+_CERTIFICATE_LABELS = frozenset({b"CERTIFICATE", b"X509 CERTIFICATE", b"TRUSTED CERTIFICATE"})
+
+
+def certificate_not_after_s(cert_file: str) -> float | None:
+    """When the certificate OpenSSL serves from ``cert_file`` (its first certificate block) expires, in Unix
+    seconds; None, with a warning, when this second reading of the file fails (a form OpenSSL takes and
+    ``cryptography`` does not, e.g. BER): the expiry is a metric, never a reason to refuse a start or a
+    renewed certificate."""
     try:
         with open(cert_file, "rb") as f:
-            certificate = x509.load_pem_x509_certificate(f.read())
+            der = _first_certificate_der(f.read())
+        with warnings.catch_warnings():  # e.g. a negative serial number, which says nothing about the expiry
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            certificate = x509.load_der_x509_certificate(der)
+        return certificate.not_valid_after_utc.timestamp()
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"tls_cert_file ({cert_file}): cannot read the certificate's expiry: {exc}") from None
-    return certificate.not_valid_after_utc.timestamp()
+        log.warning("cannot read the TLS certificate's expiry; tc_server_tls_certificate_expiry_timestamp_seconds "
+                    "is not exported for it", cert_file=cert_file, error=str(exc)[:200])
+        return None
+
+
+def _first_certificate_der(pem: bytes) -> bytes:
+    """The DER of the first certificate block of ``pem``, without the trust settings a TRUSTED CERTIFICATE
+    block adds after it. Raises ValueError."""
+    blocks = [body for label, body in _PEM_BLOCK.findall(pem) if label in _CERTIFICATE_LABELS]
+    if not blocks:
+        raise ValueError("no certificate block")
+    der = base64.b64decode(blocks[0])
+    if len(der) < 2 or der[0] != 0x30:
+        raise ValueError("not a DER SEQUENCE")
+    if der[1] < 0x80:
+        return der[:2 + der[1]]
+    octets = der[1] & 0x7F
+    return der[:2 + octets + int.from_bytes(der[2:2 + octets], "big")]
 
 
 class ServerTlsContext:
@@ -79,7 +111,7 @@ class ServerTlsContext:
         self._stamp = self._file_stamp()
         self.context = build_server_context(files)
         # Of the certificate in use (tc_server_tls_certificate_expiry_timestamp_seconds; the alert rules warn
-        # before it passes): a renewed file that cannot be loaded leaves it at the old one's.
+        # before it passes): a renewed file that cannot be loaded leaves it at the old one's. None: unknown.
         self.not_after_s = certificate_not_after_s(files.cert_file)
         self._current = self.context
         self.context.sni_callback = self._select
@@ -108,13 +140,12 @@ class ServerTlsContext:
             return False
         try:
             fresh = build_server_context(self.files)
-            not_after_s = certificate_not_after_s(self.files.cert_file)
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
             return False
         self._stamp = stamp
         self._current = fresh
-        self.not_after_s = not_after_s
+        self.not_after_s = certificate_not_after_s(self.files.cert_file)
         self.reloads += 1
         self.reloaded_at_s = time.time()
         log.info("TLS certificate reloaded", cert_file=self.files.cert_file)

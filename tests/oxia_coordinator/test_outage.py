@@ -18,6 +18,7 @@ import socket
 
 import pytest
 
+from tc_server import __version__
 from tc_server.client import TcClient, connect
 from tc_server.wire import ServerError
 from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
@@ -200,5 +201,8 @@ async def test_the_admin_port_answers_while_the_first_try_of_a_silent_oxia_waits
             # A scrape meanwhile finds an instance that is not ready, not a failed scrape (TcServerDown).
             status, metrics = await asyncio.to_thread(server.get, "/metrics")
             assert status == 200 and "tc_server_ready 0.0" in metrics.decode().splitlines(), metrics
+            # And which version waits (a rolling upgrade's progress).
+            (build,) = [line for line in metrics.decode().splitlines() if line.startswith("tc_server_build_info{")]
+            assert f'version="{__version__}"' in build, build
         finally:
             await asyncio.to_thread(server.stop)
