@@ -35,7 +35,7 @@ from tc_server.server.connection import NO_REQUEST_ID
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import Error, ServerError, encode_command
 from tests.security.pki import TestCa
-from tests.support.server_process import ServerProcess, free_port
+from tests.support.server_process import ServerProcess, free_port, started
 
 from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names
 
@@ -59,7 +59,9 @@ WAIT_S = 30.0
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found: `make prometheus-tools` installs Debian's prometheus package")
+        source = {"kubectl": "kubectl (README, *Requirements*)"}.get(
+            name, "`make prometheus-tools` installs Debian's prometheus package")
+        pytest.fail(f"{name} not found on the PATH: {source}")
     return path
 
 
@@ -132,7 +134,7 @@ def test_every_scrape_config_names_its_job_as_the_rules_expect() -> None:
 
 
 def test_kustomize_builds_the_standalone_variant_with_the_rules() -> None:
-    done = subprocess.run(["kubectl", "kustomize", str(K8S / "standalone")], capture_output=True, text=True,
+    done = subprocess.run([tool("kubectl"), "kustomize", str(K8S / "standalone")], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     kinds = [doc["kind"] for doc in yaml.safe_load_all(done.stdout) if doc]
@@ -142,6 +144,7 @@ def test_kustomize_builds_the_standalone_variant_with_the_rules() -> None:
 def test_the_sidecar_post_renderer_adds_the_sidecar_and_the_rules() -> None:
     """deploy/kubernetes/sidecar/post-render.sh, as Helm runs it: a rendered chart in, the chart with the
     sidecar, its Service, PodMonitor and rules out (it copies the directory and ../alerts, which it includes)."""
+    tool("kubectl")  # the script runs `kubectl kustomize`
     chart = yaml.safe_dump({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
@@ -179,7 +182,11 @@ class Prometheus:
                 [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
                  f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.wait_for(lambda: self._ready(), "Prometheus ready")
+        try:
+            self.wait_for(lambda: self._ready(), "Prometheus ready")
+        except BaseException:  # the caller has no object to stop: the process must not outlive the test
+            self.stop()
+            raise
 
     def _ready(self) -> bool:
         try:
@@ -223,7 +230,7 @@ def urllib_open(url: str) -> Any:
 @contextmanager
 def scraped(tmp_path: Path, *server_args: str) -> Iterator[tuple[ServerProcess, Prometheus]]:
     """A tc-server on the embedded store and a Prometheus that has scraped it and evaluated the rules."""
-    server = ServerProcess(tmp_path / "data", *server_args).start()
+    server = started(ServerProcess(tmp_path / "data", *server_args))
     prometheus: Prometheus | None = None
     try:
         prometheus = Prometheus(tmp_path, server.admin_port)

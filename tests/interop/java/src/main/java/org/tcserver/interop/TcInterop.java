@@ -223,7 +223,8 @@ public final class TcInterop {
                 committed.incrementAndGet();
                 emit(obj("event", "committed", "most", id.getMostSigBits(), "least", id.getLeastSigBits(),
                         "ms", msSince(start), "at", System.currentTimeMillis()));
-            } catch (ExecutionException e) {
+            } catch (ExecutionException | RuntimeException e) {
+                // Anything else the client throws is a failed transaction too, never a thread that ends quietly.
                 errors.incrementAndGet();
                 emit(obj("event", "error", "stage", id == null ? "open" : "commit",
                         "most", id == null ? null : id.getMostSigBits(),
