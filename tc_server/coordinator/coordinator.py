@@ -174,15 +174,6 @@ class TransactionCoordinator:
             raise CoordinatorNotFound(f"transaction coordinator {tc_id} is not led by this instance")
         return partition
 
-    @property
-    def ready(self) -> bool:
-        """Every partition (a worker of --workers N: of its share) is led by this instance or has a leader
-        at another URL. An instance restarted in place on Oxia finds its predecessor's records (its own
-        URL, another session) until that session expires: those coordinators are not served yet, and
-        LOOKUP would send their clients here, so it is not ready."""
-        leaderless, held_elsewhere = self.not_served()
-        return not leaderless and not held_elsewhere
-
     def _has_leader(self, tc_id: int) -> bool:
         """Led here, or by a leader at another URL (another instance, or Pulsar 5's own coordinator)."""
         return tc_id in self._partitions or self._election.leaders.get(tc_id) not in (None, self.config.advertised_url)
@@ -196,14 +187,18 @@ class TransactionCoordinator:
                 for tc_id in range(self.config.partitions)]
 
     def not_served(self) -> tuple[list[int], list[int]]:
-        """Why not :attr:`ready`: (the coordinators of this instance's share with no leader record, those
-        whose record names this instance's own URL although it does not lead them: its predecessor's
-        record after a restart in place, or another instance started with the same advertised URL)."""
+        """The coordinators of this instance's share (a worker of --workers N: of its own) that make it not
+        ready (/readyz): (those with no leader record, those whose record names this instance's own URL
+        although it does not lead them). The second are its predecessor's records after a restart in place
+        on Oxia (its own URL, another session, until that session expires), or another instance's started
+        with the same advertised URL: they are not served here, and LOOKUP would send their clients here."""
         campaign = self.config.campaign
-        unserved = [tc_id for tc_id in (range(self.config.partitions) if campaign is None else campaign)
-                    if not self._has_leader(tc_id)]
-        leaderless = [tc_id for tc_id in unserved if self._election.leaders.get(tc_id) is None]
-        return leaderless, [tc_id for tc_id in unserved if tc_id not in leaderless]
+        leaderless: list[int] = []
+        held_elsewhere: list[int] = []
+        for tc_id in range(self.config.partitions) if campaign is None else campaign:
+            if not self._has_leader(tc_id):
+                (leaderless if self._election.leaders.get(tc_id) is None else held_elsewhere).append(tc_id)
+        return leaderless, held_elsewhere
 
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]

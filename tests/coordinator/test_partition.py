@@ -456,16 +456,16 @@ async def test_an_instance_restarted_in_place_is_not_ready_while_its_predecessor
     config = CoordinatorConfig(partitions=4, advertised_url="pulsar://tc:6650")
     before = TransactionCoordinator(before_store, config, Metrics("t"))
     await before.start()
-    assert before.ready
+    assert before.not_served() == ([], [])
     after = TransactionCoordinator(after_store, config, Metrics("t"))  # the old session still stands
     await after.start()
     try:
         assert await eventually(lambda: all(after.leader_url(i) == "pulsar://tc:6650" for i in range(4)))
         assert not any(after.leads(i) for i in range(4))
-        assert not after.ready
+        assert after.not_served() == ([], [0, 1, 2, 3])  # held by another session under its own URL
         await before_store.close()  # the predecessor's session expires: its records go
         assert await eventually(lambda: all(after.leads(i) for i in range(4)))
-        assert after.ready
+        assert after.not_served() == ([], [])
     finally:
         await after.stop()
         await before.stop()

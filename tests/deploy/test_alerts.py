@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -223,7 +224,6 @@ class Prometheus:
 
 
 def urllib_open(url: str) -> Any:
-    import urllib.request
     return urllib.request.urlopen(url, timeout=5)  # noqa: S310 - http://127.0.0.1 only
 
 
