@@ -327,7 +327,10 @@ def test_a_certificate_a_day_from_its_expiry_raises_the_critical_alert(tmp_path:
 async def test_a_broker_refusing_a_clients_credentials_is_not_unreachable(tmp_path: Path) -> None:
     """tc-server's own authentication off, the broker checking tokens: a client with a bad token is refused
     at the broker's CONNECT. The broker answered, so it is up (tc_server_upstream_up 1), and
-    TcServerUpstreamUnreachable (critical) stays quiet; it pended before (a review)."""
+    TcServerUpstreamUnreachable (critical) stays quiet; it pended before (a review). The broker is a
+    stand-in that answers every CONNECT with AuthenticationError, as a real broker with token authentication
+    answers a bad token (tests/server/test_upstream.py uses the same answer; the real broker's refusals of
+    tc-server's own credentials are in tests/security/test_broker_auth.py)."""
     accepted = 0
 
     async def refuse_credentials(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
