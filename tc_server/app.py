@@ -220,7 +220,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     authentication = AuthenticationService.from_settings(settings)
     tls = server_tls_context(settings)
     if tls is not None:
-        metrics.tls_certificate_expiry.read = lambda: [] if tls.not_after_s is None else [((), tls.not_after_s)]
+        metrics.tls_certificate_expiry.read = tls.expiry_samples
     if not authentication.enabled:
         # Settings that mean something only with authentication on: one who set them believes it is on.
         unused = [f"--{name.replace('_', '-')}" for name in ("superuser_roles", "proxy_roles", "token_secret_key",

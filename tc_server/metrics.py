@@ -217,6 +217,14 @@ class ScrapedGauge(Collector):
             yield family
 
 
+def tls_certificate_expiry(registry: CollectorRegistry) -> ScrapedGauge:
+    """When the TLS certificate in use expires, on every admin port that serves with it (a worker's, the
+    supervisor's with --admin-tls); its owner sets ``read`` to the ServerTlsContext's ``expiry_samples``."""
+    return ScrapedGauge("tc_server_tls_certificate_expiry_timestamp_seconds",
+                        "When the server's TLS certificate in use (--tls-cert-file) expires, in Unix seconds", (),
+                        registry)
+
+
 def build_info(registry: CollectorRegistry) -> Gauge:
     """``tc_server_build_info{version,python} 1``: which version each instance runs (a rolling upgrade's
     progress), on every admin port (a worker's, the supervisor's)."""
@@ -267,10 +275,8 @@ class Metrics:
             "whose URL this instance knows (another tc-server, or Pulsar 5's own coordinator)", TC_LABELS, r)
         self.ready = ready_gauge(r)
         self.build_info = build_info(r)
-        # Set by app.py with --tls-listen or --admin-tls only.
-        self.tls_certificate_expiry = ScrapedGauge(
-            "tc_server_tls_certificate_expiry_timestamp_seconds",
-            "When the server's TLS certificate in use (--tls-cert-file) expires, in Unix seconds", (), r)
+        # Read by app.py with --tls-listen or --admin-tls only.
+        self.tls_certificate_expiry = tls_certificate_expiry(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "

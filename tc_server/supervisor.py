@@ -44,7 +44,7 @@ from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import LinesOrNothing, resolved_format
-from tc_server.metrics import build_info, ready_gauge
+from tc_server.metrics import build_info, ready_gauge, tls_certificate_expiry
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -175,6 +175,7 @@ class Supervisor:
         # As a single process's: /readyz's answer, here every worker ready at the last poll (set at scrape).
         self._ready = ready_gauge(self._registry)
         build_info(self._registry)
+        self._certificate_expiry = tls_certificate_expiry(self._registry)  # read once --admin-tls has its files
         self._http: aiohttp.ClientSession | None = None
         # --admin-tls: the server's certificate files (reloaded when they change), and the context the
         # workers' /readyz is asked with, made again after each reload (with a required client
@@ -429,6 +430,8 @@ class Supervisor:
         # readiness only, no transaction data (README, "Several cores"). HTTPS with --admin-tls, as the
         # workers' (the certificate reloaded as theirs is); a bad file stops the start here.
         tls = self._tls = server_tls_context(self.settings) if self.settings.admin_tls else None
+        if tls is not None:
+            self._certificate_expiry.read = tls.expiry_samples
         admin = AdminServer(self, host, port, tls=tls)
         try:
             await admin.start()

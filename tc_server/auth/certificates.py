@@ -118,6 +118,10 @@ class ServerTlsContext:
         self.reloads = 0
         self.reloaded_at_s = 0.0  # wall clock of the last reload (0: none yet)
 
+    def expiry_samples(self) -> list[tuple[tuple[()], float]]:
+        """The samples of tc_server_tls_certificate_expiry_timestamp_seconds: none while the expiry is unknown."""
+        return [] if self.not_after_s is None else [((), self.not_after_s)]
+
     def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
         if self._current is not self.context:
             ssl_object.context = self._current

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import pytest
 import structlog
 
@@ -98,10 +100,10 @@ class StandInSupervisor(Supervisor):
     """The supervisor, starting the stand-in above as worker k on k's admin port, behaving as
     ``behaviours[k]``."""
 
-    def __init__(self, behaviours: list[str]) -> None:
+    def __init__(self, behaviours: list[str], **settings_given: Any) -> None:
         settings = replace(Settings(), store="memory", workers=len(behaviours),
                            listen=f"127.0.0.1:{free_ports_in_a_row(1 + len(behaviours))}",
-                           admin_listen=f"127.0.0.1:{free_ports_in_a_row(1 + len(behaviours))}")
+                           admin_listen=f"127.0.0.1:{free_ports_in_a_row(1 + len(behaviours))}", **settings_given)
         super().__init__(settings, [])
         self.behaviours = behaviours
 
@@ -383,3 +385,29 @@ def test_the_workers_are_probed_with_the_certificate_of_the_last_reload(tmp_path
     ca.issue("localhost", "server", server=True)  # the same files, a new certificate and key
     assert supervisor._tls.reload_if_changed()
     assert supervisor._probe_ssl() is not first
+
+
+async def test_the_supervisor_exports_the_expiry_of_the_certificate_its_admin_port_serves(tmp_path: Path) -> None:
+    # With --admin-tls the supervisor's admin port serves the workers' certificate, and Prometheus scrapes it as
+    # it scrapes a worker's: TlsCertificateExpiringSoon must be able to fire from it too. It exported nothing.
+    ca = TestCa(tmp_path)
+    issued = ca.issue("localhost", "server", server=True, valid_days=30)
+    supervisor = StandInSupervisor(["serve"], admin_tls=True, tls_cert_file=str(issued.cert_file),
+                                   tls_key_file=str(issued.key_file))
+    running = asyncio.create_task(supervisor.run())
+    try:
+        context = ssl.create_default_context(cafile=str(ca.cert_file))
+        url = f"https://localhost:{supervisor.settings.admin_listen.rsplit(':', 1)[1]}/metrics"
+        async with aiohttp.ClientSession() as http:
+            for _ in range(int(PROCESS_BOUND_S / 0.05)):  # until the admin port listens
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with http.get(url, ssl=context) as response:
+                        exposition = await response.text()
+                        break
+                await asyncio.sleep(0.05)
+        (value,) = [line.split()[1] for line in exposition.splitlines()
+                    if line.startswith("tc_server_tls_certificate_expiry_timestamp_seconds ")]
+        assert float(value) == issued.certificate.not_valid_after_utc.timestamp()
+    finally:
+        supervisor.stop()
+        await asyncio.wait_for(running, PROCESS_BOUND_S)
