@@ -288,6 +288,8 @@ class ForwardingSession:
         # forwards wait for it.
         self._connections: dict[str, PulsarConnection] = {}
         self._opening: dict[str, asyncio.Task[PulsarConnection]] = {}
+        # The client's request ids being forwarded: a broker's answer is matched to its request by id alone.
+        self._forwarding: set[int] = set()
         self._closed = False
 
     async def forward(self, cmd: Command, frame: bytes) -> None:
@@ -295,6 +297,15 @@ class ForwardingSession:
         name = command_name(cmd)
         request_id = getattr(cmd, "request_id", None)
         assert request_id is not None  # only FORWARDED_COMMANDS with their request id come here (connection.py)
+        if request_id in self._forwarding:
+            # The answers to two requests of one id cannot be told apart: the first would have waited out
+            # the request timeout while the second took its answer. Refused at once, naming the problem.
+            self._upstream.metrics.forwarded_total.labels(name, "RequestIdInUse").inc()
+            self._reply(encode_command(_error_answer(cmd, request_id, ServerError.NotAllowedError,
+                                                     f"request id {request_id} is already in use by a request "
+                                                     "not answered yet")))
+            return
+        self._forwarding.add(request_id)
         started = time.perf_counter()
         outcome = "ok"
         try:
@@ -313,6 +324,7 @@ class ForwardingSession:
             self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
             return
         finally:
+            self._forwarding.discard(request_id)
             self._upstream.metrics.forwarded_seconds.labels(name).observe(time.perf_counter() - started)
             self._upstream.metrics.forwarded_total.labels(name, outcome).inc()
         self._reply(answer)

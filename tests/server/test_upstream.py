@@ -44,6 +44,7 @@ from tc_server.wire import (
     Connected,
     Error,
     FeatureFlags,
+    FrameDecoder,
     Lookup,
     LookupResponse,
     LookupType,
@@ -612,3 +613,31 @@ async def test_a_relayed_connect_names_no_original_principal_for_a_client_that_i
         assert (relayed.original_principal, relayed.original_auth_method, relayed.original_auth_data) == (
             None, None, None)
         writer.close()
+
+
+async def test_a_request_id_already_being_forwarded_is_refused_at_once(settings):
+    # A second request of an id whose forward was not answered yet took that forward's place: the broker's
+    # first answer went to the second, and the first waited out the request timeout (MetadataError). The
+    # answers of one id cannot be told apart, so the second is refused at once, naming the problem.
+    broker = StandInBroker(connect_to("pulsar://broker-a:6650"), lookup_delay_s=0.5)
+    async with front_door(settings, [broker], request_timeout_s=5.0) as (app, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
+        writer.write(encode_command(Connect(client_version="test", protocol_version=21)))
+        for _ in range(2):
+            writer.write(encode_command(Lookup(topic=TOPIC, request_id=7)))
+        decoder = FrameDecoder(5 * 1024 * 1024)
+        answers: list[LookupResponse] = []
+        async with asyncio.timeout(4.0):  # under the request timeout: no answer may be a timeout's
+            while len(answers) < 2:
+                decoder.feed(await reader.read(65536))
+                while (frame := decoder.next_frame()) is not None:
+                    if isinstance(answer := decode_command(frame), LookupResponse):
+                        answers.append(answer)
+        writer.close()
+    refused, served = answers
+    assert (refused.request_id, refused.response, refused.error) == (7, LookupType.FAILED,
+                                                                     ServerError.NotAllowedError), refused
+    assert "request id 7 is already in use" in (refused.message or ""), refused
+    assert (served.request_id, served.response, served.broker_service_url) == (
+        7, LookupType.CONNECT, "pulsar://broker-a:6650"), served
+    assert len(broker.lookup_frames) == 1
