@@ -41,6 +41,7 @@ from tc_server.server.upstream import (
     ForwardingSession,
     Upstream,
     connect_for_broker,
+    error_answer,
     host_port,
 )
 from tc_server.wire import (
@@ -213,6 +214,7 @@ class ClientConnection(asyncio.Protocol):
         self._connected = False
         self._closing = False
         self._eof = False  # the client shut down its sending side (see eof_received)
+        self._draining = False  # the server stops: what arrives now is refused, not started (drain)
         # Who txn requests act as: the txn owner and whether they may act on any txn (handshake.py).
         self._principal: str | None = None
         self._superuser = False
@@ -344,6 +346,9 @@ class ClientConnection(asyncio.Protocol):
         self._counted_input = now
 
     def _process_frames(self) -> None:
+        if self._draining:
+            self._refuse_unstarted()
+            return
         # Stop at once when paused: pause_reading() only stops the socket, while the frames of
         # this read are already in the decoder. They wait there until reading resumes.
         try:
@@ -860,9 +865,16 @@ class ClientConnection(asyncio.Protocol):
             close_flushing(self._transport, self._loop)
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop reading, answer the requests received but not started, wait (bounded) for those in flight,
-        then close (graceful stop)."""
-        self._pause_reading("shutdown")
+        """Start nothing more: answer the requests received but not started, and those that still arrive,
+        wait (bounded) for those in flight, then close (graceful stop).
+
+        Reading goes on (unless the client does not read its answers): requests left unread in the
+        socket when it closed made the kernel reset the connection, and the client lost the answers
+        already sent to it along with them."""
+        self._draining = True
+        self._ctx.paused.discard(self)
+        self._flow.resume("server-busy")
+        self._flow.resume("in-flight")
         self._refuse_unstarted()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
@@ -871,9 +883,9 @@ class ClientConnection(asyncio.Protocol):
     def _refuse_unstarted(self) -> None:
         """Transaction requests already received but not started (they wait in the decoder while the
         connection is at its bound of requests in flight, or came in the read the stop cut short) are
-        answered TransactionCoordinatorNotFound, which clients retry at the coordinator's next leader.
-        Before, the connection closed without a word for them, and the Java client waited out its
-        operation timeout (30 s) before giving up on each."""
+        answered TransactionCoordinatorNotFound, which clients retry at the coordinator's next leader, and
+        other requests MetadataError. Before, the connection closed without a word for them, and the Java
+        client waited out its operation timeout (30 s) before giving up on each transaction request."""
         if self._closing or self._relay is not None or not self._connected:
             return
         try:
@@ -885,6 +897,10 @@ class ClientConnection(asyncio.Protocol):
                 if isinstance(cmd, TxnRequest):
                     self.send(Dispatcher.error_response(cmd, ServerError.TransactionCoordinatorNotFound,
                                                         STOPPING))
+                elif (request_id := getattr(cmd, "request_id", None)) is not None:
+                    # A lookup, partition metadata, ...: MetadataError, which the clients retry (on another
+                    # connection, as this one closes).
+                    self.send(error_answer(cmd, request_id, ServerError.MetadataError, STOPPING))
         except FrameError:
             pass  # the rest cannot be read: nothing of it is answerable
         finally:

@@ -8,8 +8,9 @@ request budget). The connection names the reasons (docs/architecture.md §8):
 - ``in-flight``: the connection holds its share of ``--max-requests-in-flight``;
 - ``server-busy``: the server as a whole is at ``--max-requests-in-flight``;
 - ``relay-setup``, ``relay-write-buffer``: a connection carried to a broker is not connected yet, or the
-  broker does not read what the client sends;
-- ``shutdown``: the server is stopping and drains what is in flight.
+  broker does not read what the client sends.
+
+A stopping server's drain drops ``in-flight`` and ``server-busy``: it reads on and refuses what arrives.
 
 No asyncio here beyond the transport's own ``pause_reading`` / ``resume_reading``, as in uvicorn's
 ``flow_control.py``.

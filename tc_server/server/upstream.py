@@ -301,7 +301,7 @@ class ForwardingSession:
             # The answers to two requests of one id cannot be told apart: the first would have waited out
             # the request timeout while the second took its answer. Refused at once, naming the problem.
             self._upstream.metrics.forwarded_total.labels(name, "RequestIdInUse").inc()
-            self._reply(encode_command(_error_answer(cmd, request_id, ServerError.NotAllowedError,
+            self._reply(encode_command(error_answer(cmd, request_id, ServerError.NotAllowedError,
                                                      f"request id {request_id} is already in use by a request "
                                                      "not answered yet")))
             return
@@ -321,7 +321,7 @@ class ForwardingSession:
             if (left_out := self._upstream.log_limiter.allow(f"forward {name}:{error.name}")) is not None:
                 log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
                          message=message, left_out_since_last_line=left_out)
-            self._reply(encode_command(_error_answer(cmd, request_id, error, message)))
+            self._reply(encode_command(error_answer(cmd, request_id, error, message)))
             return
         finally:
             self._forwarding.discard(request_id)
@@ -467,7 +467,8 @@ def _keeping_the_connection(answer: Command, frame: bytes) -> bytes:
     return frame
 
 
-def _error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:
+def error_answer(cmd: Command, request_id: int, error: ServerError, message: str) -> Command:
+    """The answer refusing a request that is no transaction request, as its client expects it."""
     # Lookups and partition metadata answer with their own typed response, as a broker does; anything
     # else with ERROR, which every client matches against its pending request by id. Not
     # ServiceNotReady for lookups: it makes the Java client close the whole connection, coordinator

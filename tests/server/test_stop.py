@@ -120,13 +120,18 @@ async def test_requests_received_but_not_started_are_answered_by_the_stop(
             if app.context.in_flight == 4:
                 break
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # and the other four have arrived
+        # Behind them a lookup and a partition-metadata request: those were closed on without an answer.
+        lookup = asyncio.ensure_future(client.lookup("persistent://public/default/orders"))
+        metadata = asyncio.ensure_future(client.partitioned_metadata("persistent://public/default/orders"))
+        await asyncio.sleep(0.1)  # and the others have arrived
         assert app.context.in_flight == 4
         await asyncio.wait_for(app.stop(), STOP_BOUND_S)
         answers = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), STOP_BOUND_S)
         assert all(not isinstance(a, BaseException) and a.error is ServerError.TransactionCoordinatorNotFound
                    for a in answers), answers
         assert sum("stopping" in (a.message or "") for a in answers if not isinstance(a, BaseException)) == 4
+        for other in await asyncio.wait_for(asyncio.gather(lookup, metadata), STOP_BOUND_S):
+            assert other.error is ServerError.MetadataError and "stopping" in (other.message or ""), other
     finally:
         store.gate.set()
         client.close()
