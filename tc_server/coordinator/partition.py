@@ -747,7 +747,13 @@ class CoordinatorPartition:
             if not recording and self._recording.get(least) is recording:
                 del self._recording[least]
         self._participant_writes.inc(len(new))
-        self._check_still_leading(least, "participant records")
+        try:
+            self._check_still_leading(least, "participant records")
+        except CoordinatorNotFound:
+            # Landed but refused: a lapsed lease may be renewed and this instance decide the txn after all,
+            # from memory that never learnt of these records. The decision reads them from the store.
+            self._complete.discard(least)
+            raise
         if least in self._open:
             for path, (participant, _) in new.items():
                 known[path] = participant

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,7 +28,7 @@ from tc_server.coordinator import events as events_module
 from tc_server.coordinator import layout
 from tc_server.coordinator import partition as partition_module
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import InvalidTxnStatus, NotAllowed, TransactionNotFound
+from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, NotAllowed, TransactionNotFound
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.partition import (
     MAX_PARTICIPANTS_PER_ADD,
@@ -43,6 +44,7 @@ from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableErro
 from tc_server.store.memory import MemoryStore
 from tc_server.wire import AddPartitionToTxn, ServerError
 from tests.coordinator.test_partition import FakeClock, eventually
+from tests.support.gated_store import GatedStore
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
@@ -955,5 +957,73 @@ async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_sta
     await store.delete(Participant(TOPIC).path(0, least), partition_key=layout.txn_key(0, least))  # the other's
     with pytest.raises(TransactionNotFound, match="started again"):
         await partition.drop_participant(least, Participant(TOPIC))
+    assert await eventually(lambda: not partition.undelivered())
+    await partition.stop()
+
+
+async def test_a_participant_recorded_while_the_lease_lapsed_is_told_the_decision_once_renewed() -> None:
+    # The ADD's record reached the store, but the lease had lapsed when the write was answered: the ADD is
+    # answered TransactionCoordinatorNotFound. The lease is then renewed (a keep-alive answered: this instance
+    # goes on leading) and the client aborts. The partition decided from memory, which never learnt of that
+    # record: it was neither delivered nor deleted, and GC kept the txn's header for good.
+    store = MemoryStore()
+    sender = RecordingSender()
+    lease_until = [math.inf]
+    partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), FakeClock(),
+                                     sweep_timeouts=False, sender=sender, lease=lambda: lease_until[0])
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    lease_until[0] = 0.0  # the lease lapses while the ADD's write is in flight
+    with pytest.raises(CoordinatorNotFound):
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+    lease_until[0] = math.inf
+    assert [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))], "the record landed"
+    await partition.end_txn(least, commit=False, principal=None)
+    told = await eventually(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)], attempts=40)
+    left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))]
+    await partition.stop()
+    await store.close()
+    assert told, f"the recorded participant was never told the abort: told={sender.told}"
+    assert left == []
+
+
+@pytest.mark.parametrize("first", ["commit", "abort", "timeout"])
+async def test_commit_abort_and_timeout_racing_agree_with_the_stored_decision(first: str) -> None:
+    # Two END_TXNs of opposite actions (and the timeout) with their header writes all queued at once: one
+    # decision stands, the others are answered InvalidTxnStatus or succeed as that same decision, and the
+    # broker hears the stored one.
+    store = GatedStore()
+    clock = FakeClock()
+    sender = RecordingSender()
+    partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), clock,
+                                     sweep_timeouts=False, sender=sender)
+    await partition.recover_outbox()
+    least = await partition.new_txn(1_000, None)
+    await partition.add_participants(least, None, [Participant(TOPIC)])
+    store.gate.clear()
+    tasks: dict[str, asyncio.Task[Any]] = {}
+    if first == "timeout":
+        clock.now += 1_000  # the deadline passes while both END_TXNs wait
+        tasks["timeout"] = asyncio.create_task(partition.expire(least))
+        await asyncio.sleep(0)
+    for name in ["abort", "commit"] if first == "abort" else ["commit", "abort"]:
+        tasks[name] = asyncio.create_task(partition.end_txn(least, commit=name == "commit", principal=None))
+        await asyncio.sleep(0)
+    store.gate.set()
+    succeeded = []
+    for name, task in tasks.items():
+        with contextlib.suppress(InvalidTxnStatus):
+            await task
+            succeeded.append(name)
+    record = await store.get(layout.header_path(0, least))
+    assert record is not None
+    stored = TxnHeader.from_json(record.value).state
+    if stored is TxnState.COMMITTED:
+        assert succeeded == ["commit"], succeeded
+    else:
+        assert "commit" not in succeeded, (stored, succeeded)
+    assert await eventually(lambda: len(sender.told) >= 1)
+    assert all(t.committed == (stored is TxnState.COMMITTED) for t in sender.told), sender.told
+    assert not partition.open_txns()
     assert await eventually(lambda: not partition.undelivered())
     await partition.stop()
