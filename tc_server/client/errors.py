@@ -39,6 +39,12 @@ class HandshakeRefused(ClientError):
         self.error = error
         self.server_message = message
 
+    @property
+    def of_credentials(self) -> bool:
+        """Whether the credentials were refused (any broker of the cluster would refuse them), rather than the
+        connection itself (a broker past brokerMaxConnections[PerIp] answers NotAllowedError before CONNECT)."""
+        return self.error in (ServerError.AuthenticationError, ServerError.AuthorizationError)
+
 
 class BrokerError(ClientError):
     """A typed response carried an error code."""

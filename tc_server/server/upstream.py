@@ -232,8 +232,8 @@ class Upstream:
     async def open(self, connect: Connect) -> PulsarConnection:
         """A connection to the first upstream URL that answers, with the client's credentials.
 
-        Raises the last ConnectionFailed when none answers, HandshakeRefused when one refuses the
-        client's credentials (another URL of the same cluster would refuse them too)."""
+        Raises the last ConnectionFailed when none takes a connection, HandshakeRefused
+        when one refuses the client's credentials (another URL of the same cluster would refuse them too)."""
         last: ClientError | None = None
         for attempt in range(len(self.urls)):
             index = (self._preferred + attempt) % len(self.urls)
@@ -244,7 +244,14 @@ class Upstream:
                 last = exc
                 self.metrics.upstream_up.labels(url).set(0)
                 continue
-            except HandshakeRefused:
+            except HandshakeRefused as exc:
+                if not exc.of_credentials:
+                    # This broker refuses connections (its connection limit, which all clients' upstream
+                    # connections, coming from this one address, reach sooner): a failed connection, as a
+                    # client connected to it would see (retried; counted as unreachable). The next URL.
+                    last = ConnectionFailed(url, f"CONNECT refused: {exc.error.name}: {exc.server_message}")
+                    self.metrics.upstream_up.labels(url).set(0)
+                    continue
                 # The broker answered: it is up, and refused this client's credentials (the alert rules
                 # read the gauge as the broker's reachability).
                 self.metrics.upstream_up.labels(url).set(1)
@@ -427,6 +434,12 @@ class ForwardingSession:
 
     def _failure(self, exc: BaseException) -> tuple[ServerError, str]:
         where = f"upstream broker {' / '.join(self._upstream.urls)}"
+        if isinstance(exc, HandshakeRefused) and not exc.of_credentials:
+            # Not the client's fault, and not final: NotAllowedError would fail the client's operation for
+            # good, ServiceNotReady make the Java client close its connection to tc-server. A client
+            # connected to the broker itself would see a failed connection, and retry.
+            return ServerError.MetadataError, (f"{where} refused the connection: {exc.error.name}: "
+                                               f"{exc.server_message}; retry")
         if isinstance(exc, HandshakeRefused):
             if exc.error is ServerError.AuthenticationError and self._admitted:
                 # Taken before, refused now: expired (a broker checks expiry, and drops connections

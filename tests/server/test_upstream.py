@@ -641,3 +641,61 @@ async def test_a_request_id_already_being_forwarded_is_refused_at_once(settings)
     assert (served.request_id, served.response, served.broker_service_url) == (
         7, LookupType.CONNECT, "pulsar://broker-a:6650"), served
     assert len(broker.lookup_frames) == 1
+
+
+class ConnectionRefusingBroker(StandInBroker):
+    """Answers every CONNECT with ERROR (request id -1) and closes, as a broker past brokerMaxConnections or
+    brokerMaxConnectionsPerIp does before any CONNECT is read (ServerCnx.channelActive)."""
+
+    def __init__(self, error: ServerError, message: str) -> None:
+        super().__init__(connect_to("pulsar://never:6650"))
+        self.error = error
+        self.message = message
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        if isinstance(command := decode_command(frame), Connect):
+            self.connects.append(command)
+            writer.write(encode_command(Error(NO_REQUEST_ID, self.error, self.message)))
+            writer.close()
+            return
+        await super()._on_frame(frame, writer)
+
+
+@pytest.mark.parametrize(("error", "message"), [
+    (ServerError.NotAllowedError, "Reached the maximum number of connections on address"),
+    (ServerError.ServiceNotReady, "broker is starting")], ids=["connection-limit", "service-not-ready"])
+@pytest.mark.parametrize("where", ["upstream-url", "redirect"])
+async def test_a_broker_refusing_the_connection_itself_gives_the_client_a_retriable_error(settings, error, message,
+                                                                                           where):
+    # Every client's upstream connection comes from tc-server's one address, so a broker's per-address
+    # connection limit is reached much sooner than by the clients themselves. Its refusal reached the client
+    # as the broker's NotAllowedError ("refused the client's credentials"), which the Java client takes as
+    # final: the producer failed for good; and ServiceNotReady made it close its connection to tc-server.
+    refusing = ConnectionRefusingBroker(error, message)
+    upstream: list[StandInBroker]
+    others: tuple[StandInBroker, ...]
+    if where == "upstream-url":
+        upstream, others = [refusing], ()
+    else:  # a broker the upstream's lookup answer redirects to (its port known once started)
+        upstream, others = [StandInBroker(lambda lookup: redirect_to(refusing.url)(lookup))], (refusing,)
+    async with front_door(settings, upstream, others) as (app, client):
+        lookup = await client.lookup(TOPIC)
+        metadata = await client.partitioned_metadata(TOPIC) if where == "upstream-url" else None
+        failed = {labels[1] for labels in app.metrics.forwarded_total._metrics}
+    assert refusing.connects, "the broker never saw tc-server's CONNECT"
+    assert (lookup.response, lookup.error) == (LookupType.FAILED, ServerError.MetadataError), lookup
+    assert f"{error.name}: {message}" in (lookup.message or "") and "credentials" not in (lookup.message or "")
+    if metadata is not None:
+        assert metadata.error is ServerError.MetadataError, metadata
+        # As a failed connection: TcServerUpstreamUnreachable counts it (deploy/prometheus/alerts.yml).
+        assert failed == {"ConnectionFailed"}, failed
+
+
+async def test_a_broker_past_its_connection_limit_leaves_the_next_upstream_url_to_be_tried(settings):
+    # The credentials a broker refuses, any broker of the cluster refuses; its connection limit is its own.
+    full = ConnectionRefusingBroker(ServerError.NotAllowedError, "Reached the maximum number of connections")
+    healthy = StandInBroker(connect_to("pulsar://broker-2:6650"))
+    async with front_door(settings, [full, healthy]) as (_, client):
+        answer = await client.lookup(TOPIC)
+    assert answer.response is LookupType.CONNECT, answer
+    assert full.connects and healthy.connections_total == 1
