@@ -288,6 +288,11 @@ class ForwardingSession:
         # client connection asks the client for fresh ones (refresh_credentials brings them here).
         self._credentials_expired = credentials_expired
         self._admitted = False  # a broker took the client's credentials once
+        # Asked for fresh credentials before any broker took them (see _failure): once, so that credentials
+        # that are simply wrong end in AuthenticationError rather than in a retry without end.
+        self._asked_before_admission = False
+        flags = client_connect.feature_flags
+        self._client_refreshes = bool(flags and flags.supports_auth_refresh)
         self._connect = connect_for_broker(client_connect, proxied)
         self._reply = reply
         # Open connections by broker URL, the primary (to whichever upstream URL answered) under
@@ -450,6 +455,15 @@ class ForwardingSession:
                 return ServerError.MetadataError, (f"{where} refused the client's credentials, which it had taken "
                                                    f"before ({exc.server_message}); fresh ones were asked of the "
                                                    "client: retry")
+            if (exc.error is ServerError.AuthenticationError and not self._admitted and self._client_refreshes
+                    and not self._asked_before_admission and self._credentials_expired is not None):
+                # Never taken, but maybe expired since the client connected: a client's service-URL connection
+                # lives as long as the client, and its first forward (its first producer) may come hours
+                # later. The client refreshes only when asked: ask once.
+                self._asked_before_admission = True
+                self._credentials_expired()
+                return ServerError.MetadataError, (f"{where} refused the client's credentials ({exc.server_message});"
+                                                   " fresh ones were asked of the client: retry")
             return exc.error, f"{where} refused the client's credentials: {exc.server_message}"
         if isinstance(exc, TimeoutError | RequestTimedOut):
             return ServerError.MetadataError, (

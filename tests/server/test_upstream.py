@@ -424,6 +424,37 @@ async def test_a_client_whose_token_expired_at_the_broker_is_asked_for_a_fresh_o
             client.close()
 
 
+@pytest.mark.parametrize("fresh", [b"second", b"first"], ids=["expired-meanwhile", "wrong"])
+async def test_a_token_refused_at_the_first_forward_is_asked_for_again_once(settings, fresh):
+    # The client's service-URL connection lives as long as the client, and its first forwarded request (its
+    # first producer) may come after the token of its CONNECT expired. A fresh one was asked for only when a
+    # broker had taken the token before: here none had, so every forward of the connection failed with
+    # AuthenticationError for its life (the client refreshes only when asked). Now the client is asked once;
+    # a token that is simply wrong still ends in AuthenticationError, after that one retry.
+    broker = TokenCheckingBroker(valid=b"second")
+    async with front_door(settings, [broker]) as (app, _):
+        client = await connect("127.0.0.1", app.listeners[0].port, handshake=False)
+        connect_first = replace(connect_command(ClientAuth("token", b"first")),
+                                feature_flags=FeatureFlags(supports_auth_refresh=True))
+        await client.handshake(connect_first, timeout_s=5)
+        client.auth_data_source = lambda: fresh  # what the client's token provider gives now
+        try:
+            failed = await client.lookup(TOPIC)
+            assert (failed.response, failed.error) == (LookupType.FAILED, ServerError.MetadataError), failed
+            async with asyncio.timeout(5):  # the challenge answered, the next forward carries the answer
+                while broker.connects[-1].auth_data != fresh or len(broker.connects) < 2:
+                    answer = await client.lookup(TOPIC)
+                    await asyncio.sleep(0.05)
+            if fresh == b"second":
+                assert answer.response is LookupType.CONNECT, answer
+            else:
+                assert (answer.response, answer.error) == (LookupType.FAILED, ServerError.AuthenticationError), answer
+                again = await client.lookup(TOPIC)
+                assert again.error is ServerError.AuthenticationError, again
+        finally:
+            client.close()
+
+
 def test_a_broker_not_named_by_a_lookup_for_an_hour_is_no_longer_carried_to(monkeypatch):
     # Every broker a lookup had named stayed a relay target for the process's life: brokers' addresses
     # (pod IPs) change with restarts and are given to other pods, which then got clients' credentials.
