@@ -150,10 +150,11 @@ def forwarding_tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 def peer_tls_context(settings: Settings) -> ssl.SSLContext | None:
-    """The TLS context of relays to peer tc-server instances (the v5 SDK reaches a coordinator led elsewhere
-    through the instance it is connected to) for clients that came over TLS: None without a TLS listener.
-    The peers' certificates are the cluster's, checked as brokers' are (--broker-client-tls-trust-certs);
-    never tc-server's own client certificate."""
+    """The TLS context of relays for clients that came over TLS: to peer tc-server instances (the v5 SDK
+    reaches a coordinator led elsewhere through the instance it is connected to), and to a broker's
+    ``pulsar+ssl://`` URL behind a plain upstream (with a TLS upstream, forwarding_tls_context's). None
+    without a TLS listener. The peers' certificates are the cluster's, checked as brokers' are
+    (--broker-client-tls-trust-certs); never tc-server's own client certificate."""
     return _client_context(settings) if settings.tls_listen else None
 
 

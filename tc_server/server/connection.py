@@ -666,7 +666,11 @@ class ClientConnection(asyncio.Protocol):
         if peer:  # a plain client goes to the peer's plain URL (_peers), a TLS one to its TLS URL
             ssl_context = self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://") else None
         else:
-            ssl_context = upstream.ssl_context if upstream else None
+            assert upstream is not None  # proxy_target named the URL
+            # A plain upstream names its brokers' TLS URLs too, and a TLS client is carried to the one it
+            # named: trusting the brokers' CA (--broker-client-tls-trust-certs), not the system's alone.
+            ssl_context = upstream.ssl_context or (self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://")
+                                                   else None)
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 

@@ -255,6 +255,35 @@ async def test_a_proxied_connection_to_a_broker_named_by_its_plain_address_goes_
         tls.stop()
 
 
+async def test_a_tls_client_is_carried_to_a_brokers_tls_url_behind_a_plain_upstream_trusting_the_brokers_ca(
+        start, ca):
+    # A plain upstream whose LOOKUP answers name both URLs; the client speaks TLS to tc-server and names the
+    # broker's TLS address, as the Java client does. The relay's TLS trusted only the system's CAs, not
+    # --broker-client-tls-trust-certs as every other connection tc-server opens to a broker: against brokers
+    # whose certificates the cluster's own CA signed (the usual case) it never connected (ServiceNotReady,
+    # retried for good).
+    owner = await StandInBroker(ssl_context=broker_context(ca)).start()
+    upstream = await StandInBroker(lambda lookup: LookupResponse(
+        lookup.request_id, LookupType.CONNECT, broker_service_url="pulsar://127.0.0.1:1",
+        broker_service_url_tls=owner.url)).start()
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, upstream_url=upstream.url, lookup_connections="proxy",
+                                     broker_client_tls_trust_certs=str(ca.cert_file)))
+    assert app.tls_listener is not None
+    url = f"pulsar+ssl://localhost:{app.tls_listener.port}"
+    client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
+    try:
+        assert (await client.lookup("persistent://public/default/orders")).proxy_through_service_url
+        relayed = await open_connection(url, replace(connect_command(), proxy_to_broker_url=f"localhost:{owner.port}"),
+                                        ssl_context=client_context(ca), timeout_s=WAIT_S, factory=lambda: TcClient(url))
+        relayed.close()
+        assert len(owner.connects) == 1
+    finally:
+        client.close()
+        owner.stop()
+        upstream.stop()
+
+
 def _connect_blocking(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None):
     """A TLS-authenticated CONNECT on a socket of its own, closed cleanly (close_notify: OpenSSL drops a
     TLS 1.2 session from its cache when the connection just ends): (the answer, whether the session was
