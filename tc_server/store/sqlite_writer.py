@@ -128,10 +128,11 @@ def command(package_root: Path, db_path: Path, socket_fd: int, lock_fd: int, max
 
 def main(argv: list[str]) -> int:
     db_path, socket_fd, lock_fd, max_group_ops = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
-    # tc-server stops this process by closing the socket, after its last write: a Ctrl-C or SIGTERM sent
-    # to the whole process group must not cut a group commit short.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # tc-server stops this process by closing the socket, after its last write: a Ctrl-C, SIGTERM or a
+    # closing terminal's SIGHUP sent to the whole process group must not cut a group commit short (nor
+    # the stop's own writes, which follow the signal).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     # Killed with tc-server however it ends: a writer stopped or stalled on a disk never reads the EOF
     # that ends it otherwise, and would hold the file's lock against the next tc-server.
     die_with_parent()

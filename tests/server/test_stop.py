@@ -174,20 +174,27 @@ async def test_the_admin_port_answers_through_the_drain_with_readyz_saying_stopp
         client.close()
 
 
-def test_sighup_stops_gracefully_as_sigterm_does(tmp_path: Path) -> None:
-    # A closing terminal sends SIGHUP: it killed the process with no stop at all (exit code 129, no drain,
-    # Oxia's leader records left to expire).
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name)
+def test_a_signal_to_the_whole_process_group_stops_gracefully_with_the_store_writer_alive(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    # A closing terminal (an ssh session ending) sends SIGHUP to the whole foreground process group, Ctrl-C
+    # SIGINT: the embedded store's writer process gets it too. SIGHUP killed tc-server with no stop at all
+    # (exit code 129, no drain, Oxia's leader records left to expire); then it killed the writer, which
+    # ignored SIGINT and SIGTERM only: the stop's own writes failed (the leader records' deletes, any request
+    # in flight answered "outcome unknown") and store_writer_lost fired its alert.
     server = TcServerProcess(tmp_path / "data", store="embedded", log_path=tmp_path / "tc-server.log")
-    server.start()
+    server.start()  # in a session of its own: its process group is a terminal's job
     assert server.proc is not None
     try:
-        server.proc.send_signal(signal.SIGHUP)
+        os.killpg(server.proc.pid, sig)
         code = server.proc.wait(STOP_BOUND_S)
     finally:
         server.kill()
     assert code == 0, server.log_tail()
     events = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
-    assert [e.get("signal") for e in events if e["event"] == "stopping"] == ["SIGHUP"], server.log_tail()
+    assert [e.get("signal") for e in events if e["event"] == "stopping"] == [sig.name], server.log_tail()
+    assert [e for e in events if e["event"] in ("store_writer_lost", "could not delete leader record")] == []
+    assert events[-1]["event"] == "stopped", server.log_tail()
     assert events[-1]["event"] == "stopped", server.log_tail()
 
 
