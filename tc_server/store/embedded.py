@@ -169,8 +169,20 @@ class StoreInUseError(StoreUnavailableError):
     """Another process (a running tc-server) holds the database file's lock: one user at a time."""
 
 
+# SQLite's extended codes of a full disk: SQLITE_FULL ("database or disk is full"), and the "disk I/O error"
+# of sizing the WAL's shared-memory index when the store opens on a full disk (SQLITE_IOERR_SHMSIZE), which
+# would send an operator after a failing disk.
+_DISK_FULL = frozenset({"SQLITE_FULL", "SQLITE_IOERR_SHMSIZE"})
+
+
 def _unavailable(what: str, exc: BaseException) -> StoreUnavailableError:
-    return StoreUnavailableError(f"embedded store: {what} failed: {type(exc).__name__}: {exc}")
+    reason = f"{type(exc).__name__}: {exc}"
+    code = getattr(exc, "sqlite_errorname", None)
+    if code in _DISK_FULL:
+        reason += f" ({code}: no space left on the data directory's disk)"
+    elif code is not None:
+        reason += f" ({code})"
+    return StoreUnavailableError(f"embedded store: {what} failed: {reason}")
 
 
 @dataclass(slots=True)
@@ -588,6 +600,7 @@ class EmbeddedStore(StoreWrites):
             # A scan scoped to one partition key is small (one txn's op records: END_TXN runs one
             # per request). Its first page is read on the loop, as gets are, because the thread
             # hop cost more than the query (profiled); a longer scan continues in the reader thread.
+            self._check_open()  # closed since the scan was made: StoreClosedError, as the others say
             try:
                 page = _index_page(self._get_conn, name=name, start=start, end=end, after=None,
                                    limit=INLINE_SCAN_ROWS)

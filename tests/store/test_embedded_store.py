@@ -731,3 +731,31 @@ async def test_a_writer_far_behind_is_a_write_problem_until_it_answers(tmp_path:
         assert store.write_problem() is None
     finally:
         await store.close()
+
+
+async def test_scans_made_before_the_close_and_read_after_it_say_the_store_is_closed(tmp_path: Path) -> None:
+    # The partition-scoped scan (END_TXN's op lookup) read its first page on the closed read connection and
+    # said StoreUnavailableError("scan failed: ProgrammingError: Cannot operate on a closed database").
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/txn/op/1_1-1", b"v", partition_key="1_1", secondary_indexes={"idx": "/txn/op/1_1"})
+    across_shards = store.scan_index("idx", "/txn/op/1_1", "/txn/op/1_1\x02")
+    one_shard = store.scan_index("idx", "/txn/op/1_1", "/txn/op/1_1\x02", partition_key="1_1")
+    await store.close()
+    for scan in (across_shards, one_shard):
+        with pytest.raises(StoreClosedError):
+            await anext(scan)
+
+
+@pytest.mark.parametrize(("code", "said"), [
+    ("SQLITE_IOERR_SHMSIZE", "SQLITE_IOERR_SHMSIZE: no space left on the data directory's disk"),
+    ("SQLITE_FULL", "SQLITE_FULL: no space left on the data directory's disk"),
+    ("SQLITE_IOERR_FSYNC", "(SQLITE_IOERR_FSYNC)")])
+def test_sqlite_failures_name_their_code_and_a_full_disk_says_so(code: str, said: str) -> None:
+    # Opened on a full disk (a stopped tc-server started again after the volume filled), SQLite cannot size
+    # the WAL's index and says "disk I/O error" (SQLITE_IOERR_SHMSIZE, seen on a full 1 MiB tmpfs): the one
+    # line `tc-server run` printed sent the operator after a failing disk.
+    failure = sqlite3.OperationalError("disk I/O error")
+    failure.sqlite_errorname = code
+    message = str(embedded._unavailable("opening /data/tc-server.sqlite3", failure))
+    assert message.startswith("embedded store: opening /data/tc-server.sqlite3 failed: OperationalError: disk I/O "
+                              "error") and said in message, message
