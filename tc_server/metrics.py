@@ -280,7 +280,8 @@ class Metrics:
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "
-            "(max_connections, max_connections_per_address, max_buffered_input)", ["reason"], registry=r)
+            "(max_connections, max_connections_per_address, max_tls_handshakes, max_buffered_input)", ["reason"],
+            registry=r)
         self.in_flight = Gauge("tc_server_requests_in_flight",
                               "Requests being served: transaction requests and forwarded ones", registry=r)
         self.store_batch_size = Histogram(

@@ -27,6 +27,7 @@ from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
+from tc_server.auth.tls_accept import HandshakeBudget, TlsServer, listening_sockets
 from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreError
 
@@ -103,15 +104,19 @@ class _ConnectionBudget:
 
     def admit(self, address: str) -> bool:
         if self.open >= MAX_CONNECTIONS or self.by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
-            if (left_out := self._limiter.allow("admin connection refused")) is not None:
-                log.warning("admin connection refused: too many open", address=address, open=self.open,
-                            from_address=self.by_address.get(address, 0), max_connections=MAX_CONNECTIONS,
-                            max_connections_per_address=MAX_CONNECTIONS_PER_ADDRESS,
-                            left_out_since_last_line=left_out)
+            self.refused(address)
             return False
         self.open += 1
         self.by_address[address] = self.by_address.get(address, 0) + 1
         return True
+
+    def refused(self, address: str, bound: str = "connections open") -> None:
+        """Log a connection closed at once for a bound (once per interval): the connections open, or the TLS
+        handshakes under way."""
+        if (left_out := self._limiter.allow("admin connection refused")) is not None:
+            log.warning("admin connection refused", bound=bound, address=address, open=self.open,
+                        from_address=self.by_address.get(address, 0), max_connections=MAX_CONNECTIONS,
+                        max_connections_per_address=MAX_CONNECTIONS_PER_ADDRESS, left_out_since_last_line=left_out)
 
     def release(self, address: str) -> None:
         self.open -= 1
@@ -172,9 +177,18 @@ class _BudgetedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         budget = self._budget
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Budgeted(server(), budget), self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        if self._ssl_context is None:
+            self._server = await loop.create_server(lambda: _Budgeted(server(), budget), self._host, self._port,
+                                                    backlog=self._backlog, reuse_address=True)
+            return
+        # The budget counts a connection once its TLS handshake is done: the handshakes under way have one
+        # of their own, the same size (tls_accept.py).
+        handshakes = HandshakeBudget(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS,
+                                     refused=lambda address: budget.refused(address, "TLS handshakes under way"))
+        sockets = await listening_sockets(self._host, self._port, self._backlog)
+        self._server = TlsServer(sockets, lambda: _Budgeted(server(), budget), self._ssl_context, handshakes,
+                                 backlog=self._backlog)
 
 
 class AdminServer:

@@ -83,7 +83,7 @@ STOPPING = "this tc-server instance is stopping: retry at the coordinator's next
 NOT_FORWARDED = ("not served on tc-server's service URL, which forwards lookups only (FORWARDED_COMMANDS); "
                  "producers and consumers connect to the broker a LOOKUP names")
 # Why a connection was closed at once (the label values of tc_server_connections_refused_total).
-REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_buffered_input")
+REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_tls_handshakes", "max_buffered_input")
 # Past the input budget, a connection still holding more than this after serving what it can is
 # growing a large unfinished frame (TC commands are far smaller): it is the one closed.
 SMALL_INPUT_BYTES = 16 * 1024
@@ -175,6 +175,15 @@ class ServerContext:
         self.connections_per_address[address] = self.connections_per_address.get(address, 0) + 1
         return None
 
+    def refused_at_accept(self, reason: str, peer: str) -> None:
+        """A connection closed at once for a limit (REFUSAL_REASONS): counted, logged once per interval (the
+        client retries, as it does when a broker's maxConnectionsPerIp closes it)."""
+        self.metrics.connections_refused.labels(reason).inc()
+        if (left_out := self.log_limiter.allow("connection refused")) is not None:
+            log.warning("connection refused", peer=peer, reason=reason, max_connections=self.max_connections,
+                        max_connections_per_address=self.max_connections_per_address,
+                        refused_since_last_line=left_out)
+
     def release(self, address: str) -> None:
         left = self.connections_per_address.get(address, 0) - 1
         if left > 0:
@@ -265,16 +274,11 @@ class ClientConnection(asyncio.Protocol):
         self._log.debug("connection opened")
 
     def _refuse_connection(self, reason: str) -> None:
-        """Past a connection limit: close at once (no CONNECT is read; the client retries, as it does
-        when a broker's maxConnectionsPerIp closes it), count it, log it once per interval."""
+        """Past a connection limit: close at once (no CONNECT is read)."""
         self._closing = True
-        self._ctx.metrics.connections_refused.labels(reason).inc()
-        left_out = self._ctx.log_limiter.allow("connection refused")
-        if left_out is not None:
-            self._log.warning("connection refused", reason=reason, max_connections=self._ctx.max_connections,
-                              max_connections_per_address=self._ctx.max_connections_per_address,
-                              refused_since_last_line=left_out)
         assert self._transport is not None
+        peer = self._transport.get_extra_info("peername")
+        self._ctx.refused_at_accept(reason, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
         self._transport.abort()  # nothing to flush: give the descriptor back now
 
     def connection_lost(self, exc: Exception | None) -> None:

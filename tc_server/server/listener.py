@@ -13,6 +13,7 @@ import ssl
 
 import structlog
 
+from tc_server.auth.tls_accept import HandshakeBudget, TlsServer
 from tc_server.server.connection import ClientConnection, ServerContext
 
 log = structlog.get_logger("tc_server.listener")
@@ -31,7 +32,7 @@ class PulsarListener:
         self._host = host
         self._port = port
         self._ssl = ssl_context
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._socket: socket.socket | None = None
 
     def bind(self) -> int:
@@ -56,11 +57,16 @@ class PulsarListener:
         assert self._socket is not None
         self.context = context
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ClientConnection(context), sock=self._socket, backlog=1024, ssl=self._ssl,
-            # A client that stalls its TLS handshake holds a socket no longer than this.
-            ssl_handshake_timeout=10.0 if self._ssl is not None else None,
-        )
+        if self._ssl is None:
+            self._server = await loop.create_server(lambda: ClientConnection(context), sock=self._socket,
+                                                    backlog=1024)
+        else:
+            # A connection counts against --max-connections[-per-address] once its handshake is done; the
+            # handshakes under way have a bound of their own, the same size (tls_accept.py).
+            handshakes = HandshakeBudget(context.max_connections, context.max_connections_per_address,
+                                         lambda address: context.refused_at_accept("max_tls_handshakes", address))
+            self._server = TlsServer([self._socket], lambda: ClientConnection(context), self._ssl, handshakes,
+                                     backlog=1024)
         log.info("listening", address=f"{self._host}:{self.port}", tls=self._ssl is not None)
 
     @property

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tc_server.admin import http as admin_http
-from tc_server.app import App
+from tc_server.app import App, start_app
 from tc_server.client import TcClient
+from tc_server.config import Settings
 from tc_server.coordinator import layout
+from tests.security.pki import TestCa
 
 from .conftest import tracebacks
 
@@ -130,3 +135,35 @@ async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once
         await asyncio.sleep(0.05)
     assert (await http(app, "GET", "/healthz"))[0] == 200
     assert app.admin.budget.open == 0 and app.admin.budget.by_address == {}
+
+
+async def test_tls_handshakes_never_finished_are_bounded_by_the_admin_ports_budget(
+        settings: Settings, tmp_path: Path, monkeypatch) -> None:
+    # With --admin-tls the budget was counted once a TLS handshake was done (asyncio calls connection_made
+    # then): sockets that never sent their ClientHello were neither counted nor closed, each held for
+    # asyncio's 60 s handshake timeout, as many as anyone opened. The handshakes under way have a budget of
+    # the same size now.
+    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS_PER_ADDRESS", 5)
+    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS", 8)
+    ca = TestCa(tmp_path)
+    issued = ca.issue("localhost", "server", server=True)
+    app = await start_app(replace(settings, admin_tls=True, tls_cert_file=str(issued.cert_file),
+                                  tls_key_file=str(issued.key_file)))
+    held = []
+    try:
+        for _ in range(5):  # the per-address budget of handshakes, none sends a byte
+            held.append(await asyncio.open_connection("127.0.0.1", app.admin.port))
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)  # the sixth
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once
+        writer.close()
+        # An HTTPS request from another address is served meanwhile.
+        context = ssl.create_default_context(cafile=str(ca.cert_file))
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port, ssl=context,
+                                                       server_hostname="localhost", local_addr=("127.0.0.2", 0))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        for _, held_writer in held:
+            held_writer.close()
+        await app.stop()

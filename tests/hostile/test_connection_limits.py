@@ -5,6 +5,7 @@ connection); the connections already open and the admin probes keep working."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tc_server.app import App
-from tc_server.client import TcClient
+from tc_server.app import App, start_app
+from tc_server.auth.tls_accept import TlsServer
+from tc_server.client import ClientAuth, TcClient
 from tc_server.config import Settings
+from tests.security.pki import TestCa
+from tests.security.support import tls_client
 
 from .conftest import BASE, tracebacks
 
@@ -69,7 +73,8 @@ async def test_past_max_connections_a_connection_is_closed_at_once(
     held = [await open_from(app, source) for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.4")]
     extra = [await open_from(app, f"127.0.0.{5 + i}", handshake=False) for i in range(30)]
     assert all([await refused(c) for c in extra])
-    assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0, "max_buffered_input": 0}
+    assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0, "max_tls_handshakes": 0,
+                             "max_buffered_input": 0}
     # One log line for the burst, not one per connection.
     lines = [e for e in server_log if e["event"] == "connection refused"]
     assert len(lines) == 1 and lines[0]["reason"] == "max_connections", lines
@@ -98,3 +103,35 @@ async def test_past_max_connections_per_address_only_that_address_is_refused(app
     assert refusals(app)["max_connections_per_address"] == 1
     for client in [*first, other]:
         client.close()
+
+
+async def test_tls_handshakes_under_way_are_bounded_as_connections_are(settings: Settings, tmp_path: Path) -> None:
+    # asyncio's TLS server calls connection_made, where the limits are counted, only once the handshake is
+    # done: sockets that connected and never sent their ClientHello were not counted, each held for the
+    # handshake timeout, as many as anyone opened. A broker counts a connection when it accepts it.
+    ca = TestCa(tmp_path)
+    issued = ca.issue("localhost", "server", server=True)
+    app = await start_app(replace(settings, tls_listen="127.0.0.1:0", tls_cert_file=str(issued.cert_file),
+                                  tls_key_file=str(issued.key_file)))
+    assert app.tls_listener is not None
+    port = app.tls_listener.port
+    try:
+        stalled = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(2)]
+        third, _ = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        assert await asyncio.wait_for(third.read(), CLOSE_BOUND_S) == b""  # closed at once, not at the timeout
+        assert refusals(app)["max_tls_handshakes"] == 1
+        # Another address completes its handshake and is served; the stalled ones still hold their slots.
+        other = await tls_client(port, ssl.create_default_context(cafile=str(ca.cert_file)), ClientAuth())
+        assert (await other.new_txn(tc_id=1)).error is None
+        other.close()
+        server = app.tls_listener._server
+        assert isinstance(server, TlsServer) and server.budget.under_way == 2
+        for _, writer in stalled:  # a stalled handshake gone gives its slot back
+            writer.close()
+        for _ in range(int(CLOSE_BOUND_S / 0.05)):
+            if server.budget.under_way == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert server.budget.under_way == 0
+    finally:
+        await app.stop()
