@@ -207,6 +207,7 @@ class AdminServer:
         routes.add_to(self.app)
         self._runner: web.AppRunner | None = None
         self.budget = _ConnectionBudget()
+        self._refusals_log = LogLimiter()
 
     async def start(self) -> None:
         # access_log=None: no per-request lines (probes and scrapes would flood the log).
@@ -251,10 +252,15 @@ class AdminServer:
         try:
             identity = self._auth.authenticate_http(request.headers.get("Authorization"), peer_certificate)
         except AuthenticationFailed as exc:
-            log.info("admin request refused: not authenticated", path=request.path, reason=str(exc))
+            # Anyone may send these, as fast as they like: one line per interval, the path cut short.
+            if (left_out := self._refusals_log.allow("not authenticated")) is not None:
+                log.info("admin request refused: not authenticated", path=request.path[:200], reason=str(exc),
+                         left_out_since_last_line=left_out)
             return _unauthorized(str(exc))
         if request.path != METRICS_PATH and not self._auth.is_superuser(identity.role):
-            log.info("admin request refused: not a superuser", path=request.path, role=identity.role)
+            if (left_out := self._refusals_log.allow("not a superuser")) is not None:
+                log.info("admin request refused: not a superuser", path=request.path[:200], role=identity.role,
+                         left_out_since_last_line=left_out)
             return json_response(403, {"reason": f"role {identity.role!r} is not a superuser"})
         return await handler(request)
 
@@ -268,8 +274,13 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        reason = f"no such endpoint: {request.method} {request.path[:200]}" if exc.status in (404, 405) \
-            else exc.reason
+        if exc.status == 405:
+            allowed = exc.headers.get("Allow", "")
+            reason = f"{request.method} is not allowed on {request.path[:200]}; use {allowed or 'another method'}"
+        elif exc.status == 404:
+            reason = f"no such endpoint: {request.method} {request.path[:200]}"
+        else:
+            reason = exc.reason
         response = json_response(exc.status, {"reason": reason})
         if exc.status == 405 and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]

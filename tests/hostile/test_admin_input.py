@@ -17,7 +17,7 @@ from tc_server.app import App, start_app
 from tc_server.client import TcClient
 from tc_server.config import Settings
 from tc_server.coordinator import layout
-from tests.security.pki import TestCa
+from tests.security.pki import TestCa, data_url
 
 from .conftest import tracebacks
 
@@ -167,3 +167,28 @@ async def test_tls_handshakes_never_finished_are_bounded_by_the_admin_ports_budg
         for _, held_writer in held:
             held_writer.close()
         await app.stop()
+
+
+async def test_refused_unauthenticated_requests_are_logged_once_per_interval_with_the_path_cut_short(
+        settings: Settings, server_log: list[dict[str, Any]]) -> None:
+    # Each refused request was logged, with its whole path (up to aiohttp's 8190-byte request line): anyone
+    # who reached the port wrote as much log as they sent, no credentials needed.
+    app = await start_app(replace(settings, authentication_providers="token", token_secret_key=data_url(
+        b"k" * 32), superuser_roles="admin"))
+    request = f"GET /admin/v3/transactions/{'x' * 8000} HTTP/1.1\r\nHost: tc\r\n\r\n".encode()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
+        writer.write(request * 200)  # pipelined on one keep-alive connection
+        for _ in range(200):  # each is answered 401
+            async with asyncio.timeout(10):
+                assert b" 401 " in await reader.readline()
+                length = 0
+                while (line := await reader.readline()) != b"\r\n":
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+        writer.close()
+    finally:
+        await app.stop()
+    refused = [e for e in server_log if e["event"] == "admin request refused: not authenticated"]
+    assert len(refused) == 1 and len(refused[0]["path"]) == 200, [(len(e["path"]), e["reason"]) for e in refused]

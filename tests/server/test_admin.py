@@ -118,3 +118,11 @@ async def test_a_page_limit_outside_its_range_names_the_range(app):
     for limit in ("0", "99999"):
         status, doc = await get(app, f"/admin/v3/transactions/undelivered?limit={limit}")
         assert (status, doc["reason"]) == (400, f"limit: expected a number from 1 to 10000, got '{limit}'")
+
+
+async def test_a_wrong_method_is_named_as_such_not_as_a_missing_endpoint(app):
+    # curl without -X POST on the force-abort got 405 with "no such endpoint: GET ...", as if this tc-server
+    # had no force-abort.
+    status, doc = await get(app, "/admin/v3/transactions/abort/1/0")
+    assert status == 405, doc
+    assert doc["reason"] == "GET is not allowed on /admin/v3/transactions/abort/1/0; use POST", doc
