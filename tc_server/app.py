@@ -16,7 +16,7 @@ from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes, StartingRoutes
 from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context, peer_tls_context
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
-from tc_server.auth.service import AuthenticationService
+from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, parse_hostport
@@ -229,6 +229,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         if unused:
             log.warning("authentication is off (no --authentication-providers): these settings do nothing",
                         settings=unused)
+    if settings.admin_listen and provider_methods(settings.authentication_providers) == ["tls"] \
+            and not settings.admin_tls:
+        # No request on a plain-HTTP admin port can carry a credential the one method takes.
+        log.warning("the admin API can authenticate nobody: the only authentication method is tls and the admin "
+                    "port is plain HTTP (set --admin-tls, or add the token method); /admin/v3 answers 401 to all"
+                    + (", and /metrics too (--authenticate-metrics-endpoint)" if settings.authenticate_metrics_endpoint
+                       else ""))
     if not authentication.enabled and parse_hostport(settings.admin_listen)[0] not in ("127.0.0.1", "::1", "localhost"):
         log.warning("authentication is off: whoever reaches the admin port may read and force-abort any "
                     "transaction (set --authentication-providers)", admin_listen=settings.admin_listen)

@@ -392,6 +392,10 @@ class Settings:
             raise ConfigError("token_auth_claim and token_audience_claim must not be empty")
         if "tls" in methods and not (self.tls_listen or self.admin_tls):
             raise ConfigError("authentication_providers: tls needs a TLS port (tls_listen or admin_tls)")
+        if "tls" in methods and not self.tls_trust_certs_file:
+            # Without the CA, the server asks no client for a certificate: the method could prove nobody.
+            raise ConfigError("authentication_providers: tls needs tls_trust_certs_file, the CA that signs the "
+                              "clients' certificates")
         if not self.listen and not self.tls_listen:
             raise ConfigError("listen: empty (plain listener off) needs tls_listen")
         if (self.tls_listen or self.admin_tls) and not (self.tls_cert_file and self.tls_key_file):

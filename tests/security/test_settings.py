@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 from tc_server.app import start_app
 from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.config import ConfigError, Settings, load_settings
+from tests.security.pki import TestCa
 
 
 def settings(**env: str):
@@ -22,6 +23,9 @@ def settings(**env: str):
     ({"authentication_providers": "token"}, "token needs token_secret_key or token_public_key"),
     ({"authentication_providers": "kerberos"}, "unknown authentication provider 'kerberos'"),
     ({"authentication_providers": "tls"}, "tls needs a TLS port"),
+    # Without the clients' CA the server asks nobody for a certificate: the method could prove no one.
+    ({"authentication_providers": "tls", "admin_tls": "true", "tls_cert_file": "s.pem", "tls_key_file": "s.key"},
+     "tls needs tls_trust_certs_file"),
     ({"token_secret_key": "data:;base64,AAAA", "token_public_key": "data:;base64,AAAA"}, "both set"),
     ({"listen": ""}, "plain listener off) needs tls_listen"),
     ({"tls_listen": "127.0.0.1:6651"}, "needs tls_cert_file and tls_key_file"),
@@ -71,3 +75,21 @@ async def test_settings_that_need_authentication_are_named_when_it_is_off(tmp_pa
         await app.stop()
     (warning,) = [line for line in logged if line["event"].startswith("authentication is off (no --authentication")]
     assert warning["settings"] == ["--superuser-roles", "--proxy-roles"]
+
+
+@pytest.mark.parametrize("admin_tls", [False, True])
+async def test_tls_as_the_only_method_with_a_plain_admin_port_is_named(tmp_path, admin_tls):
+    # No request on a plain-HTTP admin port can carry a credential the tls method takes: every /admin/v3
+    # request was 401, the superusers' included, without a word at the start.
+    ca = TestCa(tmp_path)
+    server = ca.issue("localhost", "server", server=True)
+    settings = replace(Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory",
+                                data_dir=str(tmp_path / "data")), authentication_providers="tls",
+                       superuser_roles="ops", tls_listen="127.0.0.1:0", tls_cert_file=str(server.cert_file),
+                       tls_key_file=str(server.key_file), tls_trust_certs_file=str(ca.cert_file),
+                       admin_tls=admin_tls).validate()
+    with capture_logs() as logged:
+        app = await start_app(settings)
+        await app.stop()
+    warned = [line for line in logged if line["event"].startswith("the admin API can authenticate nobody")]
+    assert len(warned) == (0 if admin_tls else 1), warned
