@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
-from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, TransactionNotFound
+from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
 from tc_server.metrics import Metrics, build_info, ready_gauge
@@ -341,6 +341,8 @@ class AdminRoutes:
             return json_response(409, {"reason": str(exc), "leader": self._tc.leader_url(most)})
         except TransactionNotFound as exc:
             return json_response(404, {"reason": str(exc)})
+        except StoreCorrupted as exc:
+            return self._damaged(most, least, exc)
         if state is not TxnState.ABORTED:
             return json_response(409, {"reason": f"transaction ({most},{least}) is already {state.value}",
                                        "status": state.value})
@@ -366,8 +368,18 @@ class AdminRoutes:
             return json_response(404, {"reason": str(exc)})
         except InvalidTxnStatus as exc:
             return json_response(409, {"reason": str(exc)})
+        except StoreCorrupted as exc:
+            return self._damaged(most, least, exc)
         return json_response(200, {"txnId": txn_id(most, least), "dropped": {"topic": topic, **(
             {"subscription": subscription} if subscription is not None else {})}, "participantsLeft": left})
+
+    @staticmethod
+    def _damaged(most: int, least: int, exc: StoreCorrupted) -> web.Response:
+        """A record of the txn the coordinator cannot read (as transactionMetadata answers it): the txn named,
+        one warning, no traceback; the record is for an operator to look at, not a bug of this process."""
+        log.warning("unreadable record of a transaction", txn=f"({most},{least})", error=str(exc)[:200])
+        return json_response(500, {"reason": f"a stored record of transaction ({most},{least}) is unreadable: "
+                                             f"{str(exc)[:200]}"})
 
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
