@@ -146,7 +146,7 @@ STORE_RETRY_MAX_S = 10.0
 
 
 async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | None,
-                             worker: WorkerRole | None = None) -> MetadataStore:
+                             authentication: AuthenticationService, worker: WorkerRole | None = None) -> MetadataStore:
     """The configured store. An Oxia that does not answer (down, or not up yet) is tried again, with a
     warning each time, instead of ending the start: an Oxia outage during a rollout would crash-loop the
     process (restarted ever more slowly), and a sidecar's container that is not running takes its
@@ -162,7 +162,9 @@ async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | N
     # whole --request-timeout-s: a liveness probe meanwhile found no port, and restarted the container
     # every ~30 s while Oxia was down (the crash loop this wait exists to prevent).
     host, port = parse_hostport(settings.admin_listen)
-    waiting = AdminServer(routes, host, port, tls=admin_tls)
+    # Authenticated as the instance's own (--authenticate-metrics-endpoint: /metrics was open while it waited).
+    waiting = AdminServer(routes, host, port, authentication=authentication,
+                          authenticate_metrics=settings.authenticate_metrics_endpoint, tls=admin_tls)
     try:
         await waiting.start()
     except OSError as bind_error:
@@ -250,7 +252,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
     store = store if store is not None else await open_store_waiting(settings, tls if settings.admin_tls else None,
-                                                                    worker)
+                                                                    authentication, worker)
     if isinstance(store, EmbeddedStore):  # its group commits and its writer process, as metrics
         store.on_commit = metrics.store_batch_size.observe
         store.on_writer_lost = metrics.store_writer_lost.inc

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
 
 import pytest
 
 from tc_server import __version__
+from tc_server.app import start_app
 from tc_server.client import TcClient, connect
+from tc_server.config import Settings
 from tc_server.wire import ServerError
 from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
+from tests.security.pki import data_url
 from tests.support.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -206,3 +210,37 @@ async def test_the_admin_port_answers_while_the_first_try_of_a_silent_oxia_waits
             assert f'version="{__version__}"' in build, build
         finally:
             await asyncio.to_thread(server.stop)
+
+
+async def test_the_waiting_admin_port_asks_for_credentials_where_the_running_one_does(tmp_path) -> None:
+    # --authenticate-metrics-endpoint, and authentication on: while the start waited for Oxia, the admin port
+    # served /metrics to anyone (it was built without the authentication service).
+    admin_port = free_port()
+    settings = Settings(listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{admin_port}", store="oxia",
+                        oxia_address=f"127.0.0.1:{free_port()}",  # nothing listens there: the start waits
+                        coordinators=4, data_dir=str(tmp_path), authentication_providers="token",
+                        token_secret_key=data_url(b"k" * 32), superuser_roles="admin",
+                        authenticate_metrics_endpoint=True).validate()
+    starting = asyncio.create_task(start_app(settings))
+
+    async def status_of(path: str) -> int | None:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", admin_port)
+        except OSError:  # not listening yet
+            return None
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: tc\r\nConnection: close\r\n\r\n".encode())
+        status = int((await reader.read()).split(b" ", 2)[1])
+        writer.close()
+        return status
+
+    async def answers() -> bool:
+        return await status_of("/healthz") == 200
+
+    try:
+        await poll(answers, "the waiting admin port")
+        assert await status_of("/metrics") == 401
+        assert await status_of("/admin/v3/transactions/coordinatorStats") == 401
+    finally:
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
