@@ -56,11 +56,13 @@ run: setup-runtime
 
 include $(wildcard mk/*.mk)
 
-# The in-process suites once more on uvloop, the event loop production runs on (TC_TEST_LOOP in
-# tests/conftest.py); about 30 s on the 2-core machine. The tests that start tc-server processes are
-# left out: those processes run on uvloop already.
+# The in-process suites' asyncio tests once more on uvloop, the event loop production runs on (TC_TEST_LOOP
+# in tests/conftest.py, which also leaves out the tests that are no coroutine: they run the same either way);
+# about 2 min on the 2-core machine. The files that start tc-server processes are left out: those processes
+# run on uvloop already.
 UVLOOP_TESTS := tests/wire tests/coordinator tests/server tests/hostile tests/test_event_loop.py \
     --ignore=tests/server/test_fault_history.py --ignore=tests/server/test_kill_restart.py \
+    --ignore=tests/server/test_workers.py \
     --ignore=tests/hostile/test_start_failures.py --ignore=tests/hostile/test_store_lock.py \
     --ignore=tests/hostile/test_fuzz_server.py --ignore=tests/hostile/test_fuzz_admin.py
 PYTEST_UVLOOP = TC_TEST_LOOP=uvloop $(PY) -m pytest $(UVLOOP_TESTS) $(PYTEST_ARGS)

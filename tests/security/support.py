@@ -9,7 +9,7 @@ import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,10 @@ class RawConnectResult:
 
 
 async def raw_connect(port: int, connect: Connect, ssl_context: ssl.SSLContext | None = None,
-                      then: Sequence[Command] | None = None) -> RawConnectResult:
-    """Send CONNECT (and ``then``) on a fresh socket, read until the server closes it or WAIT_S passes.
+                      then: Sequence[Command] | None = None,
+                      until: Callable[[list[Command]], bool] | None = None) -> RawConnectResult:
+    """Send CONNECT (and ``then``) on a fresh socket, read until the server closes it or WAIT_S passes, or
+    ``until(commands received so far)`` holds (a connection expected to stay open: closed_by_server False).
 
     Our client closes its side after a refused handshake; this one never does, so an EOF here proves
     the server closed the connection."""
@@ -50,7 +52,10 @@ async def raw_connect(port: int, connect: Connect, ssl_context: ssl.SSLContext |
                 decoder.feed(data)
                 while (frame := decoder.next_frame()) is not None:
                     commands.append(decode_command(frame))
-            closed = True
+                if until is not None and until(commands):
+                    break
+            else:
+                closed = True
     except TimeoutError:
         closed = False
     except (ConnectionResetError, ssl.SSLError):

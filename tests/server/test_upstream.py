@@ -368,7 +368,7 @@ async def test_a_proxied_connection_to_a_broker_this_instance_has_not_seen_yet_i
             assert refused.closed_by_server
             assert [(c.error, "retry" in c.message) for c in refused.commands if isinstance(c, Error)] == [
                 (ServerError.ServiceNotReady, True)], refused.commands
-            carried = await raw_connect(app.listeners[0].port, proxied)  # the first has seen it: carried
+            carried = await raw_connect(app.listeners[0].port, proxied, until=bool)  # the first has seen it: carried
             assert [type(c) for c in carried.commands] == [Connected], carried.commands
         finally:
             await other.stop()
