@@ -787,3 +787,46 @@ async def test_heartbeats_answered_slower_than_their_period_still_renew_the_leas
     finally:
         await store.close()
         await server.stop()
+
+
+async def test_a_subscription_after_a_batch_of_puts_gets_the_changes_that_follow(oxia: StandinOxia) -> None:
+    # Oxia numbers batches (commit offsets) and puts (version ids) apart; the client took a put's version id
+    # for its batch's offset. Ten puts in one batch (offset 0, version ids 0-9) made a later subscription
+    # skip every batch up to offset 9: the next changes were never delivered.
+    store = await connect(oxia.address, request_timeout_s=2.0)
+    other = await connect(oxia.address, request_timeout_s=2.0)
+    try:
+        await store.write_batch([Put(f"/w/{i}", b"") for i in range(10)])
+        stream = store.notifications("/n/")
+        await other.put("/n/after", b"")  # offset 1, version id 10
+        note = await asyncio.wait_for(anext(stream), 3.0)
+        assert (note.type, note.key) == (NotificationType.CREATED, "/n/after")
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_close_waits_for_the_deletion_of_its_ephemeral_records_when_offsets_ran_ahead_of_versions(
+        oxia: StandinOxia, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A delete takes a commit offset and no version id: offsets run ahead of version ids. The put's own
+    # notification (offset 2 > version 1) was then taken for a later change of the record: close() ended
+    # the stream without the deletion of the record, which the Protocol promises before the end.
+    wake = standin.Shard._wake
+
+    async def later(self: standin.Shard) -> None:  # notifications 0.3 s after their commit (a loaded server)
+        await asyncio.sleep(0.3)
+        await wake(self)
+
+    monkeypatch.setattr(standin.Shard, "_wake", later)
+    store = await connect(oxia.address, request_timeout_s=2.0)
+    try:
+        await store.put("/d/x", b"")
+        await store.write_batch([Delete("/d/x")])
+        stream = store.notifications("/e/")
+        await store.put("/e/leader", b"me", ephemeral=True)  # offset 2, version id 1
+        created = await asyncio.wait_for(anext(stream), 3.0)
+        assert (created.type, created.key) == (NotificationType.CREATED, "/e/leader")
+        await store.close()
+        assert [(n.type, n.key) async for n in stream] == [(NotificationType.DELETED, "/e/leader")]
+    finally:
+        await store.close()

@@ -11,8 +11,9 @@ Semantics imitated (docs/oxia-client.md, "Oxia facts the client relies on"):
 
 * ``N`` shards with ids ``0..N-1`` splitting ``[0, 2^32-1]`` evenly; every leader is this server's
   address. Like real Oxia it checks no placement: a write sent with ``shard-id: 2`` lands on shard 2.
-* One commit offset counter per shard; a record's version id is the offset of the batch that wrote
-  it; ``modifications_count`` starts at 0.
+* One commit offset counter per shard (one per batch), and a version id counter of its own (one per
+  applied put, oxiad's ``versionIdTracker.Add(1)``: a batch of n puts takes one offset and n version
+  ids, a delete an offset and none); ``modifications_count`` starts at 0.
 * A ``WriteRequest`` is one batch: puts, then deletes, each with its own status (CAS failures do not
   abort the batch). Request-level errors (a sequence put without partition key, with an expected
   version, with a first delta of 0) end the whole stream, as do missing ``shard-id``/``namespace``
@@ -150,6 +151,7 @@ class Shard:
     index_keys: list[str] = field(default_factory=list)
     index_primary: dict[str, str] = field(default_factory=dict)
     commit_offset: int = -1
+    last_version_id: int = -1  # oxiad's last-version-id: the first put gets 0
     batches: list[pb.NotificationBatch] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -215,8 +217,9 @@ class Shard:
             if not self._check_version(existing, expected):
                 result.status = pb.UNEXPECTED_VERSION_ID
                 continue
+            self.last_version_id += 1
             entry = Entry(
-                value=put.value, version_id=offset,
+                value=put.value, version_id=self.last_version_id,
                 modifications=existing.modifications + 1 if existing else 0,
                 created=existing.created if existing else now, modified=now,
                 session_id=put.session_id if put.HasField("session_id") else None,
@@ -225,7 +228,7 @@ class Shard:
             result.status = pb.OK
             result.version.CopyFrom(entry.version())
             notes[key] = pb.Notification(
-                type=pb.KEY_MODIFIED if entry.modifications else pb.KEY_CREATED, version_id=offset)
+                type=pb.KEY_MODIFIED if entry.modifications else pb.KEY_CREATED, version_id=entry.version_id)
         for delete in request.deletes:
             deleted = response.deletes.add()
             existing = self.kv.get(delete.key)

@@ -7,13 +7,15 @@ batch per committed write batch, with the commit offset; a stream that breaks is
 the last offset received (``start_offset_exclusive``), so nothing is lost or repeated across a
 reconnect as long as the server still retains it (1 h by default).
 
-"Changes committed after the call" (the Protocol's promise) is kept by an offset snapshot taken
-when a subscriber is created: per shard, the highest of the last batch offset the pump received and
-the highest version id this client's own puts got back. Oxia's version id of a write is the commit
-offset of its batch (not run against a real server; the stand-in does the same), so a batch at or
-below the snapshot was committed before the call and is not delivered. Batches above it that were
-in fact committed just before the call (by other clients, or own deletes, which return no version)
-can still arrive: a subscriber may see slightly more, never less.
+"Changes committed after the call" (the Protocol's promise) is kept by a snapshot taken when a
+subscriber is created, per shard: the offset of the last batch the pump received, and the highest
+version id known (seen in notifications, or returned to this client's own puts). Oxia numbers the two
+apart: one commit offset per write batch, one version id per applied put, from a counter of its own
+(oxiad's ``versionIdTracker``; a batch of n puts takes n version ids, a delete none). A batch at or below
+the offset snapshot was committed before the call and is not delivered; in a later batch, a put's
+notification at or below the version snapshot is one of this client's own puts acknowledged before the
+call, not delivered either. Deletes carry no version: one committed just before the call (not yet
+received) can still arrive, so a subscriber may see slightly more, never less.
 """
 
 from __future__ import annotations
@@ -61,12 +63,19 @@ class OxiaSubscription(NotificationQueue):
     """One subscriber's stream; batches at or below its offset snapshot (committed before it
     subscribed) are not delivered."""
 
-    def __init__(self, pump: NotificationPump, snapshot: dict[int, int], limit: int, key_prefix: str = "") -> None:
+    def __init__(self, pump: NotificationPump, offsets: dict[int, int], versions: dict[int, int], limit: int,
+                 key_prefix: str = "") -> None:
         super().__init__(limit, pump._subscribers.discard, key_prefix)
-        self._snapshot = snapshot
+        self._offsets = offsets  # per shard: the last batch offset received before the subscription
+        self._versions = versions  # per shard: the highest version id known before it
 
     def _push(self, shard: int, offset: int, items: list[Notification]) -> None:
-        if offset > self._snapshot.get(shard, -2):
+        if offset <= self._offsets.get(shard, -2):
+            return
+        known = self._versions.get(shard, -1)
+        if any(0 <= note.version <= known for note in items):
+            items = [note for note in items if not 0 <= note.version <= known]
+        if items:
             self.deliver(items)
 
 
@@ -82,21 +91,21 @@ class NotificationPump:
         self._pool = pool
         self._shard_map = shard_map
         self._limit = limit
-        self._offsets: dict[int, int] = {}
-        self._own_offsets: dict[int, int] = {}
+        self._offsets: dict[int, int] = {}  # per shard: the offset of the last batch received
+        self._versions: dict[int, int] = {}  # per shard: the highest version id in the batches received
+        self._own_versions: dict[int, int] = {}  # per shard: the highest version id of this client's puts
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._first: dict[int, asyncio.Event] = {}
         self._subscribers: set[OxiaSubscription] = set()
         # Set after every batch, for drain() to re-check its condition.
         self._progress = asyncio.Event()
-        # This client's ephemeral records still in place, key -> (shard, version id of the put), whose
-        # deletion drain() waits for (closing the session deletes them; the client never learns the
-        # commit offset of that). Any later change of the key on its shard, by anyone, ends the entry:
-        # deleted (by a client, or with an expired session) or overwritten, it will not be deleted
-        # with the session any more, and waiting for that would take drain()'s whole timeout.
-        self._own_ephemeral: dict[str, tuple[int, int]] = {}
-        # Counted for tests: how many times a shard's stream was (re)opened with a start offset.
-        self.resumed_from: list[tuple[int, int]] = []
+        # This client's ephemeral records still in place, key -> [shard, version id of the put, whether the
+        # put's own notification was seen], whose deletion drain() waits for (closing the session deletes
+        # them). A later change of the key on its shard, by anyone, ends the entry: overwritten (a higher
+        # version) or deleted after the put's notification (by a client, or with an expired session), it
+        # will not be deleted with the session any more, and waiting for that would take drain()'s whole
+        # timeout. A delete seen before the put's own notification is an older one.
+        self._own_ephemeral: dict[str, list[int | bool]] = {}
 
     def update(self, shards: ShardMap) -> None:
         """Follow the shard set of a new assignment: start streams for new shards, stop removed."""
@@ -108,10 +117,10 @@ class NotificationPump:
         for shard in self._tasks.keys() - wanted:
             self._tasks.pop(shard).cancel()
 
-    def note_own_offset(self, shard: int, offset: int) -> None:
-        """Record the commit offset of one of this client's own writes (its version id)."""
-        if offset > self._own_offsets.get(shard, -1):
-            self._own_offsets[shard] = offset
+    def note_own_version(self, shard: int, version: int) -> None:
+        """Record the version id of one of this client's own acknowledged puts."""
+        if version > self._own_versions.get(shard, -1):
+            self._own_versions[shard] = version
 
     async def wait_ready(self, timeout_s: float) -> bool:
         """Wait until every shard's stream delivered its first batch; False on timeout."""
@@ -124,10 +133,10 @@ class NotificationPump:
         return True
 
     def subscribe(self, key_prefix: str = "") -> OxiaSubscription:
-        snapshot = dict(self._offsets)
-        for shard, offset in self._own_offsets.items():
-            snapshot[shard] = max(offset, snapshot.get(shard, offset))
-        sub = OxiaSubscription(self, snapshot, self._limit, key_prefix)
+        versions = dict(self._versions)
+        for shard, version in self._own_versions.items():
+            versions[shard] = max(version, versions.get(shard, version))
+        sub = OxiaSubscription(self, dict(self._offsets), versions, self._limit, key_prefix)
         self._subscribers.add(sub)
         return sub
 
@@ -137,7 +146,8 @@ class NotificationPump:
 
     def note_own_ephemeral(self, shard: int, key: str, version: int) -> None:
         """Record an ephemeral put of this client, for :meth:`drain` to wait for its deletion."""
-        self._own_ephemeral[key] = (shard, version)
+        # Its notification may have come in before the put's answer.
+        self._own_ephemeral[key] = [shard, version, version <= self._versions.get(shard, -1)]
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every shard's stream has passed this client's own last put and the deletion of
@@ -146,7 +156,7 @@ class NotificationPump:
 
         def caught_up() -> bool:
             return not self._own_ephemeral and all(
-                self._offsets.get(shard, -1) >= offset for shard, offset in self._own_offsets.items())
+                self._versions.get(shard, -1) >= version for shard, version in self._own_versions.items())
 
         try:
             async with asyncio.timeout(timeout_s):
@@ -168,12 +178,16 @@ class NotificationPump:
         for sub in list(self._subscribers):
             sub.end(None)
 
-    def _end_own_ephemeral(self, shard: int, offset: int, items: list[Notification]) -> None:
-        """Drop the own ephemeral records that ``items`` (committed at ``offset``) changed. The put's
-        own notification (at its version) and older ones, still arriving, do not count."""
+    def _end_own_ephemeral(self, shard: int, items: list[Notification]) -> None:
+        """Drop the own ephemeral records that ``items`` changed after their put. The put's own
+        notification (at its version) and older ones, still arriving, do not count."""
         for note in items:
             owned = self._own_ephemeral.get(note.key)
-            if owned is not None and owned[0] == shard and offset > owned[1]:
+            if owned is None or owned[0] != shard:
+                continue
+            if note.version == owned[1]:
+                owned[2] = True  # the put's own: what follows it is later
+            elif note.version > owned[1] or (note.version < 0 and owned[2]):
                 del self._own_ephemeral[note.key]
 
     async def _run(self, shard: int) -> None:
@@ -182,7 +196,6 @@ class NotificationPump:
             request = pb.NotificationsRequest(shard=shard)
             if shard in self._offsets:
                 request.start_offset_exclusive = self._offsets[shard]
-                self.resumed_from.append((shard, self._offsets[shard]))
             try:
                 info = self._shard_map().get(shard)
                 if info is None:
@@ -196,10 +209,13 @@ class NotificationPump:
                     self._offsets[shard] = batch.offset
                     items = convert(batch)
                     if items:
+                        highest = max(note.version for note in items)
+                        if highest > self._versions.get(shard, -1):
+                            self._versions[shard] = highest
                         for sub in list(self._subscribers):
                             sub._push(shard, batch.offset, items)
                         if self._own_ephemeral:
-                            self._end_own_ephemeral(shard, batch.offset, items)
+                            self._end_own_ephemeral(shard, items)
                     self._progress.set()
                 error = "stream ended"
             except grpc.aio.AioRpcError as e:

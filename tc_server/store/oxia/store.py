@@ -189,7 +189,7 @@ class OxiaStore(StoreWrites):
         if writer is None:
             writer = self._writers[shard] = ShardWriter(
                 self._pool, shard=shard, leader=self._leader_of(shard), namespace=self.namespace,
-                request_timeout_s=self._timeout, on_offset=self._pump.note_own_offset)
+                request_timeout_s=self._timeout, on_version=self._pump.note_own_version)
         return writer
 
     @property

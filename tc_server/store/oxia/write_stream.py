@@ -39,7 +39,8 @@ MAX_BATCHES_IN_FLIGHT = 4
 OP_OVERHEAD_BYTES = 16
 
 WriteResult = pb.PutResponse | pb.DeleteResponse
-OffsetListener = Callable[[int, int], None]
+# Told (shard, the highest version id a batch's puts got): the notifications tell when those have passed.
+VersionListener = Callable[[int, int], None]
 
 
 @dataclass(slots=True)
@@ -99,14 +100,14 @@ class ShardWriter:
         leader: str,
         namespace: str,
         request_timeout_s: float,
-        on_offset: OffsetListener | None = None,
+        on_version: VersionListener | None = None,
     ) -> None:
         self.shard = shard
         self.leader = leader
         self._pool = pool
         self._metadata = (("shard-id", str(shard)), ("namespace", namespace))
         self._timeout = request_timeout_s
-        self._on_offset = on_offset
+        self._on_version = on_version
         self._queue: deque[_Op] = deque()
         self._wakeup = asyncio.Event()
         self._window = asyncio.Event()
@@ -275,8 +276,8 @@ class ShardWriter:
         for op, delete_response in zip(batch.deletes, response.deletes, strict=True):
             if not op.future.done():
                 op.future.set_result(delete_response)
-        if highest >= 0 and self._on_offset is not None:
-            self._on_offset(self.shard, highest)
+        if highest >= 0 and self._on_version is not None:
+            self._on_version(self.shard, highest)
 
     def _break(self, stream: _Stream, error: StoreError) -> None:
         if stream.failed:
