@@ -221,6 +221,7 @@ class ClientConnection(asyncio.Protocol):
         # interval per connection, not once per frame (issue 15: 19x the input in log lines).
         self._log_limiter = LogLimiter()
         self._connected = False
+        self._protocol_version = 0  # as CONNECTED negotiated it
         self._closing = False
         self._eof = False  # the client shut down its sending side (see eof_received)
         self._draining = False  # the server stops: what arrives now is refused, not started (drain)
@@ -406,6 +407,9 @@ class ClientConnection(asyncio.Protocol):
         # Any inbound command proves the peer alive (PulsarHandler clears its waiting flag the same way).
         self._waiting_pong = False
         if not self._connected:
+            if isinstance(cmd, Ping):  # answered in any state, as a broker does (PulsarHandler.handlePing)
+                self.send(Pong())
+                return
             if isinstance(cmd, Connect):
                 try:
                     self._on_connect(cmd)
@@ -481,7 +485,12 @@ class ClientConnection(asyncio.Protocol):
         self._watches.discard(cmd.watch_id)
 
     def _on_repeated_handshake(self, cmd: Any, frame: bytes) -> None:
-        self._log_repeated("ignoring repeated handshake command", command=command_name(cmd))
+        # A broker takes CONNECT once (ServerCnx.handleConnect checks its state, and the failure closes the
+        # connection): ignored, the sender waited for an answer that never came.
+        self._log_repeated("CONNECT on a connection already connected; closing", command=command_name(cmd))
+        self.send(Error(NO_REQUEST_ID, ServerError.NotAllowedError,
+                        "CONNECT on a connection already connected: open a new connection"))
+        self.close()
 
     def _log_repeated(self, event: str, **fields: Any) -> None:
         """An info line a client can provoke at will: at most one per interval on this connection; the
@@ -547,6 +556,7 @@ class ClientConnection(asyncio.Protocol):
         # Cut, as every field a client chooses: bound to the logger, a frame's worth of it was repeated in
         # every later line of the connection.
         self._log = self._log.bind(client=connect.client_version[:64], protocol=result.protocol_version)
+        self._protocol_version = result.protocol_version
         if result.protocol_version < MIN_TC_CLIENT_CONNECT_VERSION:
             # Such a client skips TC_CLIENT_CONNECT and sends txn requests straight away; we
             # serve them all the same.
@@ -940,6 +950,12 @@ class ClientConnection(asyncio.Protocol):
         # bound, a stop's drain): a healthy client's PONG waits unread, and closing lost every answer in
         # flight on it. A client that does not read its answers (write-buffer) is closed as before.
         pong_unread = self._flow.paused and not self._flow.paused_for("write-buffer")
+        # A client that shut down its sending side (eof_received: its answers still due) cannot PONG, and a
+        # broker pings no peer below protocol version 1 (PulsarHandler.handleKeepAliveTimeout): neither is
+        # dead for a missing PONG. The requests' own deadlines bound how long either stays.
+        if self._eof or self._protocol_version < 1:
+            self._schedule_keepalive()
+            return
         if self._waiting_pong and not pong_unread:
             self._log.warning("no PONG within the keep-alive interval; closing")
             self.close()

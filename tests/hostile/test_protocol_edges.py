@@ -1,0 +1,116 @@
+"""Protocol edges of the connection as a Pulsar broker handles them (PulsarHandler, ServerCnx): keep-alive for
+peers that cannot answer a PING, PING before CONNECT, a second CONNECT. Raw loopback sockets, so nothing of a
+client library's own keep-alive gets in the way."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from tc_server.app import App, start_app
+from tc_server.client import connect_command
+from tc_server.config import Settings
+from tc_server.wire import (
+    Command,
+    Connected,
+    Error,
+    FrameDecoder,
+    NewTxn,
+    NewTxnResponse,
+    Ping,
+    Pong,
+    decode_command,
+    encode_command,
+)
+from tests.support.gated_store import GatedStore
+
+
+async def read_until_eof_or(reader: asyncio.StreamReader, seconds: float) -> tuple[list[Command], bool]:
+    """Commands the server sent within ``seconds``, and whether it closed the connection meanwhile."""
+    decoder = FrameDecoder(1 << 24)
+    got: list[Command] = []
+    try:
+        async with asyncio.timeout(seconds):
+            while data := await reader.read(65536):
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    got.append(decode_command(frame))
+            return got, True
+    except TimeoutError:
+        return got, False
+
+
+async def test_a_half_closed_client_gets_the_answer_of_a_request_slower_than_the_keepalive(settings: Settings) -> None:
+    """eof_received promises that what a client sent before shutting down its sending side is served and
+    answered. Such a client can never send a PONG, yet the keep-alive pings it and, one interval later,
+    closes it for the missing PONG, dropping the answer of a request still in flight (here a NEW_TXN held
+    by a slow store for ~4 keep-alive intervals, well inside --request-timeout-s). Its txn is created all the
+    same, and the client never learns its id."""
+    store = GatedStore()
+    app = await start_app(replace(settings, keepalive_s=0.5, request_timeout_s=5.0), store=store)
+    try:
+        assert app.listener is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+        writer.write(encode_command(connect_command()))
+        await writer.drain()
+        store.gate.clear()  # the store is slow: the header write waits
+        writer.write(encode_command(NewTxn(1, 60_000, 1)))
+        writer.write_eof()  # "no more requests"; the socket stays open for the answers
+        asyncio.get_running_loop().call_later(2.0, store.gate.set)  # done after ~4 keep-alive intervals
+        got, _ = await read_until_eof_or(reader, 8)
+        writer.close()
+        answers = [c for c in got if isinstance(c, NewTxnResponse)]
+        assert answers, f"the NEW_TXN sent before the half-close was never answered; the server sent only {got}"
+        assert answers[0].error is None
+    finally:
+        store.gate.set()
+        await app.stop()
+
+
+async def test_a_v0_client_is_not_pinged_nor_dropped_for_a_missing_pong(settings: Settings) -> None:
+    """PulsarHandler.handleKeepAliveTimeout sends PING only to a peer whose protocol version is >= v1 (PING /
+    PONG came with v1) and so never drops a v0 peer for not answering one. tc-server negotiates v0 with such
+    a client (CONNECTED says protocol_version 0) and then pings it anyway and closes it one interval later."""
+    app = await start_app(replace(settings, keepalive_s=0.2))
+    try:
+        assert app.listener is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+        writer.write(encode_command(connect_command(protocol_version=0)))
+        got, closed = await read_until_eof_or(reader, 1.5)  # ~7 keep-alive intervals
+        writer.close()
+        assert got and isinstance(got[0], Connected) and got[0].protocol_version == 0
+        pings = [c for c in got if isinstance(c, Ping)]
+        assert not pings and not closed, (f"a v0 client (no PING/PONG in its protocol) got {len(pings)} PING(s) "
+                                          f"and was {'closed' if closed else 'kept'}")
+    finally:
+        await app.stop()
+
+
+async def test_a_second_connect_is_answered_or_refused(app: App) -> None:
+    """A broker takes CONNECT once (ServerCnx.handleConnect: checkArgument(state == State.Start); the
+    exception closes the connection). tc-server drops a second CONNECT with a log line only: no CONNECTED,
+    no ERROR, no close, so a peer that sent it waits for an answer that never comes."""
+    assert app.listener is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+    writer.write(encode_command(connect_command()))
+    writer.write(encode_command(connect_command()))
+    got, closed = await read_until_eof_or(reader, 2)
+    writer.close()
+    assert isinstance(got[0], Connected)
+    after = got[1:]
+    answered = any(isinstance(c, Error) and "CONNECT" in c.message for c in after)
+    assert answered or closed, f"the second CONNECT got neither an answer nor a close: {after}"
+
+
+async def test_ping_before_connect_is_answered(app: App) -> None:
+    """A broker answers PING at any time (PulsarDecoder.channelRead -> PulsarHandler.handlePing, no state
+    check). tc-server closes the connection without a word: no PONG, and no ERROR naming the missing
+    CONNECT either (a command before CONNECT with a request id gets "send CONNECT first"; PING has none)."""
+    assert app.listener is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+    writer.write(encode_command(Ping()))
+    got, closed = await read_until_eof_or(reader, 2)
+    writer.close()
+    pong = any(isinstance(c, Pong) for c in got)
+    named = any(isinstance(c, Error) and "CONNECT" in c.message for c in got)
+    assert pong or named, f"PING before CONNECT: got {got}, closed={closed}"
