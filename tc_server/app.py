@@ -393,8 +393,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole | None) -> None:
-    """The first SIGTERM, SIGINT or SIGHUP asks for the graceful stop; a second one, while the start or the stop
-    still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
+    """The first SIGTERM, SIGINT or SIGHUP asks for the graceful stop; a second SIGTERM or SIGINT, while the start
+    or the stop still waits (a store that does not answer holds a stop for up to ~26 s), ends the process at once:
     an operator pressing Ctrl-C again means it. That is a crash as kill -9 is one, which loses nothing
     acknowledged (every answer waited for its write); the embedded store's writer reads EOF and ends
     after its group, or is killed by the kernel if it is stopped or stalled (tc_server/parent_death.py).
@@ -408,6 +408,11 @@ def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole
         return
     if worker is not None:
         log.info("stop signal while stopping; the supervisor decides when to kill", signal=sig.name)
+        return
+    if sig is signal.SIGHUP:
+        # A closing terminal sends its foreground job two (the shell passes its own on, and the kernel hangs
+        # up the process group): not an operator insisting.
+        log.info("hang-up while stopping: the stop goes on")
         return
     log.warning("second stop signal: exiting now, without finishing the stop", signal=sig.name)
     os._exit(128 + sig)

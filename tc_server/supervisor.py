@@ -183,13 +183,18 @@ class Supervisor:
         self._tls: ServerTlsContext | None = None
         self._probe_context: tuple[int, ssl.SSLContext | None] | None = None
 
-    def stop(self) -> None:
-        """The first call (SIGTERM, SIGINT) stops the workers gracefully; a second one, while they still
-        stop, kills them (what a second Ctrl-C means; a kill loses nothing acknowledged), and the
-        supervisor ends as soon as they are gone."""
+    def stop(self, sig: signal.Signals | None = None) -> None:
+        """The first call (SIGTERM, SIGINT, SIGHUP) stops the workers gracefully; a second one, while they
+        still stop, kills them (what a second Ctrl-C means; a kill loses nothing acknowledged), and the
+        supervisor ends as soon as they are gone. Not a second SIGHUP: a closing terminal sends its
+        foreground job two (the shell passes its own on, and the kernel hangs up the process group)."""
         if not self._stop_asked:
             self._stop_asked = True
+            log.info("stopping", signal=sig.name if sig is not None else None)
             self._stopping.set()
+            return
+        if sig is signal.SIGHUP:
+            log.info("hang-up while stopping: the stop goes on")
             return
         running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
         if running:
@@ -475,5 +480,5 @@ async def supervise(settings: Settings, argv: list[str]) -> int:
     supervisor = Supervisor(settings, argv)
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, supervisor.stop)
+        loop.add_signal_handler(sig, supervisor.stop, sig)
     return await supervisor.run()

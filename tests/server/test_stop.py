@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pty
 import signal
 import socket
 import time
@@ -19,12 +20,13 @@ import pytest
 
 from tc_server import app as app_module
 from tc_server.app import start_app
-from tc_server.bench.process import TcServerProcess, descendants_of
+from tc_server.bench.process import TcServerProcess, descendants_of, free_ports_in_a_row
 from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
 from tests.support.gated_store import GatedStore
 from tests.support.proc_state import alive
+from tests.support.server_process import TC_SERVER
 
 # Keeps a stop that hangs from hanging the test; a stop takes a fraction of it.
 STOP_BOUND_S = 60.0
@@ -293,3 +295,53 @@ def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothin
         for pid in writers:  # a failed run must not leave a stopped process behind
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+TERMINAL_BOUND_S = 60.0
+
+
+def _log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_closing_the_terminal_of_a_foreground_tc_server_stops_it_gracefully(tmp_path: Path, workers: int) -> None:
+    # A closing terminal (a window, an ssh session dropping) sends its foreground job SIGHUP twice: the
+    # interactive shell passes its hang-up on to its jobs, and the kernel hangs up the terminal's foreground
+    # process group when the shell exits. The second was taken for an operator's second Ctrl-C: the
+    # supervisor killed its workers, a single process exited at once, both in the middle of the stop.
+    port, admin = free_ports_in_a_row(1 + workers), free_ports_in_a_row(1 + workers)
+    log_path, pid_file = tmp_path / "server.log", tmp_path / "supervisor.pid"
+    command = (f"sh -c 'echo $$ > {pid_file}; exec {TC_SERVER} run --workers {workers} --coordinators 4 "
+               f"--listen 127.0.0.1:{port} --admin-listen 127.0.0.1:{admin} --data-dir {tmp_path / 'data'} "
+               f"--log-format json' 2>{log_path}\n")
+    shell, terminal = pty.fork()
+    if shell == 0:  # an interactive shell on its own terminal, as in a terminal window or an ssh session
+        os.execvp("bash", ["bash", "--norc", "--noprofile", "-i"])
+    supervisor = None
+    try:
+        time.sleep(0.5)
+        os.write(terminal, command.encode())
+        deadline = time.monotonic() + TERMINAL_BOUND_S
+        while _log(log_path).count('"event": "started"') < workers:  # every worker is serving
+            assert time.monotonic() < deadline, _log(log_path)
+            time.sleep(0.2)
+        supervisor = int(pid_file.read_text())
+        os.close(terminal)  # the terminal window closes / the ssh connection drops
+        terminal = -1
+        os.waitpid(shell, 0)
+        while alive(supervisor):
+            assert time.monotonic() < deadline, _log(log_path)
+            time.sleep(0.2)
+        log = _log(log_path)
+        assert "second stop signal" not in log, log[-3000:]
+        assert "hang-up while stopping: the stop goes on" in log, log[-3000:]
+        # Each worker and the supervisor finished their stop.
+        assert log.count('"event": "stopped"') == (1 if workers == 1 else 1 + workers), log[-3000:]
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(shell, 0)
+        if supervisor is not None and alive(supervisor):
+            os.kill(supervisor, signal.SIGKILL)  # its workers follow it (PR_SET_PDEATHSIG)
