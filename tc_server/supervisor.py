@@ -150,7 +150,10 @@ class _Worker:
     ready: bool = False  # its /readyz said 200 at the last poll
     ready_at: float | None = None  # when its /readyz first said 200 since it was started (loop time)
     answered_at: float | None = None  # when its admin port last answered /readyz at all (loop time)
-    start_failures: int = 0  # exits in a row before ever being ready
+    start_failures: int = 0  # exits in a row before getting ready
+    # Ready once since the supervisor started: its settings work, so failed restarts (its port taken for a
+    # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
+    was_ready: bool = False
     last_error: str = ""  # its last "tc-server: ..." stderr line
 
 
@@ -283,7 +286,7 @@ class Supervisor:
                 worker.start_failures = 0
                 if loop.time() - worker.ready_at >= STABLE_S:
                     backoff.reset()
-            if worker.start_failures >= MAX_START_FAILURES:
+            if worker.start_failures >= MAX_START_FAILURES and not worker.was_ready:
                 error = worker.last_error.removeprefix(ERROR_PREFIX.decode()) or f"exit code {code}"
                 self.failure = (code if code > 0 else 1,
                                 f"tc-server: worker {worker.index} of {len(self.workers)} failed to start "
@@ -358,6 +361,7 @@ class Supervisor:
             # that died just after a /readyz had said it was ready did not fail to start.
             log.info("worker ready", worker=worker.index, pid=proc.pid)
             worker.ready_at = asyncio.get_running_loop().time()
+            worker.was_ready = True
         return ready, body
 
     def _probe_ssl(self) -> ssl.SSLContext | None:

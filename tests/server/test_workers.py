@@ -309,3 +309,49 @@ def test_workers_need_fixed_ports(tmp_path: Path) -> None:
                           "--admin-listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "data")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2 and "listen: must be a fixed port with --workers" in run.stderr, run.stderr
+
+
+# Long enough for the supervisor's three quick restart attempts (backoff 0.5, 1, 2 s plus the starts).
+PORT_HELD_S = 12.0
+
+
+async def test_a_worker_that_was_ready_and_cannot_restart_for_a_while_does_not_stop_the_others(
+        tmp_path: Path) -> None:
+    # A worker that served, crashed, and whose restarts found its own port taken for a while (README: a port in
+    # the ephemeral range, taken by an outgoing connection): three quick failed restarts (~4 s) stopped the
+    # supervisor and every healthy worker. Only a worker never ready since the start may stop them all.
+    server = started(workers_server(tmp_path))
+    assert server.proc is not None
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the closed clients' TIME_WAIT
+    try:
+        await commit_on_every_coordinator(server, per_coordinator=1)
+        _, ready = server.get_json("/readyz")
+        pids = [w["pid"] for w in ready["workers"]]
+        os.kill(pids[1], signal.SIGKILL)  # worker 1 crashes after serving
+        # Its port is taken by something else meanwhile (e.g. an outgoing connection's local port).
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                holder.bind(("127.0.0.1", server.port + 2))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "worker 1's port never became free"
+                time.sleep(0.01)
+        holder.listen()
+        deadline = time.monotonic() + PORT_HELD_S
+        while time.monotonic() < deadline and server.running():
+            time.sleep(0.2)
+        assert server.running(), ("one worker's failed restarts stopped the supervisor and every worker:\n"
+                                  + server.log_tail(3))
+        assert alive(pids[0]), "healthy worker 0 was stopped"
+        holder.close()  # the port is free again: worker 1 comes back
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while server.status("/readyz") != 200:
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.2)
+        assert len(await commit_on_every_coordinator(server, per_coordinator=1)) == COORDINATORS
+    finally:
+        holder.close()
+        if server.running():
+            assert server.stop() == 0
