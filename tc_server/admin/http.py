@@ -27,7 +27,7 @@ from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
-from tc_server.auth.tls_accept import HandshakeBudget, TlsServer, listening_sockets
+from tc_server.auth.tls_accept import AddressBudget, TlsServer, listening_sockets
 from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreError
 
@@ -94,37 +94,21 @@ class Routes(Protocol):
         """The process has begun its stop (AdminServer.stopping): readiness says so from now on."""
 
 
-class _ConnectionBudget:
-    """The admin port's connections open now, in all and by address (MAX_CONNECTIONS...)."""
+class _ConnectionBudget(AddressBudget):
+    """The admin port's connections open now, in all and by address (MAX_CONNECTIONS...), each refusal logged
+    once per interval."""
 
     def __init__(self) -> None:
-        self.open = 0
-        self.by_address: dict[str, int] = {}
+        super().__init__(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS, self.refused)
         self._limiter = LogLimiter()
-
-    def admit(self, address: str) -> bool:
-        if self.open >= MAX_CONNECTIONS or self.by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
-            self.refused(address)
-            return False
-        self.open += 1
-        self.by_address[address] = self.by_address.get(address, 0) + 1
-        return True
 
     def refused(self, address: str, bound: str = "connections open") -> None:
         """Log a connection closed at once for a bound (once per interval): the connections open, or the TLS
         handshakes under way."""
         if (left_out := self._limiter.allow("admin connection refused")) is not None:
-            log.warning("admin connection refused", bound=bound, address=address, open=self.open,
-                        from_address=self.by_address.get(address, 0), max_connections=MAX_CONNECTIONS,
-                        max_connections_per_address=MAX_CONNECTIONS_PER_ADDRESS, left_out_since_last_line=left_out)
-
-    def release(self, address: str) -> None:
-        self.open -= 1
-        left = self.by_address[address] - 1
-        if left:
-            self.by_address[address] = left
-        else:
-            del self.by_address[address]
+            log.warning("admin connection refused", bound=bound, address=address, open=self.count,
+                        from_address=self.by_address.get(address, 0), max_connections=self.total,
+                        max_connections_per_address=self.per_address, left_out_since_last_line=left_out)
 
 
 class _Budgeted(asyncio.Protocol):
@@ -184,7 +168,7 @@ class _BudgetedSite(web.TCPSite):
             return
         # The budget counts a connection once its TLS handshake is done: the handshakes under way have one
         # of their own, the same size (tls_accept.py).
-        handshakes = HandshakeBudget(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS,
+        handshakes = AddressBudget(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS,
                                      refused=lambda address: budget.refused(address, "TLS handshakes under way"))
         sockets = await listening_sockets(self._host, self._port, self._backlog)
         self._server = TlsServer(sockets, lambda: _Budgeted(server(), budget), self._ssl_context, handshakes,

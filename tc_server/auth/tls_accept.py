@@ -7,7 +7,7 @@ port held a descriptor for each such socket, for the handshake timeout, as many 
 broker counts a connection when it is accepted, before its TLS handshake (Netty's ``channelActive``).
 
 :class:`TlsServer` accepts the TCP connections itself (``sock_accept``), where the client's address is
-known, counts each handshake under way against a :class:`HandshakeBudget` (a connection past it is closed
+known, counts each handshake under way against an :class:`AddressBudget` (a connection past it is closed
 at once), and hands the socket to ``connect_accepted_socket``, which runs the handshake (bounded by its
 timeout) and then gives the protocol its TLS transport; the protocol's own limits apply from there, as
 before. A client so holds at most its share of handshakes plus its share of connections. (Accepting
@@ -35,34 +35,35 @@ ACCEPT_RETRY_S = 1.0
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-class HandshakeBudget:
-    """TLS handshakes under way: at most ``per_address`` from one client address and ``total`` in all.
-    ``refused(address)`` is told of each connection closed for the bound (the caller's metric and log)."""
+class AddressBudget:
+    """What is under way (TLS handshakes; the admin port's connections): at most ``per_address`` from one
+    client address and ``total`` in all. ``refused(address)`` is told of each one turned away (the caller's
+    metric and log line)."""
 
     def __init__(self, total: int, per_address: int, refused: Callable[[str], None] | None = None) -> None:
         self.total = total
         self.per_address = per_address
-        self.under_way = 0
-        self._by_address: dict[str, int] = {}
+        self.count = 0
+        self.by_address: dict[str, int] = {}
         self._refused = refused
 
     def admit(self, address: str) -> bool:
-        count = self._by_address.get(address, 0)
-        if self.under_way >= self.total or count >= self.per_address:
+        count = self.by_address.get(address, 0)
+        if self.count >= self.total or count >= self.per_address:
             if self._refused is not None:
                 self._refused(address)
             return False
-        self._by_address[address] = count + 1
-        self.under_way += 1
+        self.by_address[address] = count + 1
+        self.count += 1
         return True
 
     def release(self, address: str) -> None:
-        self.under_way -= 1
-        left = self._by_address[address] - 1
+        self.count -= 1
+        left = self.by_address[address] - 1
         if left:
-            self._by_address[address] = left
+            self.by_address[address] = left
         else:
-            del self._by_address[address]
+            del self.by_address[address]
 
 
 async def listening_sockets(host: str | None, port: int, backlog: int) -> list[socket.socket]:
@@ -93,7 +94,7 @@ class TlsServer(asyncio.AbstractServer):
     ``create_server``'s server is (``close``, then ``wait_closed``)."""
 
     def __init__(self, sockets: list[socket.socket], protocol_factory: Callable[[], asyncio.Protocol],
-                 context: ssl.SSLContext, budget: HandshakeBudget, *, backlog: int,
+                 context: ssl.SSLContext, budget: AddressBudget, *, backlog: int,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
         self._loop = asyncio.get_running_loop()
         self._sockets = sockets

@@ -13,7 +13,7 @@ import ssl
 
 import structlog
 
-from tc_server.auth.tls_accept import HandshakeBudget, TlsServer
+from tc_server.auth.tls_accept import AddressBudget, TlsServer
 from tc_server.server.connection import ClientConnection, ServerContext
 
 log = structlog.get_logger("tc_server.listener")
@@ -63,7 +63,7 @@ class PulsarListener:
         else:
             # A connection counts against --max-connections[-per-address] once its handshake is done; the
             # handshakes under way have a bound of their own, the same size (tls_accept.py).
-            handshakes = HandshakeBudget(context.max_connections, context.max_connections_per_address,
+            handshakes = AddressBudget(context.max_connections, context.max_connections_per_address,
                                          lambda address: context.refused_at_accept("max_tls_handshakes", address))
             self._server = TlsServer([self._socket], lambda: ClientConnection(context), self._ssl, handshakes,
                                      backlog=1024)

@@ -116,12 +116,11 @@ async def test_a_malformed_http_request_is_400_with_one_line_and_no_traceback(
     assert status == 200
 
 
-async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once(app: App, monkeypatch) -> None:
+async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once(app: App) -> None:
     # Connections that send half a request line and wait: aiohttp keeps each for its keep-alive timeout
     # (75 s). Without a bound, a few hundred of them, from anyone (no credentials needed), used up the
     # process's descriptors: every accept failed, the Pulsar port's and the probes' included.
-    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS_PER_ADDRESS", 5)
-    monkeypatch.setattr(admin_http, "MAX_CONNECTIONS", 8)
+    app.admin.budget.per_address, app.admin.budget.total = 5, 8  # MAX_CONNECTIONS_PER_ADDRESS, MAX_CONNECTIONS
     held = []
     for _ in range(5):
         reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)
@@ -131,15 +130,15 @@ async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once
     reader, writer = await asyncio.open_connection("127.0.0.1", app.admin.port)  # the sixth from this address
     assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once, unanswered
     writer.close()
-    assert app.admin.budget.open == 5
+    assert app.admin.budget.count == 5
     for _, held_writer in held:
         held_writer.close()
     for _ in range(100):  # the slots come back as the held connections go
-        if app.admin.budget.open == 0:
+        if app.admin.budget.count == 0:
             break
         await asyncio.sleep(0.05)
     assert (await http(app, "GET", "/healthz"))[0] == 200
-    assert app.admin.budget.open == 0 and app.admin.budget.by_address == {}
+    assert app.admin.budget.count == 0 and app.admin.budget.by_address == {}
 
 
 async def test_tls_handshakes_never_finished_are_bounded_by_the_admin_ports_budget(

@@ -125,13 +125,13 @@ async def test_tls_handshakes_under_way_are_bounded_as_connections_are(settings:
         assert (await other.new_txn(tc_id=1)).error is None
         other.close()
         server = app.tls_listener._server
-        assert isinstance(server, TlsServer) and server.budget.under_way == 2
+        assert isinstance(server, TlsServer) and server.budget.count == 2
         for _, writer in stalled:  # a stalled handshake gone gives its slot back
             writer.close()
         for _ in range(int(CLOSE_BOUND_S / 0.05)):
-            if server.budget.under_way == 0:
+            if server.budget.count == 0:
                 break
             await asyncio.sleep(0.05)
-        assert server.budget.under_way == 0
+        assert server.budget.count == 0
     finally:
         await app.stop()
