@@ -11,33 +11,16 @@ from tc_server.app import App, start_app
 from tc_server.client import connect_command
 from tc_server.config import Settings
 from tc_server.wire import (
-    Command,
     Connected,
     Error,
-    FrameDecoder,
     NewTxn,
     NewTxnResponse,
     Ping,
     Pong,
-    decode_command,
     encode_command,
 )
 from tests.support.gated_store import GatedStore
-
-
-async def read_until_eof_or(reader: asyncio.StreamReader, seconds: float) -> tuple[list[Command], bool]:
-    """Commands the server sent within ``seconds``, and whether it closed the connection meanwhile."""
-    decoder = FrameDecoder(1 << 24)
-    got: list[Command] = []
-    try:
-        async with asyncio.timeout(seconds):
-            while data := await reader.read(65536):
-                decoder.feed(data)
-                while (frame := decoder.next_frame()) is not None:
-                    got.append(decode_command(frame))
-            return got, True
-    except TimeoutError:
-        return got, False
+from tests.support.raw_frames import read_commands
 
 
 async def test_a_half_closed_client_gets_the_answer_of_a_request_slower_than_the_keepalive(settings: Settings) -> None:
@@ -57,7 +40,7 @@ async def test_a_half_closed_client_gets_the_answer_of_a_request_slower_than_the
         writer.write(encode_command(NewTxn(1, 60_000, 1)))
         writer.write_eof()  # "no more requests"; the socket stays open for the answers
         asyncio.get_running_loop().call_later(2.0, store.gate.set)  # done after ~4 keep-alive intervals
-        got, _ = await read_until_eof_or(reader, 8)
+        got, _ = await read_commands(reader, 8)
         writer.close()
         answers = [c for c in got if isinstance(c, NewTxnResponse)]
         assert answers, f"the NEW_TXN sent before the half-close was never answered; the server sent only {got}"
@@ -76,7 +59,7 @@ async def test_a_v0_client_is_not_pinged_nor_dropped_for_a_missing_pong(settings
         assert app.listener is not None
         reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
         writer.write(encode_command(connect_command(protocol_version=0)))
-        got, closed = await read_until_eof_or(reader, 1.5)  # ~7 keep-alive intervals
+        got, closed = await read_commands(reader, 1.5)  # ~7 keep-alive intervals
         writer.close()
         assert got and isinstance(got[0], Connected) and got[0].protocol_version == 0
         pings = [c for c in got if isinstance(c, Ping)]
@@ -94,7 +77,7 @@ async def test_a_second_connect_is_answered_or_refused(app: App) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
     writer.write(encode_command(connect_command()))
     writer.write(encode_command(connect_command()))
-    got, closed = await read_until_eof_or(reader, 2)
+    got, closed = await read_commands(reader, 2)
     writer.close()
     assert isinstance(got[0], Connected)
     after = got[1:]
@@ -109,7 +92,7 @@ async def test_ping_before_connect_is_answered(app: App) -> None:
     assert app.listener is not None
     reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
     writer.write(encode_command(Ping()))
-    got, closed = await read_until_eof_or(reader, 2)
+    got, closed = await read_commands(reader, 2)
     writer.close()
     pong = any(isinstance(c, Pong) for c in got)
     named = any(isinstance(c, Error) and "CONNECT" in c.message for c in got)

@@ -17,8 +17,9 @@ from tc_server.bench.process import TcServerProcess
 from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader
-from tc_server.wire import Command, Connect, FrameDecoder, decode_command, encode_command
+from tc_server.wire import Command, Connect, encode_command
 from tests.security.pki import make_token
+from tests.support.raw_frames import read_commands
 
 # Bounds every wait of these tests: a server that neither answers nor closes fails the test.
 WAIT_S = 10.0
@@ -43,23 +44,7 @@ async def raw_connect(port: int, connect: Connect, ssl_context: ssl.SSLContext |
     writer.write(encode_command(connect))
     for cmd in then or []:
         writer.write(encode_command(cmd))
-    decoder = FrameDecoder(5 * 1024 * 1024)
-    commands: list[Command] = []
-    closed = False
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while data := await reader.read(65536):
-                decoder.feed(data)
-                while (frame := decoder.next_frame()) is not None:
-                    commands.append(decode_command(frame))
-                if until is not None and until(commands):
-                    break
-            else:
-                closed = True
-    except TimeoutError:
-        closed = False
-    except (ConnectionResetError, ssl.SSLError):
-        closed = True
+    commands, closed = await read_commands(reader, WAIT_S, until)
     writer.close()
     return RawConnectResult(commands, closed)
 
