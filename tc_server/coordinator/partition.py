@@ -527,6 +527,11 @@ class CoordinatorPartition:
                 # decision that landed after its scan) and deliver it only at the txn's deadline. The
                 # client's retry there adopts the decision and delivers it at once.
                 self._check_still_leading(least, "decision")
+            elif decision is Decision.ACCEPT:
+                # Decided from the header in memory, with nothing written (a v5 ADD, or participants already
+                # recorded): a partition whose lease lapsed may be answering for a txn the next leader has
+                # aborted meanwhile, and the client would go on producing into it.
+                self._check_still_leading(least, "participants")
             return decision, header
         raise CoordinatorError(f"header of ({self.tc_id},{least}) changed {MAX_CAS_ATTEMPTS} times in a row")
 

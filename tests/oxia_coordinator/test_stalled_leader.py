@@ -17,8 +17,8 @@ import signal
 
 import pytest
 
-from tc_server.wire import ServerError
-from tests.oxia_coordinator.support import client_for, led, poll, start_oxia_server
+from tc_server.wire import AddPartitionToTxn, ServerError
+from tests.oxia_coordinator.support import client_for, get_json, led, poll, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
 
 pytestmark = pytest.mark.slow
@@ -68,3 +68,69 @@ async def test_a_leader_stalled_past_its_session_answers_no_new_txn_written_afte
         await poll(serves_again, "the instance serves NEW_TXN again under a live session")
     finally:
         await asyncio.to_thread(server.kill)
+
+
+@pytest.mark.parametrize("scalable", [True, False], ids=["v5-segment-add", "repeated-legacy-add"])
+async def test_a_lapsed_leader_answers_no_add_for_a_txn_the_new_leader_aborted(tmp_path, standin: StandinOxia,
+                                                                             scalable: bool):
+    # Stalled past its session while the next leader aborted a txn, the instance answered an ADD it read on
+    # waking with success, from its header in memory, when the ADD wrote nothing (a v5 ADD, or participants
+    # already recorded): the lease was checked after writes only. Now TransactionCoordinatorNotFound (or
+    # InvalidTxnStatus once it reads the header).
+    a = await start_oxia_server(tmp_path, "a", standin)
+    b = None
+    clients = []
+    try:
+        b = await start_oxia_server(tmp_path, "b", standin)
+
+        async def split() -> bool:
+            la, lb = await led(a) or set(), await led(b) or set()
+            return bool(la) and bool(lb) and len(la) + len(lb) == 16
+
+        await poll(split, "two instances split the coordinators")
+        tc_id = min(await led(a) or set())
+        client = await client_for(a, tc_id)
+        clients.append(client)
+        created = await client.new_txn(tc_id=tc_id, ttl_ms=TTL_MS)
+        assert created.error is None, created
+        txn = (created.most, created.least)
+        topic = "segment://t/ns/topic/0000-ffff-1" if scalable else "persistent://t/ns/topic-partition-0"
+        if not scalable:
+            first = await client.add_partition(*txn, topic)
+            assert first.error is None, first
+
+        assert a.proc is not None
+        a_pid = a.proc.pid
+        os.kill(a_pid, signal.SIGSTOP)
+        try:
+            async def a_sessions_gone() -> bool:
+                return not any(f":{a_pid}" in s.identity for s in standin.sessions.values())
+
+            await poll(a_sessions_gone, "the stopped instance's sessions expired")
+
+            async def b_leads() -> bool:
+                return tc_id in (await led(b) or set())
+
+            await poll(b_leads, "the other instance took the coordinator over")
+            other = await client_for(b, tc_id)
+            clients.append(other)
+            aborted = await other.end_txn(*txn, commit=False)
+            assert aborted.error is None, aborted
+            status, doc = await get_json(b, f"/admin/v3/transactions/transactionMetadata/{txn[0]}/{txn[1]}")
+            assert status == 200 and isinstance(doc, dict) and doc["status"] == "ABORTED", doc
+
+            # Sent to the stalled instance: it reads it as soon as it runs again.
+            stale = asyncio.ensure_future(client.request(
+                AddPartitionToTxn(client.next_request_id(), txn[0], txn[1], (topic,), scalable=scalable)))
+            await asyncio.sleep(0.3)
+        finally:
+            os.kill(a_pid, signal.SIGCONT)
+        answer = await asyncio.wait_for(stale, 30)
+        assert answer.error in (ServerError.InvalidTxnStatus, ServerError.TransactionCoordinatorNotFound), (
+            f"the instance whose session lapsed answered ADD for the ABORTED txn {txn}: {answer}")
+    finally:
+        for c in clients:
+            c.close()
+        await asyncio.to_thread(a.kill)
+        if b is not None:
+            await asyncio.to_thread(b.kill)
