@@ -195,11 +195,15 @@ def undelivered_decisions(headers: DataFrame, participants: DataFrame, *, now_ms
     )
 
 
+DECIDED = ("COMMITTED", "ABORTED")  # the decisions an event may publish
+
+
 def decision_mismatch(headers: DataFrame, events: DataFrame) -> DataFrame:
     """Txns whose published decisions disagree: with each other (two events of one txn with different
     decisions), or with their header (an event that says COMMITTED for a header that says ABORTED, or
     any decision for a header still OPEN). A Pulsar 5 participant applies the event it reads: a
-    participant committed what the header calls aborted, or the other way round. One row per txn: the
+    participant committed what the header calls aborted, or the other way round; and an event whose decision is
+    neither COMMITTED nor ABORTED, which no participant can apply. One row per txn: the
     header's state (null without a header: GC may have collected it, which alone is no mismatch), the
     distinct decisions published, the events and one of their streams."""
     published = events.groupBy(*TXN_ID).agg(
@@ -211,7 +215,10 @@ def decision_mismatch(headers: DataFrame, events: DataFrame) -> DataFrame:
     only = F.try_element_at("decisions", F.lit(1))  # the one decision, when there is one
     return (
         published.join(h, on=TXN_ID, how="left")
-        .where((F.size("decisions") > 1) | (F.col("header_state").isNotNull() & (only != F.col("header_state"))))
+        .where((F.size("decisions") > 1)
+               | (F.col("header_state").isNotNull() & (only != F.col("header_state")))
+               | (F.col("header_state") == "OPEN")  # whatever the event says: no decision was taken
+               | F.exists("decisions", lambda d: ~d.isin(*DECIDED)))  # no decision at all, header or not
         .select(*TXN_ID, "header_state", "decisions", "events", "example_stream")
     )
 

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from tc_server.audit.schema import (
     HEADERS,
     HEADERS_SCHEMA,
+    MAX_TIME_MS,
     OPS,
     OPS_SCHEMA,
     TC_SEQ,
@@ -67,6 +68,9 @@ _OWNERS: list[str | None] = [*(f"app-{i}" for i in range(8)), None]
 _ORPHAN_LEAST_BASE = 10**12
 # Ledger ids roll every 10 minutes per segment, as a managed ledger would; entry = ms within it.
 _LEDGER_SPAN_MS = 600_000
+# The --now-ms taken: the rows' times reach an hour before it (6 ledger spans), and must stay in the snapshot
+# format's range (0 to year 9999, schema.MAX_TIME_MS).
+NOW_MS_RANGE = (86_400_000, MAX_TIME_MS - 86_400_000)
 
 
 def parse_spec(spec: str | None) -> dict[str, int]:
@@ -343,6 +347,11 @@ def generate_snapshot(
         raise ValueError(f"unknown anomalies: {sorted(set(counts) - set(ANOMALIES))}")
     if coordinators < 1:
         raise ValueError("coordinators must be >= 1")
+    if not NOW_MS_RANGE[0] <= now_ms <= NOW_MS_RANGE[1]:
+        # Every generated time lies within an hour of now: earlier, some came out negative, and the audit refused
+        # the snapshot it was meant to report on.
+        raise ValueError(f"--now-ms {now_ms} is outside {NOW_MS_RANGE[0]} to {NOW_MS_RANGE[1]} (a day after the "
+                         "epoch to a day before year 9999)")
     normal = txns - _header_anomaly_count(counts)
     if normal < 0:
         raise ValueError(f"--txns {txns} is fewer than the {_header_anomaly_count(counts)} anomalous headers")

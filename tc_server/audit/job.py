@@ -135,8 +135,8 @@ def validate_local_snapshot(root: Path) -> dict[str, Any]:
         raise BadInputError(f"{meta}: missing (not a snapshot, or an export that did not finish)")
     try:
         doc = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInputError(f"{meta}: not valid JSON: {exc}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BadInputError(f"{meta}: not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from exc
     checked = check_snapshot_doc(doc, str(meta))
     for table in (*TABLES, *OPTIONAL_TABLES):
         directory = root / table
@@ -187,7 +187,9 @@ def check_values(table: str, df: Any, location: str) -> None:
 def _read_remote_snapshot_doc(spark: Any, root: str) -> dict[str, Any]:
     where = f"{root.rstrip('/')}/{SNAPSHOT_JSON}"
     try:
-        rows = spark.read.option("wholetext", True).text(where).collect()
+        # text()'s own wholetext=False would switch the option off: snapshot.json is indented, and its first
+        # line alone ("{") is no JSON (every snapshot on hdfs:// or s3a:// was refused).
+        rows = spark.read.text(where, wholetext=True).collect()
         doc = json.loads(rows[0][0])
     except Exception as exc:  # noqa: BLE001 - any failure here means the snapshot is unusable
         raise BadInputError(f"{where}: cannot read: {str(exc).splitlines()[0]}") from exc
@@ -203,7 +205,11 @@ def _read_optional_table(spark: Any, root: str, table: str, *, validated: bool) 
     if local is None:
         try:
             _ = spark.read.parquet(f"{root.rstrip('/')}/{table}").schema
-        except Exception:  # noqa: BLE001 - AnalysisException: no such path, an older snapshot
+        except Exception as exc:  # noqa: BLE001 - AnalysisException [PATH_NOT_FOUND]: an older snapshot
+            if "PATH_NOT_FOUND" not in str(exc) and "Path does not exist" not in str(exc):
+                # A table that is there and cannot be read is damaged, not absent: read as none, its
+                # findings (undelivered decisions) were silently zero.
+                raise BadInputError(f"{root.rstrip('/')}/{table}: cannot read: {str(exc).splitlines()[0]}") from exc
             return spark.createDataFrame([], spark_schema(table))
     return _read_table(spark, root, table, validated=validated)
 
@@ -532,10 +538,18 @@ def build_parser(prog: str = "tc-audit") -> argparse.ArgumentParser:
     return parser
 
 
+# The largest threshold taken, in seconds (~100 years): every time plus it fits a long in milliseconds.
+MAX_THRESHOLD_S = 100 * 366 * 86_400
+
+
 def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
     args = build_parser(prog).parse_args(argv)
-    if args.retention_s < 0 or args.grace_s < 0 or args.gc_interval_s < 0 or args.clock_skew_ms < 0:
-        print(f"{prog}: --retention-s, --gc-interval-s, --grace-s and --clock-skew-ms must be >= 0", file=sys.stderr)
+    seconds = (args.retention_s, args.grace_s, args.gc_interval_s)
+    if min(*seconds, args.clock_skew_ms) < 0 or max(seconds) > MAX_THRESHOLD_S \
+            or args.clock_skew_ms > MAX_THRESHOLD_S * 1000:
+        # Above: a time plus the threshold must stay a long in milliseconds (Spark failed, exit 3).
+        print(f"{prog}: --retention-s, --gc-interval-s and --grace-s must be between 0 and {MAX_THRESHOLD_S} "
+              f"(~100 years), --clock-skew-ms between 0 and {MAX_THRESHOLD_S * 1000}", file=sys.stderr)
         return EXIT_BAD_INPUT
     params = AuditParams(now_ms=args.now_ms, retention_s=args.retention_s, gc_interval_s=args.gc_interval_s,
                          grace_s=args.grace_s, clock_skew_ms=args.clock_skew_ms)
@@ -572,8 +586,10 @@ def main(argv: list[str] | None = None, prog: str = "tc-audit") -> int:
 def _export_rejects(snapshot: dict[str, Any]) -> int:
     """Records the export could not read, in every table (participant records are an optional table)."""
     counted = 0
-    for rejects in (snapshot.get("rejects"), *(table.get("rejects") for table in
-                                               (snapshot.get("optional_tables") or {}).values()
+    optional = snapshot.get("optional_tables") or {}
+    if not isinstance(optional, dict):
+        raise BadInputError(f"{SNAPSHOT_JSON}: optional_tables is not an object: {str(optional)[:100]}")
+    for rejects in (snapshot.get("rejects"), *(table.get("rejects") for table in optional.values()
                                                if isinstance(table, dict))):
         values = list(rejects.values()) if isinstance(rejects, dict) else [] if rejects is None else [rejects]
         for value in values:
