@@ -947,12 +947,13 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         # Not read for the server's own bounds (its share of requests in flight, the server at its
-        # bound, a stop's drain): a healthy client's PONG waits unread, and closing lost every answer in
-        # flight on it. A client that does not read its answers (write-buffer) is closed as before.
+        # bound): a healthy client's PONG waits unread, and closing lost every answer in flight on it. A
+        # client that does not read its answers (write-buffer) is closed as before.
         pong_unread = self._flow.paused and not self._flow.paused_for("write-buffer")
         # A client that shut down its sending side (eof_received: its answers still due) cannot PONG, and a
         # broker pings no peer below protocol version 1 (PulsarHandler.handleKeepAliveTimeout): neither is
-        # dead for a missing PONG. The requests' own deadlines bound how long either stays.
+        # dead for a missing PONG. The first closes once its requests are answered (_close_if_done); the
+        # second stays as long as it is connected, as at a broker, within the connection limits.
         if self._eof or self._protocol_version < 1:
             self._schedule_keepalive()
             return
