@@ -197,6 +197,13 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
                  "problems when 0)", registry=registry)
 
 
+# Read by the alert rules (TcServerCoordinatorWithoutLeader) and the dashboard's variables, from every instance:
+# a running one's coordinator, and one still waiting for its store (admin/routes.py StartingRoutes, all 0).
+HAS_LEADER = "tc_server_coordinator_has_leader"
+HAS_LEADER_HELP = ("1 when the coordinator is led by this instance, or by another whose URL this instance knows "
+                   "(another tc-server, or Pulsar 5's own coordinator)")
+
+
 class ScrapedGauge(Collector):
     """A gauge read when scraped: its owner sets :attr:`read` to a function of its samples (label values,
     value). Nothing is exported until then: a 0 where nothing is known would read as a fact (an expired
@@ -270,9 +277,7 @@ class Metrics:
             "tc_server_coordinator_leader", "1 while this instance leads the coordinator",
             TC_LABELS, registry=r)
         # Set by the coordinator (coordinator.py): what /readyz counts, per coordinator.
-        self.has_leader = ScrapedGauge(
-            "tc_server_coordinator_has_leader", "1 when the coordinator is led by this instance, or by another "
-            "whose URL this instance knows (another tc-server, or Pulsar 5's own coordinator)", TC_LABELS, r)
+        self.has_leader = ScrapedGauge(HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, r)
         self.ready = ready_gauge(r)
         self.build_info = build_info(r)
         # Read by app.py with --tls-listen or --admin-tls only.

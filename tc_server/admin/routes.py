@@ -23,7 +23,7 @@ from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
-from tc_server.metrics import Metrics, build_info, ready_gauge
+from tc_server.metrics import HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, Metrics, ScrapedGauge, build_info, ready_gauge
 from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
@@ -131,13 +131,17 @@ class StartingRoutes:
     """The admin port while the start waits for a store that does not answer yet (app.open_store_waiting):
     the process lives (/healthz 200), and is not ready (/readyz 503 naming the store's last error)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: str, coordinators: int) -> None:
         self.problem = "waiting for the metadata store"
         # tc_server_ready (0) and build_info: a scrape meanwhile finds an instance that is not ready, not one that is
-        # down (a failed scrape), and the alert rules say which (deploy/prometheus/alerts.yml).
+        # down (a failed scrape), and the alert rules say which (deploy/prometheus/alerts.yml). And no leader known
+        # from here for any coordinator: when every instance of a cluster waits (Oxia down, a wrong address),
+        # TcServerCoordinatorWithoutLeader fires, and the dashboard lists the cluster and its instances.
         self._registry = CollectorRegistry(auto_describe=True)
         ready_gauge(self._registry).set(0)
         build_info(self._registry)
+        unknown = ScrapedGauge(HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, self._registry)
+        unknown.read = lambda: [((cluster, str(tc_id)), 0.0) for tc_id in range(coordinators)]
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
