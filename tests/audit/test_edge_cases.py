@@ -52,15 +52,15 @@ def _snapshot(root: Path, headers: list[dict[str, Any]], *, events: list[dict[st
     return root
 
 
-# -- decision_mismatch: an event for a header still OPEN is missed when its decision text is "OPEN" ----------
+# -- decision_mismatch: every event for a header still OPEN, and every event that is no decision ------------
 
 
 @pytest.mark.spark
 @pytest.mark.timeout(600)
 def test_an_event_for_a_header_still_open_is_a_mismatch_whatever_its_decision_says(spark: Any) -> None:
     # findings.decision_mismatch's docstring (and docs/audit.md): "any decision for a header still OPEN" is a
-    # mismatch, since a decision is published only once its header holds it. The rule only compares the
-    # event's text with the header's state, so an event whose decision reads "OPEN" for an OPEN header passes.
+    # mismatch, since a decision is published only once its header holds it. The rule only compared the
+    # event's text with the header's state, so an event whose decision read "OPEN" for an OPEN header passed.
     headers = spark.createDataFrame([(0, 1, 0, "OPEN", 0, 60_000, 60_000, None, None, 1)],
                                     schema=spark_schema("headers"))
     events = spark.createDataFrame([(0, 1, "OPEN", "/txn/segment-events/a")], schema=spark_schema("events"))
@@ -72,9 +72,9 @@ def test_an_event_for_a_header_still_open_is_a_mismatch_whatever_its_decision_sa
 @pytest.mark.timeout(600)
 def test_a_published_event_that_is_no_decision_is_reported(spark: Any, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    # The export keeps an event's decision verbatim (any string) and does not reject it; the audit then
-    # reports an event whose "decision" is neither COMMITTED nor ABORTED nowhere when its txn's header is
-    # gone (GC) - a damaged record a Pulsar 5 participant cannot apply, and the audit says "no violations".
+    # The export keeps an event's decision verbatim (any string); the audit reported an event whose "decision"
+    # is neither COMMITTED nor ABORTED nowhere when its txn's header was gone (GC): a damaged record a Pulsar 5
+    # participant cannot apply, and the audit said "no violations".
     snap = _snapshot(tmp_path / "snap", [_header(1, "COMMITTED", NOW - 4_000)],
                      events=[{"txn_most": 0, "txn_least": 2, "decision": "GARBAGE",
                               "stream": "/txn/segment-events/x"}])
@@ -100,7 +100,7 @@ def test_a_snapshot_on_a_cluster_file_system_can_be_audited(
     # _read_remote_snapshot_doc reads snapshot.json with spark.read.option("wholetext", True).text(where):
     # DataFrameReader.text(wholetext=False) sets the option back to false, so rows[0][0] is the file's first
     # line, "{" (write_snapshot_json indents). Every audit of an hdfs:// / s3a:// snapshot - the documented
-    # spark-submit deployment - is refused as bad input: "snapshot.json: cannot read: Expecting property name".
+    # spark-submit deployment - was refused as bad input: "snapshot.json: cannot read: Expecting property name".
     snap = tmp_path / "snap"
     generate.generate_snapshot(snap, txns=200, seed=3)
     _as_remote(monkeypatch)
@@ -113,8 +113,8 @@ def test_a_snapshot_on_a_cluster_file_system_can_be_audited(
 def test_an_unreadable_participants_table_on_a_cluster_file_system_is_bad_input(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # For remote input _read_optional_table swallows *any* exception reading the table's schema and returns an
-    # empty table: a participants table whose file is damaged is audited as "no participant records"
+    # For remote input _read_optional_table swallowed *any* exception reading the table's schema and returned an
+    # empty table: a participants table whose file is damaged was audited as "no participant records"
     # (undelivered_decisions = 0, no violation). A damaged required table is bad input (exit 2) on the same
     # path, and locally the same damaged optional table is exit 2 too. (snapshot.json is read locally here, to
     # step around the wholetext defect above.)
@@ -136,15 +136,15 @@ def test_an_unreadable_participants_table_on_a_cluster_file_system_is_bad_input(
     pytest.fail(f"audited as if it had no participant records: {summary['violations']}")
 
 
-# -- exit codes: a damaged snapshot.json is "the job failed" (3), not bad input (2) ---------------------------
+# -- exit codes: a damaged snapshot.json is bad input (2), not "the job failed" (3) ---------------------------
 
 
 @pytest.mark.parametrize("damage", ["optional_tables_not_an_object", "nested_too_deep"])
 def test_a_damaged_snapshot_json_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               damage: str) -> None:
     # docs/audit.md: exit 2 for bad input (missing snapshot.json, ...), 3 only when the job itself failed.
-    # check_snapshot_doc/_export_rejects call .values() on optional_tables without checking it is an object
-    # (AttributeError), and validate_local_snapshot does not catch json's RecursionError: both exit 3.
+    # _export_rejects called .values() on optional_tables without checking it is an object (AttributeError),
+    # and validate_local_snapshot did not catch json's RecursionError: both exited 3.
     snap = tmp_path / "snap"
     generate.generate_snapshot(snap, txns=10)
     doc = json.loads((snap / "snapshot.json").read_text())
@@ -158,7 +158,7 @@ def test_a_damaged_snapshot_json_is_bad_input(tmp_path: Path, capsys: pytest.Cap
     assert code == EXIT_BAD_INPUT, err
 
 
-# -- thresholds large enough to overflow the job's arithmetic: exit 3 ---------------------------------------
+# -- thresholds large enough to overflow the job's arithmetic are refused: exit 2 ---------------------------
 
 
 @pytest.mark.spark
@@ -166,8 +166,8 @@ def test_a_damaged_snapshot_json_is_bad_input(tmp_path: Path, capsys: pytest.Cap
 def test_a_threshold_the_job_cannot_compute_with_is_refused_as_an_argument(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # main() refuses negative --grace-s/--retention-s/--clock-skew-ms (exit 2) but not huge ones: deadline_ms +
-    # grace overflows under Spark's ANSI mode and the whole audit "fails" (exit 3) after starting Spark.
+    # main() refused negative --grace-s/--retention-s/--clock-skew-ms (exit 2) but not huge ones: deadline_ms +
+    # grace overflowed under Spark's ANSI mode and the whole audit "failed" (exit 3) after starting Spark.
     snap = tmp_path / "snap"
     generate.generate_snapshot(snap, txns=20)
     code = cli.main(["--input", str(snap), "--output", str(tmp_path / "out"), "--grace-s", str(2**62)])
@@ -175,7 +175,7 @@ def test_a_threshold_the_job_cannot_compute_with_is_refused_as_an_argument(
     assert code == EXIT_BAD_INPUT, err
 
 
-# -- generator: --now-ms it accepts produces a snapshot the audit refuses ------------------------------------
+# -- generator: a --now-ms whose rows would fall before the epoch is refused ---------------------------------
 
 
 @pytest.mark.spark
