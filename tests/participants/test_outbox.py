@@ -966,16 +966,31 @@ async def test_a_participant_recorded_while_the_lease_lapsed_is_told_the_decisio
     # answered TransactionCoordinatorNotFound. The lease is then renewed (a keep-alive answered: this instance
     # goes on leading) and the client aborts. The partition decided from memory, which never learnt of that
     # record: it was neither delivered nor deleted, and GC kept the txn's header for good.
-    store = MemoryStore()
+    class SlowBatches(MemoryStore):
+        """Batched writes (participant records) wait for the gate."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.waiting = asyncio.Event(), asyncio.Event()
+
+        async def write_batch(self, ops: Sequence[Put | Delete], **kwargs: Any) -> list[WriteResult]:
+            self.waiting.set()
+            await self.gate.wait()
+            return await super().write_batch(ops, **kwargs)
+
+    store = SlowBatches()
     sender = RecordingSender()
     lease_until = [math.inf]
     partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=10), Metrics("test"), FakeClock(),
                                      sweep_timeouts=False, sender=sender, lease=lambda: lease_until[0])
     await partition.recover_outbox()
     least = await partition.new_txn(60_000, None)
+    adding = asyncio.create_task(partition.add_participants(least, None, [Participant(TOPIC)]))
+    await asyncio.wait_for(store.waiting.wait(), 5)
     lease_until[0] = 0.0  # the lease lapses while the ADD's write is in flight
+    store.gate.set()
     with pytest.raises(CoordinatorNotFound):
-        await partition.add_participants(least, None, [Participant(TOPIC)])
+        await adding
     lease_until[0] = math.inf
     assert [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))], "the record landed"
     await partition.end_txn(least, commit=False, principal=None)
