@@ -27,7 +27,8 @@ from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
-from tc_server.auth.tls_accept import AddressBudget, TlsServer, listening_sockets
+from tc_server.auth.tls_accept import TlsServer, bound_sockets
+from tc_server.server.address_budget import AddressBudget
 from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreError
 
@@ -170,7 +171,7 @@ class _BudgetedSite(web.TCPSite):
         # of their own, the same size (tls_accept.py).
         handshakes = AddressBudget(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS,
                                      refused=lambda address: budget.refused(address, "TLS handshakes under way"))
-        sockets = await listening_sockets(self._host, self._port, self._backlog)
+        sockets = await bound_sockets(self._host, self._port)
         self._server = TlsServer(sockets, lambda: _Budgeted(server(), budget), self._ssl_context, handshakes,
                                  backlog=self._backlog)
 

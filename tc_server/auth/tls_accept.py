@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import structlog
 
+from tc_server.server.address_budget import AddressBudget
+
 log = structlog.get_logger(__name__)
 
 # Long enough for a client across a slow link; a client that stalls holds its socket no longer.
@@ -35,40 +37,9 @@ ACCEPT_RETRY_S = 1.0
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-class AddressBudget:
-    """What is under way (TLS handshakes; the admin port's connections): at most ``per_address`` from one
-    client address and ``total`` in all. ``refused(address)`` is told of each one turned away (the caller's
-    metric and log line)."""
-
-    def __init__(self, total: int, per_address: int, refused: Callable[[str], None] | None = None) -> None:
-        self.total = total
-        self.per_address = per_address
-        self.count = 0
-        self.by_address: dict[str, int] = {}
-        self._refused = refused
-
-    def admit(self, address: str) -> bool:
-        count = self.by_address.get(address, 0)
-        if self.count >= self.total or count >= self.per_address:
-            if self._refused is not None:
-                self._refused(address)
-            return False
-        self.by_address[address] = count + 1
-        self.count += 1
-        return True
-
-    def release(self, address: str) -> None:
-        self.count -= 1
-        left = self.by_address[address] - 1
-        if left:
-            self.by_address[address] = left
-        else:
-            del self.by_address[address]
-
-
-async def listening_sockets(host: str | None, port: int, backlog: int) -> list[socket.socket]:
-    """Sockets listening on every address ``host`` resolves to (as ``create_server`` binds them), with
-    SO_REUSEADDR, IPv6 ones IPv6 only. Raises OSError."""
+async def bound_sockets(host: str | None, port: int) -> list[socket.socket]:
+    """Sockets bound to every address ``host`` resolves to (as ``create_server`` binds them), with
+    SO_REUSEADDR, IPv6 ones IPv6 only, for a :class:`TlsServer` to listen on. Raises OSError."""
     infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
@@ -80,7 +51,6 @@ async def listening_sockets(host: str | None, port: int, backlog: int) -> list[s
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
-            sock.listen(backlog)
     except OSError:
         for sock in sockets:
             sock.close()

@@ -21,6 +21,7 @@ from tc_server.auth.certificates import ServerTlsContext
 from tc_server.metrics import Metrics
 from tc_server.outgoing import OutgoingFrames
 from tc_server.server import discovery
+from tc_server.server.address_budget import AddressBudget
 from tc_server.server.dispatch import Dispatcher, TxnRequest
 from tc_server.server.flow_control import ReadFlowControl
 from tc_server.server.handshake import (
@@ -138,11 +139,13 @@ class ServerContext:
     in_flight_share: int = field(init=False)  # per connection; see _share_connections
     paused: set[ClientConnection] = field(default_factory=set)
     connections: set[ClientConnection] = field(default_factory=set)
-    connections_per_address: dict[str, int] = field(default_factory=dict)
+    # Connections admitted, overall and per address (the limits above; made in __post_init__).
+    admitted: AddressBudget = field(init=False)
     # Server-wide warnings (refused connections) are rate-limited: a flood must not flood the log.
     log_limiter: LogLimiter = field(default_factory=LogLimiter)
 
     def __post_init__(self) -> None:
+        self.admitted = AddressBudget(self.max_connections, self.max_connections_per_address)
         for reason in REFUSAL_REASONS:
             self.metrics.connections_refused.labels(reason)
         # Read when scraped: a set() on every request start and end was a measurable part of the
@@ -168,12 +171,9 @@ class ServerContext:
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address`` in, or say which limit refuses it."""
-        if len(self.connections) >= self.max_connections:
-            return "max_connections"
-        if self.connections_per_address.get(address, 0) >= self.max_connections_per_address:
-            return "max_connections_per_address"
-        self.connections_per_address[address] = self.connections_per_address.get(address, 0) + 1
-        return None
+        if self.admitted.admit(address):
+            return None
+        return "max_connections" if self.admitted.count >= self.max_connections else "max_connections_per_address"
 
     def refused_at_accept(self, reason: str, peer: str) -> None:
         """A connection closed at once for a limit (REFUSAL_REASONS): counted, logged once per interval (the
@@ -185,11 +185,7 @@ class ServerContext:
                         refused_since_last_line=left_out)
 
     def release(self, address: str) -> None:
-        left = self.connections_per_address.get(address, 0) - 1
-        if left > 0:
-            self.connections_per_address[address] = left
-        else:
-            self.connections_per_address.pop(address, None)
+        self.admitted.release(address)
 
 
 def close_flushing(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:

@@ -13,7 +13,8 @@ import ssl
 
 import structlog
 
-from tc_server.auth.tls_accept import AddressBudget, TlsServer
+from tc_server.auth.tls_accept import TlsServer
+from tc_server.server.address_budget import AddressBudget
 from tc_server.server.connection import ClientConnection, ServerContext
 
 log = structlog.get_logger("tc_server.listener")

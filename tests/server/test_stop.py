@@ -297,6 +297,39 @@ def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothin
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_second_hang_up_during_a_stop_that_waits_does_not_cut_it_short(tmp_path: Path) -> None:
+    # The closing terminal's second SIGHUP (above) reaching a stop that waits on its frozen writer: the stop
+    # goes on, and ends cleanly once the writer runs again. It had been taken for a second Ctrl-C.
+    server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
+    assert server.proc is not None
+    writers = descendants_of(server.proc.pid)
+    try:
+        least = asyncio.run(commit_one(server.port))
+        (writer,) = writers
+        os.kill(writer, signal.SIGSTOP)
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + STOP_BOUND_S
+        while "stopping" not in log_events(server):
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGHUP)
+        while "hang-up while stopping: the stop goes on" not in log_events(server):
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.05)
+        os.kill(writer, signal.SIGCONT)
+        assert server.proc.wait(STOP_BOUND_S) == 0, server.log_tail()
+        events = log_events(server)
+        assert "second stop signal" not in events and events[-1] == "stopped", server.log_tail()
+        server.start()
+        status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
+        assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
+    finally:
+        server.kill()
+        for pid in writers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 TERMINAL_BOUND_S = 60.0
 
 
@@ -334,8 +367,10 @@ def test_closing_the_terminal_of_a_foreground_tc_server_stops_it_gracefully(tmp_
             assert time.monotonic() < deadline, _log(log_path)
             time.sleep(0.2)
         log = _log(log_path)
+        # The two hang-ups come microseconds apart: the kernel may merge them into one delivery (a signal
+        # already pending is not queued twice), so "hang-up while stopping" is not always logged here; the
+        # test below sends the second one into a stop that waits.
         assert "second stop signal" not in log, log[-3000:]
-        assert "hang-up while stopping: the stop goes on" in log, log[-3000:]
         # Each worker and the supervisor finished their stop.
         assert log.count('"event": "stopped"') == (1 if workers == 1 else 1 + workers), log[-3000:]
     finally:
