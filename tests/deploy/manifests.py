@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.metrics import MetricWrapperBase
 
 from tc_server.config import Settings, load_settings, parse_hostport
+from tc_server.metrics import LoopFamily, Metrics, ScrapedGauge
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -255,3 +257,35 @@ def selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
     """(metric name, [(label, op, value)]) for every `name{...}` selector."""
     text = re.sub(r"\blabel_values\s*\(\s*([^,()]+?)\s*,\s*\w+\s*\)", r"\1", expr)
     return [(name, MATCHER.findall(body)) for name, body in SELECTOR.findall(text)]
+
+
+# The exposition sample names of each metric type (prometheus_client also writes `_created`; dashboards
+# must not depend on it).
+SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def exported_families() -> dict[str, tuple[str, frozenset[str]]]:
+    """METRIC_NAMES-style name -> (type, label names), read from the collectors Metrics registers."""
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for value in vars(Metrics("test")).values():
+        if isinstance(value, MetricWrapperBase):
+            kind = value._type  # noqa: SLF001 - prometheus_client keeps type and labels private
+            assert kind is not None, value
+            name = value._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
+            found[name] = (kind, frozenset(value._labelnames))  # noqa: SLF001
+        elif isinstance(value, LoopFamily):
+            name = value.name + ("_total" if value.kind == "counter" else "")
+            found[name] = (value.kind, frozenset(value.labelnames))
+        elif isinstance(value, ScrapedGauge):
+            found[value.name] = ("gauge", frozenset(value.labelnames))
+    return found
+
+
+def exported_sample_names() -> dict[str, str]:
+    """Every sample name a scrape can show -> its METRIC_NAMES family."""
+    names: dict[str, str] = {}
+    for family, (kind, _) in exported_families().items():
+        base = family.removesuffix("_total") if kind == "counter" else family
+        for suffix in SUFFIXES[kind]:
+            names[base + suffix] = family
+    return names

@@ -5,54 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prometheus_client.metrics import MetricWrapperBase
 
 from tc_server.config import Settings
-from tc_server.metrics import METRIC_NAMES, REQUEST_BUCKETS, LoopFamily, Metrics, ScrapedGauge
+from tc_server.metrics import METRIC_NAMES, REQUEST_BUCKETS
 
-from .manifests import dashboard, dashboard_exprs, dashboard_panels, grouping_labels, metric_names, selectors
+from .manifests import (
+    dashboard,
+    dashboard_exprs,
+    dashboard_panels,
+    exported_families,
+    exported_sample_names,
+    grouping_labels,
+    metric_names,
+    selectors,
+)
 
 # Labels Prometheus attaches to every target (static_configs, the PodMonitors' relabelings).
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "container"})
 
-# The exposition sample names of each metric type (prometheus_client also writes `_created`; dashboards
-# must not depend on it).
-SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
-
-
-def families() -> dict[str, tuple[str, frozenset[str]]]:
-    """METRIC_NAMES-style name -> (type, label names), read from the collectors Metrics registers."""
-    found: dict[str, tuple[str, frozenset[str]]] = {}
-    for value in vars(Metrics("test")).values():
-        if isinstance(value, MetricWrapperBase):
-            kind = value._type  # noqa: SLF001 - prometheus_client keeps type and labels private
-            assert kind is not None, value
-            name = value._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
-            found[name] = (kind, frozenset(value._labelnames))  # noqa: SLF001
-        elif isinstance(value, LoopFamily):
-            name = value.name + ("_total" if value.kind == "counter" else "")
-            found[name] = (value.kind, frozenset(value.labelnames))
-        elif isinstance(value, ScrapedGauge):
-            found[value.name] = ("gauge", frozenset(value.labelnames))
-    return found
-
-
-def sample_names() -> dict[str, str]:
-    """Every sample name a scrape can show -> its METRIC_NAMES family."""
-    names: dict[str, str] = {}
-    for family, (kind, _) in families().items():
-        base = family.removesuffix("_total") if kind == "counter" else family
-        for suffix in SUFFIXES[kind]:
-            names[base + suffix] = family
-    return names
-
-
-def used_sample_names() -> set[str]:
+def used_exported_sample_names() -> set[str]:
     return {name for expr in dashboard_exprs(dashboard()) for name in metric_names(expr)}
 
 
 def test_metric_names_lists_every_registered_family() -> None:
-    assert set(METRIC_NAMES) == set(families())
+    assert set(METRIC_NAMES) == set(exported_families())
 
 
 def test_promql_name_extraction() -> None:
@@ -71,8 +47,8 @@ def test_dashboard_has_queries() -> None:
 
 
 def test_every_queried_series_is_exported() -> None:
-    known = sample_names()
-    unknown = sorted(used_sample_names() - set(known))
+    known = exported_sample_names()
+    unknown = sorted(used_exported_sample_names() - set(known))
     assert not unknown, f"the dashboard queries series tc-server does not export: {unknown}"
 
 
@@ -85,11 +61,11 @@ def test_every_queried_series_is_exported() -> None:
                                     "pulsar_txn_metadata_store_outstanding_op_records",
                                     "tc_server_coordinator_leader", "tc_server_connections"])
 def test_the_issue_s_panels_are_there(family: str) -> None:
-    assert family in {sample_names().get(name) for name in used_sample_names()}
+    assert family in {exported_sample_names().get(name) for name in used_exported_sample_names()}
 
 
 def test_label_matchers_and_groupings_name_real_labels() -> None:
-    fams, samples = families(), sample_names()
+    fams, samples = exported_families(), exported_sample_names()
     problems = []
     for expr in dashboard_exprs(dashboard()):
         labels_here: set[str] = set(TARGET_LABELS)
@@ -117,7 +93,7 @@ def test_counters_are_read_through_rate() -> None:
     for expr in dashboard_exprs(dashboard()):
         for name in metric_names(expr):
             if name.endswith(("_total", "_bucket", "_sum")) or (
-                    name.endswith("_count") and name in sample_names() and name != "pulsar_txn_active_count"):
+                    name.endswith("_count") and name in exported_sample_names() and name != "pulsar_txn_active_count"):
                 assert "rate(" in expr, f"{name} is cumulative; read it through rate(): {expr}"
 
 
@@ -141,7 +117,7 @@ def test_datasource_and_cluster_variables() -> None:
     # Only the pulsar_txn_* coordinator series carry `cluster`; each of them must be filtered by it.
     for expr in dashboard_exprs(doc):
         for name, matchers in selectors(expr):
-            if name in sample_names() and "cluster" in families()[sample_names()[name]][1]:
+            if name in exported_sample_names() and "cluster" in exported_families()[exported_sample_names()[name]][1]:
                 assert ("cluster", "=~", "$cluster") in matchers, expr
     # The other series are scoped to the cluster through $instance, whose values are the chosen cluster's
     # instances: its "All" must be Grafana's own (their list), not an allValue. With ".*" every cluster's
