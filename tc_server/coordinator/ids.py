@@ -6,11 +6,23 @@ next block is reserved in the background when half of the current one is used. I
 a new leader (or this process after a restart) starts at the stored ``next`` and skips whatever the
 previous holder had reserved but not handed out. Two instances that both believe they lead still get
 disjoint blocks, because each block is one successful CAS.
+
+No block starts below the wall clock's milliseconds times a million (``id_floor``), and a sequence the
+store does not hold yet starts there, not at 0. A broker keeps the ids of the aborted transactions it saw
+for as long as their topic's data is kept (its transaction-buffer snapshot), and drops the messages of
+any later transaction with such an id as aborted: ids must not repeat across stores either. Not those of
+the brokers' own coordinator that tc-server replaces (its ids count from 0), nor those of an earlier
+store in front of the same brokers (a new deployment, a move from the embedded store to Oxia, a lost
+data directory, a backup restored: its sequence is behind the ids handed out since). With ids from 0, a
+committed transaction with the id of one they had aborted lost its messages, with no error anywhere
+(tests/participants/test_id_reuse.py). Any earlier sequence is behind the floor unless it handed out a
+million ids per millisecond, or the clock went back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.errors import CoordinatorNotFound, StoreCorrupted
@@ -18,11 +30,21 @@ from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore
 
 # A txn id half is a Java long in Pulsar (TxnID) and a uint64 on the wire: ids stay below 2^63.
 MAX_TXN_ID = 2**63 - 1
+# The floor of ids per millisecond of the wall clock (module docstring): ids read as the time their
+# block was reserved (1795948345678000000: 2026-11-29 10:32:25.678 UTC), and the floor would reach 2^63
+# in the year 2262 (it stops at half of it, so that a clock far ahead still leaves ids to hand out).
+IDS_PER_MS = 1_000_000
+
+
+def id_floor(now_ms: int) -> int:
+    """The lowest id a block reserved at ``now_ms`` (the wall clock, milliseconds) starts at."""
+    return min(max(0, now_ms) * IDS_PER_MS, MAX_TXN_ID // 2)
 
 
 class IdAllocator:
-    def __init__(self, store: MetadataStore, tc_id: int, block_size: int) -> None:
+    def __init__(self, store: MetadataStore, tc_id: int, block_size: int, clock: Callable[[], int]) -> None:
         self._store = store
+        self._clock = clock  # the wall clock in milliseconds (the partition's): id_floor
         self._tc_id = tc_id
         self._block_size = block_size
         self._blocks: list[tuple[int, int]] = []  # reserved [start, end) ranges, oldest first
@@ -110,11 +132,12 @@ class IdAllocator:
         while True:
             record = await self._store.get(path)
             if record is None:
-                start, expected = 0, EXPECT_ABSENT
+                stored, expected = 0, EXPECT_ABSENT
             else:
-                start, expected = layout.parse_tc_seq(record.value), record.version
+                stored, expected = layout.parse_tc_seq(record.value), record.version
+            start = max(stored, id_floor(self._clock()))
             end = start + self._block_size
-            if start < 0 or end > MAX_TXN_ID + 1:
+            if stored < 0 or end > MAX_TXN_ID + 1:
                 # A damaged (or exhausted) sequence record: handing out such ids would create
                 # headers no client can name; the stored value stays out of the message.
                 raise StoreCorrupted(f"{path}: the next transaction id is outside 0..{MAX_TXN_ID}")

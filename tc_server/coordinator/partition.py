@@ -158,7 +158,7 @@ class CoordinatorPartition:
         self._metrics = metrics
         self._clock = clock
         self._sweep_timeouts = sweep_timeouts
-        self._ids = IdAllocator(store, tc_id, config.id_block_size)
+        self._ids = IdAllocator(store, tc_id, config.id_block_size, clock)
         # Resolve labelled children once: prometheus_client's labels() costs microseconds per call.
         labels = metrics.tc(tc_id)
         self._created = metrics.created.labels(**labels)

@@ -20,7 +20,7 @@ from tc_server.coordinator.partition import TIMEOUT_RETRY_MS, CoordinatorPartiti
 from tc_server.metrics import Metrics
 from tc_server.store.api import MetadataStore, Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tests.coordinator.test_partition import FakeClock, eventually, header, make
+from tests.coordinator.test_partition import FakeClock, eventually, header, make, seed_sequence
 from tests.participants.test_outbox import OTHER, TOPIC, RecordingSender, committed_count, led
 from tests.participants.test_outbox import coordinator as coordinator_with_sender
 from tests.support.gated_store import GatedStore
@@ -93,12 +93,13 @@ async def open_headers(store):
 
 async def test_created_header_with_lost_reply_still_times_out():
     store = LoseReply()
+    first = await seed_sequence(store, 0)
     tc = coordinator(store, "pulsar://a:1", partitions=1)
     await tc.start()
     store.prefix = layout.HEADER_PREFIX
     with pytest.raises(StoreUnavailableError):
         await tc.partition(0).new_txn(100, None)
-    assert await open_headers(store) == [layout.header_path(0, 0)]  # it was written after all
+    assert await open_headers(store) == [layout.header_path(0, first)]  # it was written after all
     assert await eventually(lambda: not tc.partition(0).open_txns())
     assert await open_headers(store) == []
     await tc.stop()
@@ -436,6 +437,7 @@ async def test_no_id_block_is_reserved_after_the_partition_stopped(turns: int):
     # the block started the next block's reservation after stop() had closed the allocator, a task
     # nothing cancelled, writing the sequence record for a coordinator this instance no longer leads.
     store = StallIdBlocks()
+    first = await seed_sequence(store, 0)  # the first block is [first, first + 4)
     partition = CoordinatorPartition(0, store, PartitionConfig(id_block_size=4), Metrics("ids_after_stop"),
                                      FakeClock(), sweep_timeouts=False)
     store.gate.clear()
@@ -449,7 +451,7 @@ async def test_no_id_block_is_reserved_after_the_partition_stopped(turns: int):
     await asyncio.sleep(0.05)
     sequence = await store.get(layout.tc_seq_path(0))
     # The block they waited for (unless stop() cancelled its reservation first), and no more.
-    assert sequence is None or layout.parse_tc_seq(sequence.value) == 4
+    assert sequence is not None and layout.parse_tc_seq(sequence.value) in (first, first + 4)
 
 
 class PagedDeadlineScan(MemoryStore):
@@ -534,13 +536,14 @@ class FailIdBlockOnce(MemoryStore):
 
 async def test_an_id_reservation_that_failed_earlier_fails_no_request_after_one_succeeded():
     store = FailIdBlockOnce()
-    ids = IdAllocator(store, 0, 2)
-    assert await ids.next_id() == 0  # block [0, 2); the prefetch of the next one fails
+    first = await seed_sequence(store, 0)
+    ids = IdAllocator(store, 0, 2, FakeClock())
+    assert await ids.next_id() == first  # block [first, first + 2); the prefetch of the next one fails
     store.fail = True
-    assert await ids.next_id() == 1
+    assert await ids.next_id() == first + 1
     assert await eventually(lambda: ids._refill is None)
     # Two requests now: one reservation serves them both (a block of 2), the old failure neither.
-    assert sorted(await asyncio.gather(ids.next_id(), ids.next_id())) == [2, 3]
+    assert sorted(await asyncio.gather(ids.next_id(), ids.next_id())) == [first + 2, first + 3]
     await ids.close()
 
 

@@ -18,6 +18,7 @@ from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import InvalidTxnStatus
 from tc_server.coordinator.events import publish_decision
+from tc_server.coordinator.ids import id_floor
 from tc_server.coordinator.layout import OpKind, TcLeader, TxnHeader, TxnOp, TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -330,8 +331,8 @@ async def test_records_written_by_pulsars_coordinator_are_served() -> None:
     await tc.start()
     await tc.wait_recovered()
     assert set(tc.partition(0).open_txns()) == {1, 2}
-    # Ids continue from Pulsar's sequence record.
-    assert await tc.partition(0).new_txn(1000, None) == 5
+    # Ids go on past Pulsar's sequence record, from the clock's floor (coordinator/ids.py).
+    assert await tc.partition(0).new_txn(1000, None) == id_floor(clock())
     # The overdue one is aborted; the one in time is committed; both headers are Pulsar's form now.
     assert await tc.abort_expired_now() == 1
     with pytest.raises(InvalidTxnStatus, match="ABORTED"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -18,10 +19,11 @@ from tc_server.coordinator.errors import (
     ParallelismMismatch,
     TransactionNotFound,
 )
+from tc_server.coordinator.ids import IDS_PER_MS, MAX_TXN_ID, id_floor
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition, PartitionConfig
 from tc_server.metrics import Metrics
-from tc_server.store.api import lease_clock
+from tc_server.store.api import EXPECT_ABSENT, lease_clock
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.support.gated_store import GatedStore
@@ -82,12 +84,57 @@ async def test_ttl_zero_means_default_and_above_max_is_refused(setup):
         await tc.partition(0).new_txn(3_600_001, None)
 
 
+async def seed_sequence(store: MemoryStore, tc_id: int) -> int:
+    """Store coordinator ``tc_id``'s id sequence an hour ahead of the clock's floor (coordinator/ids.py), so
+    that its ids are known in advance: the first one, returned, and one after another from there."""
+    first = id_floor(int(time.time() * 1000) + 3_600_000)
+    await store.put(layout.tc_seq_path(tc_id), layout.tc_seq_json(first))
+    return first
+
+
 async def test_ids_strictly_increase_and_blocks_are_reserved(setup):
-    tc, store, _ = setup
+    tc, store, clock = setup
     ids = [await tc.partition(1).new_txn(1000, None) for _ in range(25)]
-    assert ids == list(range(25))
+    # A new sequence starts at the clock's floor (coordinator/ids.py); this clock stands still.
+    first = id_floor(clock.now)
+    assert first == clock.now * IDS_PER_MS and ids == list(range(first, first + 25))
     record = await store.get(layout.tc_seq_path(1))
-    assert layout.parse_tc_seq(record.value) >= 25
+    assert layout.parse_tc_seq(record.value) >= first + 25
+
+
+async def test_a_block_reserved_later_starts_at_the_later_floor(setup):
+    tc, _, clock = setup
+    first = await tc.partition(1).new_txn(1000, None)
+    clock.now += 5_000
+    later = [await tc.partition(1).new_txn(1000, None) for _ in range(10)]  # the next block of 10 on
+    assert later[:9] == list(range(first + 1, first + 10)) and later[9] == id_floor(clock.now)
+
+
+def test_the_id_floor_follows_the_wall_clock_within_the_id_range():
+    assert id_floor(1795948345678) == 1795948345678 * IDS_PER_MS
+    assert id_floor(-5000) == 0  # a clock before 1970
+    assert id_floor(10**15) == MAX_TXN_ID // 2  # a clock far ahead leaves half the range
+
+
+async def test_a_stored_sequence_ahead_of_the_floor_goes_on_where_it_was():
+    store = MemoryStore()
+    first = await seed_sequence(store, 0)
+    tc = make(store)
+    await tc.start()
+    assert [await tc.partition(0).new_txn(1000, None) for _ in range(2)] == [first, first + 1]
+    await tc.stop()
+
+
+async def test_a_sequence_behind_the_floor_a_restored_backup_jumps_to_it():
+    # A backup of the store restored: its sequence is behind the ids handed out since, which brokers may
+    # have seen aborted. The next block starts at the clock's floor instead.
+    store = MemoryStore()
+    await store.put(layout.tc_seq_path(0), layout.tc_seq_json(7), expected_version=EXPECT_ABSENT)
+    tc = make(store)
+    await tc.start()
+    ids = [await tc.partition(0).new_txn(1000, None) for _ in range(2)]
+    assert ids == [id_floor(FakeClock().now), id_floor(FakeClock().now) + 1]
+    await tc.stop()
 
 
 async def test_commit_then_repeat_is_idempotent_and_abort_after_commit_conflicts(setup):
@@ -164,7 +211,7 @@ async def test_owner_checks():
     await tc.start()
     p = tc.partition(0)
     least = await p.new_txn(10_000, "alice")
-    with pytest.raises(TransactionNotFound, match=r"^transaction \(0,0\) not found$"):
+    with pytest.raises(TransactionNotFound, match=rf"^transaction \(0,{least}\) not found$"):
         await p.end_txn(least, commit=True, principal="mallory")
     with pytest.raises(TransactionNotFound):
         await p.add_participants(least, "mallory")
