@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import metrics_response
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
+from tc_server.auth.service import AuthenticationService
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
@@ -435,13 +436,17 @@ class Supervisor:
         from tc_server.app import cannot_bind
 
         host, port = parse_hostport(self.settings.admin_listen)
-        # The admin port's server (request limits, JSON errors), unauthenticated: probes and worker
-        # readiness only, no transaction data (README, "Several cores"). HTTPS with --admin-tls, as the
-        # workers' (the certificate reloaded as theirs is); a bad file stops the start here.
+        # The admin port's server (request limits, JSON errors): probes and worker readiness, no transaction
+        # data (README, "Several cores"). The probes are open; /metrics needs a role with
+        # --authenticate-metrics-endpoint, as each worker's does (scrapers are pointed at this port first).
+        # HTTPS with --admin-tls, as the workers' (the certificate reloaded as theirs is); a bad file or key
+        # stops the start here.
         tls = self._tls = server_tls_context(self.settings) if self.settings.admin_tls else None
         if tls is not None:
             self._certificate_expiry.read = tls.expiry_samples
-        admin = AdminServer(self, host, port, tls=tls)
+        admin = AdminServer(self, host, port, tls=tls,
+                            authentication=AuthenticationService.from_settings(self.settings),
+                            authenticate_metrics=self.settings.authenticate_metrics_endpoint)
         try:
             await admin.start()
         except OSError as exc:

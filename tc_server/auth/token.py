@@ -27,6 +27,8 @@ METHOD = "token"
 # algorithm needs a longer key than the one configured, and refuses to start below 256 bits.
 _HMAC_MIN_KEY_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 _RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+# jjwt, a broker's JWT library, refuses RSA keys shorter than this (WeakKeyException).
+MIN_RSA_KEY_BITS = 2048
 _EC_ALGORITHM_BY_CURVE = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
 # What the JWT library checks for us; the role and audience claims are read below, as the broker
 # reads them (a missing or non-string ``sub`` is our error, not the library's).
@@ -65,6 +67,11 @@ class TokenProvider:
             raise ConfigError("token_public_key: not an RSA or EC public key (X.509 SubjectPublicKeyInfo, "
                               "DER or PEM)") from None
         if isinstance(key, rsa.RSAPublicKey):
+            if key.key_size < MIN_RSA_KEY_BITS:
+                # A broker (jjwt) refuses every token checked with such a key (WeakKeyException); taken here,
+                # anyone who factors it signs any role, superusers included.
+                raise ConfigError(f"token_public_key: the RSA key has {key.key_size} bits; RS256 and the other "
+                                  f"RSA algorithms need at least {MIN_RSA_KEY_BITS}, as a Pulsar broker does")
             return cls(key, _RSA_ALGORITHMS, **claims)
         if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name in _EC_ALGORITHM_BY_CURVE:
             return cls(key, [_EC_ALGORITHM_BY_CURVE[key.curve.name]], **claims)

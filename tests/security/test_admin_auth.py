@@ -14,6 +14,7 @@ from typing import Any
 from tc_server.client import connect
 from tests.security.pki import TestCa, data_url, make_token
 from tests.security.support import token_auth
+from tests.support.server_process import ServerProcess, started
 
 
 def call(url: str, method: str = "GET", token: str | None = None,
@@ -157,3 +158,19 @@ async def test_https_admin_with_a_client_certificate(start, tmp_path):
     assert status == 403 and "'alice' is not a superuser" in doc["reason"]
     status, _, doc = await admin(app, path, context=context_for(None))
     assert status == 401 and "client certificate" in doc["reason"]
+
+
+def test_authenticate_metrics_endpoint_covers_the_supervisors_metrics_too(tmp_path, secret):
+    # With --workers the supervisor serves --admin-listen itself, the port scrapers are pointed at first:
+    # its /metrics answered anyone while every worker's asked for a role. Its probes stay open.
+    server = started(ServerProcess(tmp_path / "data", "--workers", "2", "--coordinators", "2",
+                                   "--authentication-providers", "token", "--token-secret-key", data_url(secret),
+                                   "--superuser-roles", "admin", "--authenticate-metrics-endpoint"))
+    try:
+        worker = f"http://127.0.0.1:{server.admin_port + 1}"
+        assert (call(f"{worker}/metrics")[0], call(f"{server.admin_url}/metrics")[0]) == (401, 401)
+        assert call(f"{server.admin_url}/readyz")[0] == 200
+        token = make_token(secret, "HS256", "scraper")  # any role may read metrics, as at a broker
+        assert call(f"{server.admin_url}/metrics", token=token)[0] == 200
+    finally:
+        server.stop()

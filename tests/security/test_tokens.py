@@ -7,10 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tc_server.auth.api import AuthenticationData
 from tc_server.auth.token import TokenProvider
 from tc_server.client import HandshakeRefused, connect
+from tc_server.config import ConfigError
 from tc_server.wire import Connect, Error, NewTxn, ServerError
 from tests.security.pki import data_url, make_token, public_der
 from tests.security.support import owner_of, raw_connect, token_auth
@@ -157,3 +159,12 @@ def test_an_expiry_written_as_a_string_is_kept_for_the_refresh_check(secret):
         assert provider.authenticate(AuthenticationData(command_data=token.encode())).expires_at_ms == exp * 1000
     unbounded = make_token(secret, "HS256", expires_in_s=None)
     assert provider.authenticate(AuthenticationData(command_data=unbounded.encode())).expires_at_ms is None
+
+
+def test_an_rsa_token_key_under_2048_bits_is_refused_at_start():
+    # A broker (jjwt) refuses every token checked with such a key (WeakKeyException); tc-server took a
+    # 1024-bit key silently (a Python warning on stderr only), and whoever factors it signs any role.
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    with pytest.raises(ConfigError, match="the RSA key has 1024 bits; .* at least 2048"):
+        TokenProvider.with_public_key(public_der(weak))
+    TokenProvider.with_public_key(public_der(rsa.generate_private_key(public_exponent=65537, key_size=2048)))
