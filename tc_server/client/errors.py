@@ -66,10 +66,18 @@ RETRYABLE_ERRORS = frozenset({
 })
 
 
+# PersistenceError is worth retrying (a bookie down, a ledger being rolled over), except on a topic that was
+# terminated: a broker answers that ("... ManagedLedgerTerminatedException ...") to every later request
+# for as long as the topic exists.
+TERMINATED_TOPIC = "ManagedLedgerTerminatedException"
+
+
 def is_retryable(exc: BaseException) -> bool:
     """True for failures where trying again later (fresh lookup, fresh connection) can succeed."""
     if isinstance(exc, ConnectionFailed | ConnectionClosed | RequestTimedOut):
         return True
+    if isinstance(exc, BrokerError) and TERMINATED_TOPIC in (exc.server_message or ""):
+        return False
     if isinstance(exc, BrokerError | HandshakeRefused):
         return exc.error in RETRYABLE_ERRORS
     return False
