@@ -65,6 +65,7 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from tc_server.backoff import Backoff
+from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import (
     Delete,
     Notification,
@@ -100,6 +101,11 @@ INLINE_SCAN_ROWS = 64
 # An idle store's writer is asked an empty write (write_problem) at most this often: the supervisor asks
 # each worker's /readyz twice a second, and a commit (an fsync, a WAL page) each time is disk wear for nothing.
 IDLE_PROBE_S = 30.0
+# While the writer's last group commit failed, that probe writes a record of this size and deletes it in the
+# same commit, as a transaction's writes reach the disk: the empty commit went through on a full disk (its
+# one page fitted in the WAL file) while every transaction's write failed, and /readyz said ready.
+WRITE_PROBE_KEY = "/tc-server/write-probe"
+WRITE_PROBE_BYTES = 64 * 1024
 
 DB_FILENAME: Final = "tc-server.sqlite3"
 # Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
@@ -258,6 +264,12 @@ class EmbeddedStore(StoreWrites):
         self._answered_at = self._loop.time()  # the writer's last answer (or the open): write_problem's probe
         self._restarts = Backoff()
         self._no_writer_until = 0.0
+        # The writer's last answer was a failed group (its message), until a group commits: an idle store on
+        # a full disk said ready once its failed requests were 30 s old (health.py), while the idle probe
+        # it sent kept failing (write_problem).
+        self._last_group_failed: str | None = None
+        # A full disk fails every group: one log line a second, not one per group.
+        self._log_limiter = LogLimiter(interval_s=1.0)
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
@@ -286,7 +298,8 @@ class EmbeddedStore(StoreWrites):
         nothing unanswered to tell by, so a call that finds none, IDLE_PROBE_S after the writer last
         answered, hands it an empty write (a commit of nothing: its fsync tries the disk too), which a later
         call finds answered or not; without it an idle instance with a stopped writer said ready, and its
-        first clients' writes timed out."""
+        first clients' writes timed out. While the last group commit failed, /readyz says that until one with
+        writes succeeds, and the probe writes a record (WRITE_PROBE_BYTES) so that it can succeed."""
         if self._closed:
             return None
         now = self._loop.time()
@@ -295,11 +308,15 @@ class EmbeddedStore(StoreWrites):
             return (f"embedded store: its writer process has not answered a write for {behind_s:.1f} s "
                     f"({len(self._pending)} unanswered: a stalled disk, or a stopped or hung process)")
         if not self._pending and now - self._answered_at >= IDLE_PROBE_S:
+            ops: list[Put | Delete] = [] if self._last_group_failed is None else [
+                Put(WRITE_PROBE_KEY, bytes(WRITE_PROBE_BYTES)), Delete(WRITE_PROBE_KEY)]
             try:
-                probe = self._submit([])
+                probe = self._submit(ops)
             except StoreUnavailableError as exc:  # its writer is gone and not restarted yet
                 return str(exc)
             probe.add_done_callback(lambda future: future.cancelled() or future.exception())
+        if self._last_group_failed is not None:
+            return f"{self._last_group_failed} (the writer's last group commit; ready again once one succeeds)"
         return None
 
     def _behind_s(self, now: float) -> float:
@@ -474,11 +491,16 @@ class EmbeddedStore(StoreWrites):
         for request, future in done:
             if not future.done():
                 future.set_result(request)
-        if self.on_commit is not None and size:  # not write_problem()'s empty probes
-            self.on_commit(size)
+        if size:  # not write_problem()'s empty probes
+            self._last_group_failed = None
+            if self.on_commit is not None:
+                self.on_commit(size)
 
     def _failed(self, message: str, request_ids: list[int]) -> None:
-        log.error("store_commit_failed", path=str(self.path), requests=len(request_ids), error=message)
+        self._last_group_failed = message
+        if (left_out := self._log_limiter.allow("store_commit_failed")) is not None:
+            log.error("store_commit_failed", path=str(self.path), requests=len(request_ids), error=message,
+                      left_out_since_last_line=left_out)
         error = StoreUnavailableError(message)
         for request_id in request_ids:
             _, future = self._pending.pop(request_id)

@@ -145,6 +145,17 @@ def main(argv: list[str]) -> int:
     try:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=5000")
+        try:
+            # sqlite3.connect opens a file it cannot write read-only, without a word (a volume mounted
+            # read-only for a moment as this writer started): such a writer failed every group for good,
+            # and answering, was never replaced. One that cannot write exits before answering anything, and
+            # tc-server starts the next one after a growing delay (EmbeddedStore._writer_lost).
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            print(f"tc-server store writer: cannot write {db_path}: {exc} "
+                  f"({getattr(exc, 'sqlite_errorname', '?')})", file=sys.stderr)
+            return 3
         Writer(conn, max_group_ops).serve(channel)
     finally:
         conn.close()
@@ -161,6 +172,9 @@ class Writer:
         # channel broke) may still be committing its last group, and reading before that commit would
         # reuse its versions.
         self._version: int | None = None
+        # A group failed with SQLITE_READONLY*: this connection cannot write (its file was opened read-only,
+        # or went read-only under it); the process exits once it has answered, and a new one opens the file.
+        self.read_only = False
 
     def serve(self, channel: socket.socket) -> None:
         """Answer groups until tc-server closes the channel (or is gone: then quietly, too)."""
@@ -193,6 +207,8 @@ class Writer:
                 group.append(request)
                 size += 1 if request[1] is None else len(request[1])
             channel.sendall(encode_frame(self.commit_group(group)))
+            if self.read_only:
+                return
 
     def commit_group(self, group: list[Request]) -> tuple[Any, ...]:
         """Apply ``group`` in one transaction; the answer frame for it."""
@@ -230,6 +246,7 @@ class Writer:
             # The versions this group used are skipped, not reused: a COMMIT that failed in its fsync
             # may still have reached the disk. (None if the state could not be read: read it again.)
             self._version = version
+            self.read_only = str(getattr(exc, "sqlite_errorname", "")).startswith("SQLITE_READONLY")
             what = "write" if isinstance(exc, sqlite3.Error) else "write (a bug in the writer)"
             return (FAILED, f"embedded store: {what} failed: {type(exc).__name__}: {exc}",
                     [request_id for request_id, _ in group])
