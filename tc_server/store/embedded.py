@@ -108,6 +108,11 @@ WRITE_PROBE_KEY = "/tc-server/write-probe"
 WRITE_PROBE_BYTES = 64 * 1024
 
 DB_FILENAME: Final = "tc-server.sqlite3"
+# The layout of the file this code writes, kept in SQLite's own slot for it (PRAGMA user_version): a file of a
+# later layout (a rollback after an upgrade that changed the file) is refused, naming both, instead of being
+# misread and written into. 0: a file from before the layout was recorded, which this code reads (and
+# upgrades: _upgrade_index_entries). Raised only with a change that an earlier tc-server cannot read.
+FILE_LAYOUT: Final = 1
 # Oxia's client caps one WriteRequest at 1000 operations (docs/oxia-client.md); the same cap bounds how long
 # one transaction holds the writer and how many callers one failed fsync affects.
 MAX_GROUP_OPS: Final = 1000
@@ -835,12 +840,14 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         # isolation_level=None: we issue BEGIN/COMMIT ourselves. Closed before the writer starts.
         setup = sqlite3.connect(path, isolation_level=None)
         opened.append(setup)
+        _require_known_layout(setup, path)  # before anything writes to the file
         _require_wal(setup, path)
         setup.execute("PRAGMA synchronous=FULL")
         setup.execute("PRAGMA busy_timeout=5000")
         setup.executescript(_SCHEMA)
         setup.execute("BEGIN IMMEDIATE")
         _upgrade_index_entries(setup)
+        setup.execute(f"PRAGMA user_version = {FILE_LAYOUT}")
         # The session that owned these records is gone (Oxia expires them with the session).
         drop_ephemerals(setup.cursor())
         setup.execute("COMMIT")
@@ -918,6 +925,15 @@ def _read_connection(path: Path) -> sqlite3.Connection:
     # loop, so keep any such wait short and let the caller see StoreUnavailableError instead.
     conn.execute("PRAGMA busy_timeout=100")
     return conn
+
+
+def _require_known_layout(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file of a later layout than FILE_LAYOUT (StoreUnavailableError, naming both)."""
+    layout = conn.execute("PRAGMA user_version").fetchone()[0]
+    if layout > FILE_LAYOUT:
+        raise StoreUnavailableError(
+            f"embedded store: {path} is of file layout {layout}, written by a later tc-server; this one reads "
+            f"layouts up to {FILE_LAYOUT}: run the tc-server version that wrote it (or a later one)")
 
 
 def _require_wal(conn: sqlite3.Connection, path: Path) -> None:

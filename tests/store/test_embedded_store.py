@@ -759,3 +759,27 @@ def test_sqlite_failures_name_their_code_and_a_full_disk_says_so(code: str, said
     message = str(embedded._unavailable("opening /data/tc-server.sqlite3", failure))
     assert message.startswith("embedded store: opening /data/tc-server.sqlite3 failed: OperationalError: disk I/O "
                               "error") and said in message, message
+
+
+async def test_a_file_of_a_later_layout_is_refused_naming_it_and_left_unchanged(tmp_path: Path) -> None:
+    # A rollback after an upgrade that changed the file: the earlier tc-server opened it, wrote into it and
+    # misread it (the parallelism record once changed form: read as None, it refused to start for the wrong
+    # reason, and headers of the later form were skipped). The file now says its layout (user_version).
+    store = await EmbeddedStore.open(tmp_path)
+    await store.put("/k", b"v")
+    await store.close()
+    path = tmp_path / DB_FILENAME
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == embedded.FILE_LAYOUT
+        conn.execute(f"PRAGMA user_version = {embedded.FILE_LAYOUT + 1}")  # as a later tc-server marks it
+    before = path.read_bytes()
+    with pytest.raises(StoreUnavailableError, match=rf"{DB_FILENAME} is of file layout {embedded.FILE_LAYOUT + 1}, "
+                                                     rf"written by a later tc-server; this one reads layouts up to "
+                                                     rf"{embedded.FILE_LAYOUT}"):
+        await EmbeddedStore.open(tmp_path)
+    assert path.read_bytes() == before
+    with sqlite3.connect(path) as conn:  # an earlier file (0: before the layout was recorded) is taken
+        conn.execute("PRAGMA user_version = 0")
+    store = await EmbeddedStore.open(tmp_path)
+    assert (await store.get("/k")) is not None
+    await store.close()
