@@ -162,6 +162,16 @@ def _stores_made(directory: Path) -> set[int]:
 
 
 def _check_worker_count(settings: Settings, directory: Path) -> None:
+    resolved = directory.resolve()
+    if (match := _STORE_DIRECTORY.fullmatch(resolved.name)) is not None and (
+            int(match[1]) > 1 or (resolved.parent / WORKERS_FILE).exists()):
+        # One worker's store holds only its own coordinators (i mod N): a process started on it leads every
+        # coordinator, and the txns it opened on the others were in a store no worker leads them from again
+        # (never timed out, their decisions never delivered). `tc-server export` may read it; run may not.
+        raise WorkerCountMismatch(
+            f"--data-dir {directory} is one worker's store of a --workers {match[1]} data directory (it holds "
+            f"coordinator i only for i mod {match[1]} = its index): start with --workers {match[1]} "
+            f"--data-dir {resolved.parent}")
     record = directory / WORKERS_FILE
     made = _stores_made(directory)
     stored: int | None = None

@@ -287,6 +287,14 @@ def test_another_worker_count_on_the_same_data_dir_is_refused(tmp_path: Path) ->
     assert single.stop() == 0
     run = _run(tmp_path / "single", "--workers", "2")
     assert run.returncode == 2 and "holds the stores of --workers 1" in run.stderr, run.stderr
+    # One worker's store (what `tc-server export --data-dir <data-dir>/worker-0-of-2` reads) is refused to a
+    # single process: it led every coordinator there, and the txns it opened on coordinators that worker
+    # does not lead were never timed out or delivered once the workers were back.
+    for flags in ([], ["--workers", "2"]):
+        run = _run(tmp_path / "data" / "worker-0-of-2", *flags)
+        assert run.returncode == 2, run.stderr
+        assert ("is one worker's store of a --workers 2 data directory" in run.stderr
+                and f"start with --workers 2 --data-dir {tmp_path / 'data'}" in run.stderr), run.stderr
 
 
 def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path: Path) -> None:
