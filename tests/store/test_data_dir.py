@@ -1,0 +1,94 @@
+"""The operator's data directory over months: odd paths, a copy moved elsewhere, a backup restored. Real
+processes on the embedded store."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from tc_server.client import connect_coordinators
+from tests.support.server_process import ServerProcess, started
+
+pytestmark = pytest.mark.slow
+
+
+async def _open_and_end(server: ServerProcess, tc_ids: Iterable[int], commit: bool = True,
+                        coordinators: int = 4) -> list[tuple[int, int]]:
+    """Open and end a txn on each of ``tc_ids``, each at its coordinator's instance (LOOKUP, as clients do)."""
+    routed = await connect_coordinators("127.0.0.1", server.port, coordinators)
+    try:
+        ids = []
+        for tc_id in tc_ids:
+            client = routed[tc_id]
+            opened = await client.new_txn(tc_id=tc_id, ttl_ms=600_000)
+            assert opened.error is None, opened
+            ended = await client.end_txn(opened.most, opened.least, commit=commit)
+            assert ended.error is None, ended
+            ids.append((opened.most, opened.least))
+        return ids
+    finally:
+        for client in set(routed):
+            client.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_data_dir_with_spaces_and_unicode_serves_and_survives_a_restart(tmp_path: Path, workers: int) -> None:
+    data = tmp_path / "my data ü é 😀 'q' $x" / "tc server"
+    server = started(ServerProcess(data, "--coordinators", "4", "--workers", str(workers)))
+    try:
+        ids = await _open_and_end(server, range(4))
+        server.stop()
+        server.start()
+        for most, least in ids:
+            status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}",
+                                          worker=None if workers == 1 else most % workers)
+            assert status == 200 and doc["status"] == "COMMITTED", doc
+    finally:
+        server.stop()
+
+
+async def test_a_copy_of_a_stopped_data_dir_goes_on_where_it_was(tmp_path: Path) -> None:
+    server = started(ServerProcess(tmp_path / "old", "--coordinators", "4"))
+    try:
+        ids = await _open_and_end(server, range(4))
+    finally:
+        server.stop()
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    moved = started(ServerProcess(tmp_path / "new", "--coordinators", "4"))
+    try:
+        for most, least in ids:
+            status, doc = moved.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+            assert status == 200 and doc["status"] == "COMMITTED", doc
+        later = await _open_and_end(moved, range(4))
+        assert all(least > dict(ids)[most] for most, least in later)
+    finally:
+        moved.stop()
+
+
+async def test_a_restored_backup_never_hands_out_an_id_again(tmp_path: Path) -> None:
+    # A backup restored goes back in time: its id sequences are behind the ids handed out since, and brokers
+    # drop the messages of a txn whose id they saw aborted. No block starts below the clock's floor
+    # (coordinator/ids.py), so no id handed out after the backup is handed out again.
+    data = tmp_path / "data"
+    server = started(ServerProcess(data, "--coordinators", "2", "--id-block-size", "10"))
+    try:
+        await _open_and_end(server, range(2), coordinators=2)
+        server.stop()
+        shutil.copytree(data, tmp_path / "backup")
+        server.start()
+        after_backup = await _open_and_end(server, [0, 1] * 30, commit=False, coordinators=2)  # past several blocks
+        server.stop()
+        shutil.rmtree(data)
+        shutil.copytree(tmp_path / "backup", data)
+        server.start()
+        again = await _open_and_end(server, [0, 1] * 30, commit=False, coordinators=2)
+        seen = set(after_backup)
+        assert not seen & set(again), sorted(seen & set(again))[:5]
+        for tc_id in (0, 1):
+            assert min(least for most, least in again if most == tc_id) > max(
+                least for most, least in after_backup if most == tc_id)
+    finally:
+        server.stop()
