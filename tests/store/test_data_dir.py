@@ -4,12 +4,14 @@ processes on the embedded store."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from tc_server.client import connect_coordinators
+from tc_server.store.embedded import DB_FILENAME
 from tests.support.server_process import ServerProcess, started
 
 pytestmark = pytest.mark.slow
@@ -92,3 +94,29 @@ async def test_a_restored_backup_never_hands_out_an_id_again(tmp_path: Path) -> 
                 least for most, least in after_backup if most == tc_id)
     finally:
         server.stop()
+
+
+async def test_an_online_backup_of_a_running_store_serves_what_was_decided_before_it(tmp_path: Path) -> None:
+    # README, Operations, Backups: SQLite's online backup of the running store's file, into an empty
+    # directory, is a store a tc-server serves.
+    server = started(ServerProcess(tmp_path / "data", "--coordinators", "4"))
+    try:
+        ids = await _open_and_end(server, range(4))
+        (tmp_path / "backup").mkdir()
+        with sqlite3.connect(tmp_path / "data" / DB_FILENAME) as running, \
+                sqlite3.connect(tmp_path / "backup" / DB_FILENAME) as copy:
+            running.backup(copy)
+        running.close()
+        copy.close()
+        later = await _open_and_end(server, range(4))
+    finally:
+        server.stop()
+    restored = started(ServerProcess(tmp_path / "backup", "--coordinators", "4"))
+    try:
+        for most, least in ids:
+            status, doc = restored.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}")
+            assert status == 200 and doc["status"] == "COMMITTED", doc
+        for most, least in later:  # decided after the backup: not in it
+            assert restored.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}")[0] == 404
+    finally:
+        restored.stop()
