@@ -184,8 +184,10 @@ class CoordinatorPartition:
         # ~200 MB more, docs/performance.md, "500,000 open transactions").
         self._headers: dict[int, tuple[TxnHeader, int]] = {}
         # Open txns whose decision CAS ended with an unknown outcome (its request's deadline passed while
-        # the store held the write): the header may be decided on disk although the txn is open here.
-        self._unsure: set[int] = set()
+        # the store held the write): the header may be decided on disk although the txn is open here. The
+        # value: whether that decision was the timeout's (EXPIRE), which the header does not tell (a client's
+        # ABORT after the deadline is not a timeout); _adopt_decision counts it as it was decided.
+        self._unsure: dict[int, bool] = {}
         # Decisions whose events could not all be written after the CAS (store error, request
         # timeout): the sweeper writes them again so participants do not wait for GC.
         self._unpublished: dict[int, TxnState] = {}
@@ -506,7 +508,7 @@ class CoordinatorPartition:
                     # the sweep looks soon, so a decision that landed is delivered without waiting
                     # for a retry or the txn's deadline.
                     self._headers.pop(least, None)
-                    self._unsure.add(least)
+                    self._unsure[least] = decision is Decision.EXPIRE
                     deadline = self._open.get(least)
                     if deadline is not None and not self._stopped:
                         self._track(least, min(deadline, self._clock() + TIMEOUT_RETRY_MS))
@@ -548,8 +550,10 @@ class CoordinatorPartition:
         """A decided ``header`` read for a txn still in the open set: take the decision's own steps (a
         txn leaves the open set only into the outbox, or the low watermark would pass it and its
         brokers abort a commit)."""
-        timed_out = (header.state is TxnState.ABORTED and header.finalized_ms is not None
-                     and header.finalized_ms >= header.deadline_ms)
+        # This leader's own decision says whether it was the timeout's; an earlier leader's, only its time.
+        timed_out = header.state is TxnState.ABORTED and (
+            self._unsure[least] if least in self._unsure
+            else header.finalized_ms is not None and header.finalized_ms >= header.deadline_ms)
         # Counted here only when the decision may be this leader's own CAS whose answer was lost (it
         # counted nothing then). Otherwise an earlier leader took it and counted it when its CAS
         # succeeded; counting it again made the cluster's pulsar_txn_committed_total / _aborted_total,
@@ -608,7 +612,7 @@ class CoordinatorPartition:
         if owner is not None:
             self._principals.remove(owner)
         self._headers.pop(least, None)
-        self._unsure.discard(least)
+        self._unsure.pop(least, None)
         self._recorded.pop(least, None)
         self._complete.discard(least)
         self._open.pop(least, None)

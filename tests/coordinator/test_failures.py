@@ -128,6 +128,28 @@ async def test_decided_header_with_lost_reply_is_delivered_on_the_retry():
         assert committed_count(tc.metrics) == 1  # this leader's own decision: counted once, by the retry
 
 
+
+@pytest.mark.parametrize("reply_lost", [False, True])
+async def test_a_client_abort_after_the_deadline_counts_as_an_abort_whether_or_not_its_answer_was_lost(
+        reply_lost: bool):
+    # A client's ABORT of an overdue txn is a plain abort (docs/semantics.md §2), not a timeout. With its
+    # answer lost, the retry adopted the decision from the header and, its time past the deadline, counted
+    # a timeout: pulsar_txn_timeout_total, which TcServerTransactionsTimingOut reads, grew with store trouble.
+    store, clock = LoseReply(), FakeClock()
+    tc = make(store, clock, partitions=1)
+    await tc.start()
+    partition = tc.partition(0)
+    least = await partition.new_txn(1_000, None)
+    clock.now += 2_000
+    if reply_lost:
+        store.prefix = layout.HEADER_PREFIX
+        with pytest.raises(StoreUnavailableError):
+            await partition.end_txn(least, commit=False, principal=None)
+    await partition.end_txn(least, commit=False, principal=None)  # (the client's retry)
+    assert (tc.metrics.aborted.labels(**tc.metrics.tc(0)).value,
+            tc.metrics.timed_out.labels(**tc.metrics.tc(0)).value) == (1, 0)
+    await tc.stop()
+
 async def new_txn_held_past_its_deadline(
         store: GatedStore) -> tuple[TransactionCoordinator, CoordinatorPartition, asyncio.Task[int]]:
     """A coordinator on ``store`` (no sweep of its own) whose NEW_TXN of 1 s waits at the store's gate,
