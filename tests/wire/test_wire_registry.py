@@ -10,7 +10,7 @@ import pytest
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.wire import Command, NewTxn, Unknown, command_name
-from tc_server.wire.codec.registry import DECODERS, ENCODERS, FAST_ENCODERS, TYPE_OF, register
+from tc_server.wire.codec.registry import DECODERS, ENCODERS, FAST_ENCODERS, TYPE_OF, register, varint
 
 COMMAND_CLASSES = [cls for cls in typing.get_args(Command) if cls is not Unknown]
 
@@ -38,3 +38,16 @@ def test_registering_a_command_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         register(NewTxn, pb.BaseCommand.NEW_TXN, decode=DECODERS[pb.BaseCommand.NEW_TXN], encode=ENCODERS[NewTxn])
     assert command_name(NewTxn(1, 1000, 0)) == "NEW_TXN"
+
+
+def test_varints_of_txn_ids_from_the_clock_s_floor_are_protobuf_s():
+    # varint() reuses the last value's high bytes (ids from the clock's floor share them): whatever came
+    # before, each value's bytes are protobuf's own encoding of it.
+    def protobuf(value: int) -> bytes:
+        return pb.CommandEndTxnResponse(request_id=value).SerializeToString()[1:]
+
+    values = [*range(0, 1 << 15, 7), (1 << 28) - 1, 1 << 28, (1 << 64) - 1, 1 << 63, 1 << 63, 5]
+    first = 1795958457624000000
+    values += [first + i for i in range(-(1 << 14), 1 << 14, 3)] + [first, 1 << 40, first + 1, first]
+    for value in values:
+        assert varint(value) == protobuf(value), value
