@@ -216,7 +216,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
     max_connections = connections_that_fit(settings.max_connections)
     metrics = Metrics(settings.cluster)
     if settings.store == "memory":
-        log.warning("the memory store keeps nothing across a restart: transaction ids start again at 0; "
+        log.warning("the memory store keeps nothing across a restart: every transaction and decision is lost; "
                     "use it for tests only")
     # Keys and certificates first: a bad file stops the start before anything is opened.
     authentication = AuthenticationService.from_settings(settings)

@@ -215,7 +215,7 @@ def parse_tc_seq(record: Record) -> dict[str, Any]:
         raise RejectedRecord(f"bad coordinator id {text!r}")
     if text != str(int(text)):
         # The coordinator reads /txn/tc-seq/3 only: /txn/tc-seq/03 taken for it hid a coordinator without
-        # its sequence record (whose ids start again at 0) from id_reuse_risk.
+        # its sequence record (whose ids start again, from the clock's floor) from id_reuse_risk.
         raise RejectedRecord(f"non-canonical coordinator id {text!r}")
     doc = _json_object(record.value)
     next_id = _int64(doc, "next")

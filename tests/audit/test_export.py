@@ -264,7 +264,7 @@ async def test_records_a_review_found_stopping_or_fooling_the_export(tmp_path: P
     # failed), a number whose exponent Decimal refuses (an ArithmeticError past `except ValueError`), in
     # a header and in an op record: each stopped the whole export. /txn/tc-seq/03 was exported as
     # coordinator 3's sequence, which the coordinator never reads: a coordinator without its record (its
-    # ids start again at 0) looked safe to id_reuse_risk.
+    # ids start again) looked safe to id_reuse_risk.
     store = MemoryStore()
     await store.put("/txn/id/0_2", b'{"state":"OPEN\\ud800","timeout":60.0,"createdAt":1.0}', partition_key="0_2")
     await store.put("/txn/id/0_3", b'{"state":"OPEN","timeout":60.0,"createdAt":1e999999999999999999999}',
