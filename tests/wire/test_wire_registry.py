@@ -41,7 +41,7 @@ def test_registering_a_command_twice_is_refused() -> None:
 
 
 def test_varints_of_txn_ids_from_the_clock_s_floor_are_protobuf_s():
-    # varint() reuses the last value's high bytes (ids from the clock's floor share them): whatever came
+    # varint() takes high bytes from a memo (ids from the clock's floor share them): whatever came
     # before, each value's bytes are protobuf's own encoding of it.
     def protobuf(value: int) -> bytes:
         return pb.CommandEndTxnResponse(request_id=value).SerializeToString()[1:]
@@ -49,5 +49,7 @@ def test_varints_of_txn_ids_from_the_clock_s_floor_are_protobuf_s():
     values = [*range(0, 1 << 15, 7), (1 << 28) - 1, 1 << 28, (1 << 64) - 1, 1 << 63, 1 << 63, 5]
     first = 1795958457624000000
     values += [first + i for i in range(-(1 << 14), 1 << 14, 3)] + [first, 1 << 40, first + 1, first]
+    values += [first + tc * 10**9 + i for i in range(300) for tc in range(16)]  # coordinators in turn
+    values += [first + (run << 14) for run in range(600)]  # past the memo's size
     for value in values:
         assert varint(value) == protobuf(value), value
