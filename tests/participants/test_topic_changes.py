@@ -114,25 +114,41 @@ def test_commit_after_the_partitions_grew_is_delivered(
         run.terminate()
 
 
-async def test_a_topic_deleted_before_the_commit_is_not_held_forever(pulsar_broker: PulsarBroker,
-                                                                     tmp_path: Path) -> None:
-    topic = fresh_topic(pulsar_broker, 0)
-    # the topic exists on the broker (loaded)
-    code, body = pulsar_broker.request("GET", admin_topic_path(topic) + "/stats")
-    assert code == 200, (code, body)
-    server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", "5")
+async def commit_after(broker: PulsarBroker, tmp_path: Path, topic: str, change: tuple[str, str], *, tc_id: int,
+                       subscription: str | None = None, wait_s: int = 5,
+                       bound_s: float = 20) -> tuple[TcServerProcess, Any]:
+    """A txn of coordinator ``tc_id`` adds ``topic`` (or its ``subscription``), the broker's admin API then
+    makes ``change`` (method, path under the topic), and the txn commits: (the tc-server, stopped, and what
+    it still had undelivered ``bound_s`` after the commit)."""
+    server = start_server(broker, tmp_path, "--participant-wait-s", str(wait_s))
     client = await connect("127.0.0.1", server.port)
     try:
-        opened = await client.new_txn(tc_id=2)
-        assert (await client.add_partition(2, opened.least, topic)).error is None
-        code, body = pulsar_broker.request("DELETE", admin_topic_path(topic) + "?force=true")
+        opened = await client.new_txn(tc_id=tc_id)
+        added = await (client.add_partition(tc_id, opened.least, topic) if subscription is None
+                       else client.add_subscription(tc_id, opened.least, topic, subscription))
+        assert added.error is None, added
+        method, path = change
+        code, body = broker.request(method, admin_topic_path(topic) + path)
         assert code in (200, 204), (code, body)
-        assert (await client.end_txn(2, opened.least, commit=True)).error is None
-        left = await asyncio.to_thread(wait_delivered, server, 20)
-        assert left == [], (left, server.log_tail())
+        assert (await client.end_txn(tc_id, opened.least, commit=True)).error is None
+        return server, await asyncio.to_thread(wait_delivered, server, bound_s)
     finally:
         client.close()
         server.stop()
+
+
+def loaded_topic(broker: PulsarBroker) -> str:
+    topic = fresh_topic(broker, 0)
+    code, body = broker.request("GET", admin_topic_path(topic) + "/stats")  # the broker loads it
+    assert code == 200, (code, body)
+    return topic
+
+
+async def test_a_topic_deleted_before_the_commit_is_not_held_forever(pulsar_broker: PulsarBroker,
+                                                                     tmp_path: Path) -> None:
+    topic = loaded_topic(pulsar_broker)
+    server, left = await commit_after(pulsar_broker, tmp_path, topic, ("DELETE", "?force=true"), tc_id=2)
+    assert left == [], (left, server.log_tail())
 
 
 async def test_a_subscription_deleted_before_the_commit_is_not_held_forever(pulsar_broker: PulsarBroker,
@@ -140,19 +156,9 @@ async def test_a_subscription_deleted_before_the_commit_is_not_held_forever(puls
     topic = fresh_topic(pulsar_broker, 0)
     code, body = pulsar_broker.request("PUT", admin_topic_path(topic) + "/subscription/sub-a")
     assert code in (200, 204), (code, body)
-    server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", "5")
-    client = await connect("127.0.0.1", server.port)
-    try:
-        opened = await client.new_txn(tc_id=4)
-        assert (await client.add_subscription(4, opened.least, topic, "sub-a")).error is None
-        code, body = pulsar_broker.request("DELETE", admin_topic_path(topic) + "/subscription/sub-a")
-        assert code in (200, 204), (code, body)
-        assert (await client.end_txn(4, opened.least, commit=True)).error is None
-        left = await asyncio.to_thread(wait_delivered, server, 20)
-        assert left == [], (left, server.log_tail())
-    finally:
-        client.close()
-        server.stop()
+    server, left = await commit_after(pulsar_broker, tmp_path, topic, ("DELETE", "/subscription/sub-a"), tc_id=4,
+                                      subscription="sub-a")
+    assert left == [], (left, server.log_tail())
 
 
 async def test_a_terminated_topic_is_reported_as_a_refusal_not_retried_quietly(pulsar_broker: PulsarBroker,
@@ -161,24 +167,12 @@ async def test_a_terminated_topic_is_reported_as_a_refusal_not_retried_quietly(p
     (ManagedLedgerTerminatedException) to every END_TXN_ON_PARTITION for as long as the topic exists. It was
     retried as a passing failure, info lines only, every 5 s for ever, the txn holding its coordinator's low
     watermark; it is a refusal: a warning naming the topic, retried slowly (docs/participants.md)."""
-    topic = fresh_topic(pulsar_broker, 0)
-    code, body = pulsar_broker.request("GET", admin_topic_path(topic) + "/stats")
-    assert code == 200, (code, body)
-    server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", "3")
-    client = await connect("127.0.0.1", server.port)
-    try:
-        opened = await client.new_txn(tc_id=6)
-        assert (await client.add_partition(6, opened.least, topic)).error is None
-        code, body = pulsar_broker.request("POST", admin_topic_path(topic) + "/terminate")
-        assert code in (200, 204), (code, body)
-        assert (await client.end_txn(6, opened.least, commit=True)).error is None
-        left = await asyncio.to_thread(wait_delivered, server, 12)
-        lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
-        about = [line for line in lines if line.get("topic") == topic and "END_TXN" in line.get("event", "")]
-        warnings = [line for line in about if line.get("level") in ("warning", "error")]
-        assert left == [] or warnings, (
-            f"undelivered after 12 s: {left}; {len(about)} lines about the topic, levels "
-            f"{sorted({line['level'] for line in about})}, last: {about[-1] if about else None}")
-    finally:
-        client.close()
-        server.stop()
+    topic = loaded_topic(pulsar_broker)
+    server, left = await commit_after(pulsar_broker, tmp_path, topic, ("POST", "/terminate"), tc_id=6, wait_s=3,
+                                      bound_s=12)
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    about = [line for line in lines if line.get("topic") == topic and "END_TXN" in line.get("event", "")]
+    warnings = [line for line in about if line.get("level") in ("warning", "error")]
+    assert left == [] or warnings, (
+        f"undelivered after 12 s: {left}; {len(about)} lines about the topic, levels "
+        f"{sorted({line['level'] for line in about})}, last: {about[-1] if about else None}")

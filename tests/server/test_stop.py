@@ -12,6 +12,7 @@ import pty
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -262,9 +263,12 @@ def test_a_stop_whose_store_writer_is_frozen_still_ends_and_loses_nothing(tmp_pa
         server.kill()
 
 
-def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothing(tmp_path: Path) -> None:
-    # The stop waits on a frozen writer (above); the operator presses Ctrl-C again: the process exits then,
-    # as from kill -9, with the signal's exit code and a last line that says so.
+@contextlib.contextmanager
+def a_stop_waiting_on_a_frozen_writer(tmp_path: Path, first: signal.Signals,
+                                      second: signal.Signals) -> Iterator[tuple[TcServerProcess, int, int]]:
+    """tc-server with one txn committed, its writer process frozen (SIGSTOP) so that a stop waits, sent
+    ``first`` and, once it says "stopping", ``second``: (the server, its writer's pid, the txn's least bits).
+    Both processes are killed at the end (a failed run must not leave a stopped process behind)."""
     server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
     assert server.proc is not None
     writers = descendants_of(server.proc.pid)
@@ -272,13 +276,32 @@ def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothin
         least = asyncio.run(commit_one(server.port))
         (writer,) = writers
         os.kill(writer, signal.SIGSTOP)
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(first)
         deadline = time.monotonic() + STOP_BOUND_S
-        while "stopping" not in log_events(server) and time.monotonic() < deadline:
+        while "stopping" not in log_events(server):
+            assert time.monotonic() < deadline, server.log_tail()
             time.sleep(0.05)
-        server.proc.send_signal(signal.SIGINT)
-        code = server.proc.wait(STOP_BOUND_S)
-        assert code == 128 + signal.SIGINT, server.log_tail()
+        server.proc.send_signal(second)
+        yield server, writer, least
+    finally:
+        server.kill()
+        for pid in writers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def assert_committed_after_a_start(server: TcServerProcess, least: int) -> None:
+    server.start()
+    status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
+    assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
+
+
+def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothing(tmp_path: Path) -> None:
+    # The stop waits on a frozen writer (above); the operator presses Ctrl-C again: the process exits then,
+    # as from kill -9, with the signal's exit code and a last line that says so.
+    with a_stop_waiting_on_a_frozen_writer(tmp_path, signal.SIGTERM, signal.SIGINT) as (server, writer, least):
+        assert server.proc is not None
+        assert server.proc.wait(STOP_BOUND_S) == 128 + signal.SIGINT, server.log_tail()
         events = log_events(server)
         assert events[-1].startswith("second stop signal") and "stopped" not in events, server.log_tail()
         # The kernel killed the stopped writer with its parent (tc_server/parent_death.py): nothing holds
@@ -287,32 +310,15 @@ def test_a_second_signal_during_a_stop_that_waits_exits_at_once_and_loses_nothin
         while alive(writer) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(writer)
-        server.start()
-        status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
-        assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
-    finally:
-        server.kill()
-        for pid in writers:  # a failed run must not leave a stopped process behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert_committed_after_a_start(server, least)
 
 
 def test_a_second_hang_up_during_a_stop_that_waits_does_not_cut_it_short(tmp_path: Path) -> None:
-    # The closing terminal's second SIGHUP (above) reaching a stop that waits on its frozen writer: the stop
+    # The closing terminal's second SIGHUP (below) reaching a stop that waits on its frozen writer: the stop
     # goes on, and ends cleanly once the writer runs again. It had been taken for a second Ctrl-C.
-    server = TcServerProcess(tmp_path / "data", "--coordinators", "2", log_path=tmp_path / "tc-server.log").start()
-    assert server.proc is not None
-    writers = descendants_of(server.proc.pid)
-    try:
-        least = asyncio.run(commit_one(server.port))
-        (writer,) = writers
-        os.kill(writer, signal.SIGSTOP)
-        server.proc.send_signal(signal.SIGHUP)
+    with a_stop_waiting_on_a_frozen_writer(tmp_path, signal.SIGHUP, signal.SIGHUP) as (server, writer, least):
+        assert server.proc is not None
         deadline = time.monotonic() + STOP_BOUND_S
-        while "stopping" not in log_events(server):
-            assert time.monotonic() < deadline, server.log_tail()
-            time.sleep(0.05)
-        server.proc.send_signal(signal.SIGHUP)
         while "hang-up while stopping: the stop goes on" not in log_events(server):
             assert time.monotonic() < deadline, server.log_tail()
             time.sleep(0.05)
@@ -320,15 +326,7 @@ def test_a_second_hang_up_during_a_stop_that_waits_does_not_cut_it_short(tmp_pat
         assert server.proc.wait(STOP_BOUND_S) == 0, server.log_tail()
         events = log_events(server)
         assert "second stop signal" not in events and events[-1] == "stopped", server.log_tail()
-        server.start()
-        status, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{least}")
-        assert status == 200 and doc["status"] == "COMMITTED", (status, doc)
-    finally:
-        server.kill()
-        for pid in writers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
+        assert_committed_after_a_start(server, least)
 
 TERMINAL_BOUND_S = 60.0
 
@@ -369,7 +367,7 @@ def test_closing_the_terminal_of_a_foreground_tc_server_stops_it_gracefully(tmp_
         log = _log(log_path)
         # The two hang-ups come microseconds apart: the kernel may merge them into one delivery (a signal
         # already pending is not queued twice), so "hang-up while stopping" is not always logged here; the
-        # test below sends the second one into a stop that waits.
+        # test above sends the second one into a stop that waits.
         assert "second stop signal" not in log, log[-3000:]
         # Each worker and the supervisor finished their stop.
         assert log.count('"event": "stopped"') == (1 if workers == 1 else 1 + workers), log[-3000:]
