@@ -5,11 +5,21 @@ for as long as it lasts, the service comes back once the disk does, and nothing 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from tc_server import health
+from tc_server.app import App, start_app
 from tc_server.client import connect
+from tc_server.config import Settings
+from tc_server.store import embedded
 from tc_server.wire import ServerError
 from tests.support.disk import bind_mounted, fill, remount, tmpfs, writer_pid
 from tests.support.server_process import ServerProcess
@@ -40,6 +50,17 @@ async def load(port: int, seconds: float) -> list[ServerError | None]:
     return errors
 
 
+async def readyz(app: App) -> tuple[int, Any]:
+    def get() -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{app.admin.port}/readyz", timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    return await asyncio.to_thread(get)
+
+
 def start(data: Path, log: Path) -> ServerProcess:
     return ServerProcess(data, "--coordinators", "2", "--request-timeout-s", REQUEST_TIMEOUT_S, log_path=log).start()
 
@@ -65,32 +86,39 @@ async def test_a_full_disk_is_answered_and_said_until_space_is_freed(tmp_path: P
             server.kill()
 
 
-async def test_an_idle_instance_on_a_full_disk_stays_unready_until_space_is_freed(tmp_path: Path) -> None:
-    # Its failed requests age out of readiness after 30 s (health.py), and the store's idle probe, an empty
+async def test_an_idle_instance_on_a_full_disk_stays_unready_until_space_is_freed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its failed requests age out of readiness after FRESH_S (health.py), and the store's idle probe, an empty
     # commit, went through on the full disk (one page fits in the WAL file) while every transaction's write
     # failed: /readyz said 200, the instance went back into its Service, and the next client's writes failed.
     # The writer's last group failing now keeps it 503, and the probe writes a record, so that it succeeds
-    # once the disk has room again, with no client writing.
+    # once the disk has room again, with no client writing. In-process, so that the two 30 s intervals can
+    # be 1 s (the store, its writer process and the disk are the real ones).
+    monkeypatch.setattr(health, "FRESH_S", 1.0)
+    monkeypatch.setattr(embedded, "IDLE_PROBE_S", 1.0)
     with tmpfs(tmp_path / "mnt", DISK) as mnt:
-        server = start(mnt / "data", tmp_path / "tc.log")
+        app = await start_app(Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="embedded",
+                                       data_dir=str(mnt / "data"), coordinators=2,
+                                       request_timeout_s=float(REQUEST_TIMEOUT_S), log_format="json"))
         try:
-            assert set(await load(server.port, 0.5)) == {None}
+            port = app.listeners[0].port
+            assert set(await load(port, 0.5)) == {None}
             filler = fill(mnt)
-            assert any(error is not None for error in await load(server.port, 1.5))
-            await asyncio.sleep(33)  # idle, past both 30 s intervals
-            readiness = [server.get_json("/readyz") for _ in range(3)]
-            await asyncio.sleep(1)  # the probe sent by the first of them is answered
-            readiness.append(server.get_json("/readyz"))
-            assert all(code == 503 for code, _ in readiness), readiness
-            assert "disk is full" in str(readiness[-1][1]), readiness[-1]
-            assert (await load(server.port, 0.3))[0] is not None  # and the disk is still full
+            assert any(error is not None for error in await load(port, 1.5))
+            readiness = []
+            for _ in range(4):  # idle, past both intervals, each call sending the probe when it is due
+                await asyncio.sleep(1.2)
+                readiness.append(await readyz(app))
+            assert all(code == 503 and "disk is full" in str(doc) for code, doc in readiness), readiness
+            assert (await load(port, 0.3))[0] is not None  # and the disk is still full
             filler.unlink()
-            await asyncio.sleep(32)  # idle again: the next probe is due
-            server.get_json("/readyz")  # sends it
-            await asyncio.sleep(1)
-            assert server.get_json("/readyz") == (200, {"ready": True, "led": [0, 1]})
+            for _ in range(8):
+                await asyncio.sleep(1.2)
+                if (await readyz(app))[0] == 200:
+                    break
+            assert await readyz(app) == (200, {"ready": True, "led": [0, 1]})
         finally:
-            server.kill()
+            await app.stop()
 
 
 async def test_a_writer_killed_on_a_full_disk_is_replaced_once_space_is_freed(tmp_path: Path) -> None:
