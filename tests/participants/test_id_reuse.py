@@ -37,6 +37,16 @@ def produce(harness: Harness, service_url: str, topic: str, action: str) -> dict
     return run.result
 
 
+def produce_on_a_new_store(broker: PulsarBroker, workdir: Path, harness: Harness, topic: str,
+                           action: str) -> dict[str, Any]:
+    """One txn of COUNT messages on ``topic``, ended by ``action``, through a tc-server on a new store."""
+    workdir.mkdir()
+    server = start_server(broker, workdir)
+    try:
+        return produce(harness, server.url, topic, action)
+    finally:
+        server.stop()
+
 def test_committed_messages_survive_a_switch_from_the_brokers_coordinator(
         pulsar_broker: PulsarBroker, java_harness: Harness, tmp_path: Path) -> None:
     topic = f"persistent://public/default/switch-{uuid.uuid4().hex[:8]}"
@@ -46,11 +56,7 @@ def test_committed_messages_survive_a_switch_from_the_brokers_coordinator(
     before = produce(java_harness, pulsar_broker.url, topic, "abort")
     assert before["end"]["outcome"] == "ok", before
     # After the switch: tc-server is the only coordinator; a committed txn on the same topic.
-    server = start_server(pulsar_broker, tmp_path)
-    try:
-        after = produce(java_harness, server.url, topic, "commit")
-    finally:
-        server.stop()
+    after = produce_on_a_new_store(pulsar_broker, tmp_path / "tc-server", java_harness, topic, "commit")
     assert after["end"]["outcome"] == "ok", after
     same_id = (before["most"], before["least"]) == (after["most"], after["least"])
     assert sorted(after["received_after_end"]) == sorted(f"txn-{i}" for i in range(COUNT)), (
@@ -61,23 +67,13 @@ def test_committed_messages_survive_a_switch_from_the_brokers_coordinator(
 def test_committed_messages_survive_a_new_coordinator_store(pulsar_broker: PulsarBroker, java_harness: Harness,
                                                             tmp_path: Path) -> None:
     """The same with tc-server alone: a new store (a fresh deployment, a move from the embedded store to
-    Oxia, a lost data directory) starts the ids at 0 again in front of the same brokers."""
+    Oxia, a lost data directory) in front of the same brokers, whose ids started at 0 again."""
     topic = f"persistent://public/default/new-store-{uuid.uuid4().hex[:8]}"
     pulsar_broker.create_topic(topic, 1)
     pulsar_broker.wait_partitions_ready(topic, 1)
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
-    first = start_server(pulsar_broker, tmp_path / "first")
-    try:
-        before = produce(java_harness, first.url, topic, "abort")
-    finally:
-        first.stop()
+    before = produce_on_a_new_store(pulsar_broker, tmp_path / "first", java_harness, topic, "abort")
     assert before["end"]["outcome"] == "ok", before
-    second = start_server(pulsar_broker, tmp_path / "second")
-    try:
-        after = produce(java_harness, second.url, topic, "commit")
-    finally:
-        second.stop()
+    after = produce_on_a_new_store(pulsar_broker, tmp_path / "second", java_harness, topic, "commit")
     assert after["end"]["outcome"] == "ok", after
     assert sorted(after["received_after_end"]) == sorted(f"txn-{i}" for i in range(COUNT)), (
         f"committed txn ({after['most']},{after['least']}) lost its messages; the previous store's "
