@@ -28,8 +28,8 @@ from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
 from tc_server.auth.tls_accept import TlsServer, bound_sockets
+from tc_server.logs import LogLimiter
 from tc_server.server.address_budget import AddressBudget
-from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreError
 
 log = structlog.get_logger("tc_server.admin")

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from tc_server.coordinator import layout
-from tc_server.server.log_limit import LogLimiter
+from tc_server.logs import LogLimiter
 from tc_server.store.api import (
     EXPECT_ABSENT,
     BadVersionError,

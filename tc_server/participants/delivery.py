@@ -41,9 +41,9 @@ from tc_server.client import (
 )
 from tc_server.config import speaks_tls
 from tc_server.coordinator.layout import Participant
+from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.server.deadlines import RequestDeadlines
-from tc_server.server.log_limit import LogLimiter
 from tc_server.server.upstream import follow_lookup
 from tc_server.wire import (
     EndTxnOnPartition,

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, cast
 import structlog
 
 from tc_server.auth.certificates import ServerTlsContext
+from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.outgoing import OutgoingFrames
 from tc_server.server import discovery
@@ -35,7 +36,6 @@ from tc_server.server.handshake import (
     refresh_challenge,
     wall_clock_ms,
 )
-from tc_server.server.log_limit import LogLimiter
 from tc_server.server.relay import BrokerSide, open_relay
 from tc_server.server.upstream import (
     FORWARDED_COMMANDS,

@@ -15,10 +15,10 @@ import structlog
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorError
 from tc_server.coordinator.layout import Participant
+from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.server import discovery
 from tc_server.server.deadlines import RequestDeadlines
-from tc_server.server.log_limit import LogLimiter
 from tc_server.store.api import StoreClosedError, StoreError, StoreUnavailableError
 from tc_server.wire import (
     AddPartitionToTxn,

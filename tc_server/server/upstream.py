@@ -31,8 +31,8 @@ from tc_server.client import (
     RequestTimedOut,
     open_connection,
 )
+from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
-from tc_server.server.log_limit import LogLimiter
 from tc_server.wire import (
     Command,
     Connect,

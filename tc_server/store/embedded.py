@@ -65,7 +65,7 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from tc_server.backoff import Backoff
-from tc_server.server.log_limit import LogLimiter
+from tc_server.logs import LogLimiter
 from tc_server.store.api import (
     Delete,
     Notification,
