@@ -126,7 +126,9 @@ def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
     return f"{scheme}://{host}:{port}"
 
 
-async def open_configured_store(settings: Settings) -> MetadataStore:
+async def open_configured_store(settings: Settings, *, read_only: bool = False) -> MetadataStore:
+    """The store ``settings`` name. ``read_only`` (the audit export): the embedded store's file is read beside
+    the tc-server that may be running on it, and nothing is written to it (EmbeddedStore.open)."""
     if settings.store == "oxia":
         return await open_store(
             "oxia", data_dir=settings.data_dir, address=settings.oxia_address,
@@ -136,7 +138,7 @@ async def open_configured_store(settings: Settings) -> MetadataStore:
     if settings.store == "embedded":
         # A write that would wait longer than half a request's time is refused, not queued (embedded.py).
         return await open_store("embedded", data_dir=settings.data_dir,
-                                max_queue_delay_s=settings.request_timeout_s / 2)
+                                max_queue_delay_s=settings.request_timeout_s / 2, read_only=read_only)
     return await open_store(settings.store, data_dir=settings.data_dir)
 
 

@@ -22,8 +22,6 @@ chosen to keep concurrent activity from looking like a violation:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import sys
 import time
@@ -358,43 +356,12 @@ async def _chained(*scans: AsyncIterator[Record]) -> AsyncIterator[Record]:
             yield record
 
 
-async def _export_from(kind: str, data_dir: str, out: Path, show_progress: bool | None) -> dict[str, int]:
-    # Imported lazily: the store package pulls in backends (grpc for Oxia) the audit does not need.
-    from tc_server.store import open_store
-
-    store = await open_store(kind, data_dir=data_dir)
-    try:
-        return await export_snapshot(store, out, source=kind, show_progress=show_progress)
-    finally:
-        await store.close()
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tc_server.audit.export --store KIND --data-dir DIR --out DIR``. Exit 0 on success,
-    2 on bad arguments or an existing non-empty output directory; rejects are reported, not fatal."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tc_server.audit.export", description="Export txn records into an audit snapshot."
-    )
-    parser.add_argument("--store", default="embedded", help="store kind: memory, embedded, oxia")
-    parser.add_argument("--data-dir", default="./data", help="the store's data directory")
-    parser.add_argument("--out", required=True, type=Path, help="snapshot directory to create")
-    progress = parser.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None)
-    progress.add_argument("--no-progress", dest="progress", action="store_false")
-    args = parser.parse_args(argv)
-    try:
-        counts = asyncio.run(_export_from(args.store, args.data_dir, args.out, args.progress))
-    except (FileExistsError, ValueError) as exc:
-        print(f"export: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"exported {counts[HEADERS]:,} headers, {counts[OPS]:,} ops, {counts[TC_SEQ]:,} tc-seq records "
-        f"to {args.out}"
-    )
-    if counts["rejects"]:
-        rejected = counts["rejects"]
-        print(f"{rejected:,} malformed records skipped; see {args.out / REJECTS_JSONL}", file=sys.stderr)
-    return 0
+    """``python -m tc_server.audit.export ARGS``: ``tc-server export ARGS`` (tc_server/cli.py), one export
+    with one set of checks whichever way it is started."""
+    from tc_server.cli import main as cli_main
+
+    return cli_main(["export", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

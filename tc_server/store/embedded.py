@@ -68,6 +68,7 @@ from tc_server.backoff import Backoff
 from tc_server.logs import LogLimiter
 from tc_server.store.api import (
     Delete,
+    InvalidOperationError,
     Notification,
     NotificationType,
     Outcome,
@@ -124,6 +125,8 @@ MAX_GROUP_OPS: Final = 1000
 # The app sets half of --request-timeout-s.
 MAX_QUEUE_DELAY_S: Final = 5.0
 SCAN_PAGE_ROWS: Final = 1000
+# The lock descriptor of a store opened read-only: it has none.
+NO_LOCK: Final = -1
 # How long open() waits for the file's lock: the writer process of a tc-server that was just killed
 # finishes its group and exits on its own (it reads EOF), holding the lock until then.
 LOCK_WAIT_S: Final = 2.0
@@ -275,18 +278,32 @@ class EmbeddedStore(StoreWrites):
         self._last_group_failed: str | None = None
         # A full disk fails every group: one log line a second, not one per group.
         self._log_limiter = LogLimiter(interval_s=1.0)
+        # open(read_only=True): another process may be writing the file, so _indexed says nothing.
+        self._read_only = False
 
     @classmethod
     async def open(cls, data_dir: str | os.PathLike[str], *, max_group_ops: int = MAX_GROUP_OPS,
-                   scan_page_rows: int = SCAN_PAGE_ROWS, max_queue_delay_s: float = MAX_QUEUE_DELAY_S) -> EmbeddedStore:
+                   scan_page_rows: int = SCAN_PAGE_ROWS, max_queue_delay_s: float = MAX_QUEUE_DELAY_S,
+                   read_only: bool = False) -> EmbeddedStore:
         """Open (creating if needed) ``<data_dir>/tc-server.sqlite3``.
 
         Deletes the ephemeral records a previous process left behind. Raises
         :class:`StoreUnavailableError` if another store holds the directory, or the file cannot be
-        opened or is not a usable database."""
+        opened or is not a usable database.
+
+        ``read_only``: open an existing file for reads only, beside the tc-server that may be running on
+        it (the audit export): no lock, no writer process, nothing written (its session's ephemeral
+        records stay, a file of an earlier layout is read as it is: reads do not use what the upgrade adds);
+        every write raises InvalidOperationError. A missing file is StoreUnavailableError, not a new store."""
         if max_group_ops < 1 or scan_page_rows < 1 or max_queue_delay_s <= 0:
             raise ValueError("max_group_ops, scan_page_rows and max_queue_delay_s must be positive")
         directory = Path(data_dir)
+        if read_only:
+            get_conn, scan_conn = await asyncio.to_thread(_open_read_only, directory / DB_FILENAME)
+            store = cls(directory / DB_FILENAME, NO_LOCK, get_conn, scan_conn, set(), max_group_ops, scan_page_rows,
+                        max_queue_delay_s)
+            store._read_only = True
+            return store
         lock_fd, get_conn, scan_conn, indexed = await asyncio.to_thread(_open_files, directory)
         store = cls(directory / DB_FILENAME, lock_fd, get_conn, scan_conn, indexed, max_group_ops, scan_page_rows,
                     max_queue_delay_s)
@@ -305,7 +322,7 @@ class EmbeddedStore(StoreWrites):
         call finds answered or not; without it an idle instance with a stopped writer said ready, and its
         first clients' writes timed out. While the last group commit failed, /readyz says that until one with
         writes succeeds, and the probe writes a record (WRITE_PROBE_BYTES) so that it can succeed."""
-        if self._closed:
+        if self._closed or self._read_only:
             return None
         now = self._loop.time()
         behind_s = self._behind_s(now)
@@ -368,6 +385,8 @@ class EmbeddedStore(StoreWrites):
         not a coroutine: one coroutine layer less per write, profiled, issue 13)."""
         self._check_open()
         if self._channel is None:
+            if self._read_only:
+                raise InvalidOperationError(f"embedded store: {self.path} was opened read-only")
             wait_s = self._no_writer_until - self._loop.time()
             if wait_s > 0:
                 raise StoreUnavailableError(
@@ -615,7 +634,7 @@ class EmbeddedStore(StoreWrites):
 
     def _no_entries_in(self, index_name: str) -> bool:
         """Whether no record of the file has an entry in ``index_name``, known without SQLite (_indexed)."""
-        return index_name not in self._indexed
+        return index_name not in self._indexed and not self._read_only
 
     async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
         # Checked when iterated: a scan made earlier sees later writes.
@@ -670,6 +689,9 @@ class EmbeddedStore(StoreWrites):
     async def _close(self) -> None:
         if self._closed:  # released already (an open that failed)
             return
+        if self._read_only:  # no session of its own, nothing to delete
+            await self._release()
+            return
         try:
             cleanup: asyncio.Future[_WriteRequest] | None = self._submit(None)
         except StoreError as exc:
@@ -706,7 +728,8 @@ class EmbeddedStore(StoreWrites):
         await self._loop.run_in_executor(self._reader, self._scan_conn.close)
         self._reader.shutdown(wait=True)
         self._get_conn.close()
-        os.close(self._lock_fd)
+        if self._lock_fd != NO_LOCK:
+            os.close(self._lock_fd)
         self._hub.close()
 
 
@@ -870,6 +893,29 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
     return lock_fd, get_conn, scan_conn, indexed
 
 
+def _open_read_only(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """open(read_only=True): the two read connections of an existing store file, opened read-only (SQLite
+    writes nothing to the file through them; WAL mode lets them read while its tc-server writes)."""
+    if not path.is_file():
+        raise StoreUnavailableError(f"embedded store: there is no {path} to read")
+    opened: list[sqlite3.Connection] = []
+    try:
+        for _ in range(2):
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+            opened.append(conn)
+            conn.execute("PRAGMA busy_timeout=100")
+        _require_known_layout(opened[0], path)
+        _require_store_tables(opened[0], path)
+    except Exception as exc:
+        for conn in opened:
+            conn.close()
+        if isinstance(exc, StoreUnavailableError):
+            raise
+        raise _unavailable(f"opening {path} to read", exc) from exc
+    return opened[0], opened[1]
+
+
 def _lock(fd: int) -> bool:
     """Take the file's exclusive flock, waiting up to LOCK_WAIT_S for it (see the module text)."""
     deadline = time.monotonic() + LOCK_WAIT_S
@@ -934,6 +980,14 @@ def _require_known_layout(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreUnavailableError(
             f"embedded store: {path} is of file layout {layout}, written by a later tc-server; this one reads "
             f"layouts up to {FILE_LAYOUT}: run the tc-server version that wrote it (or a later one)")
+
+
+def _require_store_tables(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse (StoreUnavailableError) an SQLite file without this store's tables: open(read_only=True) cannot
+    create them, and another database's file is no empty store."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"records", "index_entries", "meta"} <= tables:
+        raise StoreUnavailableError(f"embedded store: {path} is no tc-server store (its tables: {sorted(tables)})")
 
 
 def _require_wal(conn: sqlite3.Connection, path: Path) -> None:

@@ -59,16 +59,17 @@ def test_server_export_audit(tmp_path: Path, spark: Any) -> None:
     server.start()
     try:
         txns = asyncio.run(_drive(server.port))
+        # The open txn's deadline is behind us; with the sweep off nothing aborted it. Exported as operators
+        # do, beside the running server.
+        time.sleep(0.1)
+        export = subprocess.run(
+            [TC_SERVER, "export", "--store", "embedded", "--data-dir", str(tmp_path / "data"),
+             "--out", str(tmp_path / "snap"), "--no-progress"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert export.returncode == 0, export.stderr
     finally:
         assert server.stop() == 0, server.log_tail()
-    # The open txn's deadline is behind us; with the sweep off nothing aborted it.
-    time.sleep(0.1)
-    export = subprocess.run(
-        [TC_SERVER, "export", "--store", "embedded", "--data-dir", str(tmp_path / "data"),
-         "--out", str(tmp_path / "snap"), "--no-progress"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert export.returncode == 0, export.stderr
     snapshot = json.loads((tmp_path / "snap" / "snapshot.json").read_text())
     assert snapshot["row_counts"]["headers"] == 8
     assert snapshot["rejects"] == {"headers": 0, "ops": 0, "tc_seq": 0}

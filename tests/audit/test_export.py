@@ -136,7 +136,7 @@ def test_pulsar_op_record_is_exported() -> None:
 
 
 def test_module_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # `python -m tc_server.audit.export` on an (empty) memory store, through the store factory.
+    # `python -m tc_server.audit.export` is `tc-server export`: here on an (empty) memory store.
     assert main(["--store", "memory", "--data-dir", str(tmp_path), "--out", str(tmp_path / "snap")]) == 0
     assert "exported 0 headers" in capsys.readouterr().out
     assert main(["--store", "memory", "--data-dir", str(tmp_path), "--out", str(tmp_path / "snap")]) == 2

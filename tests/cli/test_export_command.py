@@ -1,11 +1,12 @@
-"""``tc-server export`` where it cannot work says what to do, with exit code 2 and no traceback: in the image
-(runtime dependencies only, no pyarrow) and on an embedded store a running server holds."""
+"""``tc-server export`` where it cannot work says what to do, with exit code 2 and no traceback (in the image,
+which has the runtime dependencies only, no pyarrow; on a directory without a store); beside a running server it
+reads the store and writes nothing to it."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
+import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import pytest
 
 from tc_server.app import open_configured_store
 from tc_server.cli import main
+from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.store.embedded import DB_FILENAME
+from tests.support.server_process import ServerProcess
 
 
 def export(data_dir: Path, out: Path) -> int:
@@ -34,22 +37,44 @@ def test_export_without_pyarrow_names_the_audit_extra(tmp_path: Path, monkeypatc
     assert not (tmp_path / "data").exists(), "nothing is opened before the export can run"
 
 
-def test_export_of_a_store_a_server_holds_says_to_stop_it(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_beside_a_running_server_reads_its_store_and_writes_nothing(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Before, the export took the store's lock, so it refused while a tc-server ran on it ("stop the tc-server
+    # first": an audit cost a coordinator outage), and once stopped it wrote to the file it exported (the
+    # ephemeral records deleted, the layout upgraded). Now it reads the file read-only, beside the server.
     data = tmp_path / "data"
-    data.mkdir()
-    # What a running tc-server holds on its embedded store (tc_server/store/embedded.py, _lock).
-    holder = os.open(data / DB_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
+    server = ServerProcess(data, "--coordinators", "2")
+    server.start()
     try:
-        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert export(data, tmp_path / "snap") == 2
+        asyncio.run(drive(server.port, commit=True))
+        asyncio.run(drive(server.port, commit=None))  # left open
+        before = ephemeral_records(data)
+        assert before, "the running server's session holds ephemeral records (its coordinators' leases)"
+        assert export(data, tmp_path / "snap") == 0, capsys.readouterr().err
+        snapshot = json.loads((tmp_path / "snap" / "snapshot.json").read_text())
+        assert snapshot["row_counts"]["headers"] == 2
+        assert ephemeral_records(data) == before
+        asyncio.run(drive(server.port, commit=False))  # the server goes on serving
     finally:
-        os.close(holder)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("tc-server: cannot export: ") and "in use by another tc-server" in err, err
-    assert "stop the tc-server" in err and "--store oxia" in err, err
-    assert not (tmp_path / "snap" / "snapshot.json").exists()
+        assert server.stop() == 0, server.log_tail()
+
+
+async def drive(port: int, commit: bool | None) -> None:
+    """One transaction on coordinator 0: committed, aborted or (None) left open."""
+    client = await connect("127.0.0.1", port)
+    try:
+        assert (await client.tc_client_connect(0)).error is None
+        txn = await client.new_txn(0, 60_000)
+        assert txn.error is None, txn
+        if commit is not None:
+            assert (await client.end_txn(txn.most, txn.least, commit=commit)).error is None
+    finally:
+        client.close()
+
+
+def ephemeral_records(data: Path) -> list[tuple[str, bytes]]:
+    with sqlite3.connect(f"{(data / DB_FILENAME).resolve().as_uri()}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT key, value FROM records WHERE ephemeral = 1 ORDER BY key").fetchall()
 
 
 def test_export_of_a_directory_without_a_store_says_so_and_creates_none(tmp_path: Path,

@@ -22,6 +22,7 @@ from tc_server.store.api import (
     EXPECT_ABSENT,
     BadVersionError,
     Delete,
+    InvalidOperationError,
     Put,
     StoreClosedError,
     StoreUnavailableError,
@@ -82,6 +83,66 @@ async def test_data_dir_is_exclusive(tmp_path: Path) -> None:
         await store.close()
     # Closing released the lock.
     await (await EmbeddedStore.open(tmp_path)).close()
+
+
+def file_state(path: Path) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """What a read-only open must leave as it was: the layout, every record and the version counter."""
+    with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as conn:
+        return (conn.execute("PRAGMA user_version").fetchone()[0],
+                conn.execute("SELECT key, value, version, ephemeral FROM records ORDER BY key").fetchall(),
+                conn.execute("SELECT * FROM meta").fetchall())
+
+
+async def test_a_read_only_open_reads_beside_the_store_that_writes_and_changes_nothing(tmp_path: Path) -> None:
+    # The audit export (tc-server export) beside a running tc-server: the writer's lock is not needed, the
+    # session's ephemeral records stay, every write is refused, and an index first written after the reader
+    # opened is found (the writer's store knows its index names from its own puts; a reader cannot).
+    writer = await EmbeddedStore.open(tmp_path)
+    try:
+        await writer.put("/r/e", b"E", ephemeral=True)
+        before = file_state(tmp_path / DB_FILENAME)
+        reader = await EmbeddedStore.open(tmp_path, read_only=True)
+        try:
+            await writer.put("/r/a", b"A", secondary_indexes={"later": "1"})
+            assert [r.key async for r in reader.scan_prefix("/r/")] == ["/r/a", "/r/e"]
+            assert [r.key async for r in reader.scan_index("later", "0", "2")] == ["/r/a"]
+            assert await reader.index_has("later", "1")
+            with pytest.raises(InvalidOperationError, match="read-only"):
+                await reader.put("/r/b", b"")
+            with pytest.raises(InvalidOperationError, match="read-only"):
+                await reader.delete("/r/a")
+            assert reader.write_problem() is None
+        finally:
+            await reader.close()
+        after = file_state(tmp_path / DB_FILENAME)
+        assert after[0] == before[0]
+        assert [row for row in after[1] if row[0] != "/r/a"] == before[1]
+        assert (await writer.put("/r/c", b"")).version > (await writer.get("/r/a")).version  # type: ignore[union-attr]
+    finally:
+        await writer.close()
+
+
+async def test_a_read_only_open_of_no_store_creates_none(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailableError, match="there is no"):
+        await EmbeddedStore.open(tmp_path / "typo", read_only=True)
+    assert not (tmp_path / "typo").exists()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as other:
+        other.execute("CREATE TABLE notes (x)")
+    with pytest.raises(StoreUnavailableError, match=r"is no tc-server store \(its tables: \['notes'\]\)"):
+        await EmbeddedStore.open(tmp_path, read_only=True)
+
+
+async def test_a_read_only_open_reads_a_closed_store_and_a_later_layout_is_refused(tmp_path: Path) -> None:
+    await written_and_closed(tmp_path, Put("/r/a", b"A", secondary_indexes={"i": "1"}))
+    reader = await EmbeddedStore.open(tmp_path, read_only=True)
+    try:
+        assert [r.key async for r in reader.scan_index("i", "0", "2")] == ["/r/a"]
+    finally:
+        await reader.close()
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        conn.execute(f"PRAGMA user_version = {embedded.FILE_LAYOUT + 1}")
+    with pytest.raises(StoreUnavailableError, match="later tc-server"):
+        await EmbeddedStore.open(tmp_path, read_only=True)
 
 
 async def test_concurrent_writes_are_group_committed(tmp_path: Path) -> None:
