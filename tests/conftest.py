@@ -29,15 +29,30 @@ if TEST_LOOP == "uvloop":
         """pytest-asyncio's hook: every asyncio test and fixture runs on a fresh uvloop loop."""
         return {"uvloop": uvloop.new_event_loop}
 
-    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Only the asyncio tests: a test that is no coroutine runs the same on either loop setting (it
-        drives tc-server processes, which run on uvloop anyway, or no loop at all), so rerunning it here
-        only took CI time. Reported as deselected."""
+
+# make test runs the suite on two processes (pytest-xdist, --dist loadgroup): each group of tests below runs
+# whole in one of them. A test of the session's broker or Spark joins that one group, so each is started once
+# (a second broker would cost its start and a core); every other test stays with its module, whose
+# module-scoped fixtures (its own brokers, clusters, servers) are then started once too.
+SHARED_SESSION_FIXTURES = {"pulsar_broker": "session-pulsar-broker", "front_door_server": "session-pulsar-broker",
+                           "spark": "session-spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if TEST_LOOP == "uvloop":
+        # Only the asyncio tests: a test that is no coroutine runs the same on either loop setting (it
+        # drives tc-server processes, which run on uvloop anyway, or no loop at all), so rerunning it here
+        # only took CI time. Reported as deselected.
         left_out = [item for item in items
                     if not inspect.iscoroutinefunction(getattr(item, "function", None))]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if item not in set(left_out)]
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        group = next((SHARED_SESSION_FIXTURES[name] for name in SHARED_SESSION_FIXTURES if name in fixtures),
+                     item.nodeid.partition("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # The signals whose disposition a child process inherits when it is "ignored" (exec resets only handlers).
