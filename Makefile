@@ -68,8 +68,8 @@ UVLOOP_TESTS := tests/wire tests/coordinator tests/server tests/hostile tests/te
 PYTEST_UVLOOP = TC_TEST_LOOP=uvloop $(PY) -m pytest $(PYTEST_PROCESSES) $(UVLOOP_TESTS) $(PYTEST_ARGS)
 # The suite runs on TEST_PROCESSES pytest processes (pytest-xdist); tests/conftest.py keeps together what must
 # share one (the session's broker, Spark, a module's own fixtures). Most of its time is spent waiting on brokers,
-# processes and timeouts, not computing: on the 2-core machine two processes took the main pass from 27 to
-# ~16 min. TEST_PROCESSES=0: one process, as before.
+# processes and timeouts, not computing: on the 2-core machine two processes took the fresh-clone CI run
+# (.ci/run) from 29 to 19 min, the main pass from 27:02 to 15:51. TEST_PROCESSES=0: one process, as before.
 TEST_PROCESSES ?= 2
 PYTEST_PROCESSES = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadgroup)
 
