@@ -104,6 +104,9 @@ class WorkerRole:
     # The coordinator whose leader runs GC: the store holds only this worker's coordinators on the
     # embedded store, so each worker collects its own; on a shared store (Oxia) one sweep for all.
     gc_coordinator: int
+    # tc_id -> the admin port of the worker that leads it, for the coordinators another worker leads: the
+    # admin API redirects a request about one of them there (tc_server/admin/routes.py).
+    other_admin_ports: dict[int, int]
 
     @classmethod
     def of(cls, settings: Settings, index: int) -> WorkerRole:
@@ -124,6 +127,7 @@ class WorkerRole:
         # Index -1: port + 1 - 1, the shared port's own URL.
         service_url_tls = (settings.advertised_url_tls or worker_tls_url(settings, -1)) if tls else ""
         service_url = (settings.advertised_url or worker_url(settings, -1)) if plain else service_url_tls
+        _, admin_port = parse_hostport(settings.admin_listen)
         return cls(
             index=index, count=settings.workers, settings=worker_settings, service_listen=settings.listen,
             service_url=service_url, service_listen_tls=settings.tls_listen, service_url_tls=service_url_tls,
@@ -131,6 +135,8 @@ class WorkerRole:
             urls={tc_id: worker_main_url(settings, tc_id % settings.workers) for tc_id in range(settings.coordinators)},
             tls_urls={worker_main_url(settings, k): worker_tls_url(settings, k) for k in workers} if tls else {},
             gc_coordinator=index if own_store else 0,
+            other_admin_ports={tc_id: admin_port + 1 + tc_id % settings.workers
+                               for tc_id in range(settings.coordinators) if tc_id % settings.workers != index},
         )
 
 

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
-from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.layout import OpKind, Participant, TxnHeader, TxnOp, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition
 from tc_server.metrics import HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, Metrics, ScrapedGauge, build_info, ready_gauge
 from tc_server.store.api import Record, StoreError
@@ -49,6 +49,13 @@ LISTING_SCANS = 2
 # Index records read between two turns of the event loop (a store that answers without suspending).
 LISTING_YIELD_EVERY = 1000
 NEXT_HEADER = "X-Next-After"
+# The participants of the txns of one page of slowTransactions are read this many txns at a time (one or two
+# store scans each).
+PARTICIPANT_READS = 16
+# The transactions paths a broker serves from its own topics' state (transaction buffers, pending acks):
+# answered 404 saying so, not "no such endpoint".
+BROKER_SIDE_PATHS = ("transactionInBufferStats", "transactionInPendingAckStats", "transactionBufferStats",
+                     "pendingAckStats", "pendingAckInternalStats", "positionStatsInPendingAck")
 
 
 def number(text: str, name: str, maximum: int = MAX_LONG, minimum: int = 0) -> int:
@@ -105,17 +112,22 @@ def paged(response: web.Response, request: web.Request, last: tuple[int, int] | 
     return response
 
 
-def txn_metadata(most: int, least: int, header: TxnHeader) -> dict[str, object]:
-    """Pulsar's ``TransactionMetadata`` shape; ``timeoutAt`` is the relative timeout, as Pulsar
-    fills it. Participants are recorded by the participants themselves, so the two maps are empty."""
+# Pulsar's TransactionMetadata maps: topic -> TransactionInBufferStats, topic -> subscription ->
+# TransactionInPendingAckStats. The stats live on the brokers: each value here is an empty object.
+Produced = dict[str, dict[str, object]]
+Acked = dict[str, dict[str, dict[str, object]]]
+
+
+def txn_metadata(most: int, least: int, header: TxnHeader, produced: Produced, acked: Acked) -> dict[str, object]:
+    """Pulsar's ``TransactionMetadata`` shape; ``timeoutAt`` is the relative timeout, as Pulsar fills it."""
     return {
         "txnId": f"({most},{least})",
         "status": header.state.value,
         "openTimestamp": header.created_ms,
         "timeoutAt": header.timeout_ms,
         "finalizedTimestamp": header.finalized_ms,
-        "producedPartitions": {},
-        "ackedPartitions": {},
+        "producedPartitions": produced,
+        "ackedPartitions": acked,
         "owner": header.owner,
     }
 
@@ -162,9 +174,16 @@ class StartingRoutes:
 
 
 class AdminRoutes:
-    def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics) -> None:
+    """``other_admin_ports``: with --workers, tc_id -> the admin port of the worker that leads it, for the
+    coordinators another worker leads. A request about one of them is redirected there (307, as a broker
+    redirects to a topic's owner, and PulsarAdmin follows): on the embedded store this worker's store does
+    not hold them, and it would answer "not found" for a transaction that exists."""
+
+    def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics,
+                 other_admin_ports: dict[int, int] | None = None) -> None:
         self._tc = coordinator
         self._metrics = metrics
+        self._other_admin_ports = other_admin_ports or {}
         self._listing_scans = asyncio.Semaphore(LISTING_SCANS)
         self._stopping = False
 
@@ -176,7 +195,13 @@ class AdminRoutes:
         app.router.add_get(f"{PREFIX}/coordinatorStats", self.coordinator_stats)
         app.router.add_get(f"{PREFIX}/transactionMetadata/{_ID % 'most'}/{_ID % 'least'}", self.metadata)
         app.router.add_get(f"{PREFIX}/slowTransactions/{_ID % 'timeout'}", self.slow)
+        # pulsar-admin's (Transactions.abortTransaction, Pulsar 3.1+: 204 on success), and tc-server's earlier
+        # path for the same, which answers the transaction's new state.
+        app.router.add_post(f"{PREFIX}/abortTransaction/{_ID % 'most'}/{_ID % 'least'}", self.abort_transaction)
         app.router.add_post(f"{PREFIX}/abort/{_ID % 'most'}/{_ID % 'least'}", self.force_abort)
+        app.router.add_post(f"{PREFIX}/transactionCoordinator/replicas", self.scale)
+        for name in BROKER_SIDE_PATHS:
+            app.router.add_route("*", f"{PREFIX}/{name}/{{tail:.*}}", self.served_by_brokers)
         app.router.add_get(f"{PREFIX}/undelivered", self.undelivered)
         app.router.add_post(f"{PREFIX}/undelivered/{_ID % 'most'}/{_ID % 'least'}/drop", self.drop_participant)
 
@@ -257,7 +282,7 @@ class AdminRoutes:
         if coordinator_id is None:
             return json_response(200, {str(i): stats(i) for i in range(self._tc.num_partitions)})
         tc_id = number(coordinator_id, "coordinatorId")
-        return self._no_such_coordinator(tc_id) or json_response(200, stats(tc_id))
+        return self._not_here(request, tc_id) or json_response(200, stats(tc_id))
 
     def _no_such_coordinator(self, tc_id: int | None) -> web.Response | None:
         """The 404 of every endpoint given a coordinator id past the configured number, else None."""
@@ -266,8 +291,56 @@ class AdminRoutes:
         count = self._tc.num_partitions
         return json_response(404, {"reason": f"no transaction coordinator {tc_id} (there are {count})"})
 
+    def _not_here(self, request: web.Request, tc_id: int | None) -> web.Response | None:
+        """The answer of a request about coordinator ``tc_id`` that this instance does not give: 404 for one
+        past the configured number, a redirect to the worker that leads it; None otherwise."""
+        return self._no_such_coordinator(tc_id) or self._elsewhere(request, tc_id)
+
+    def _elsewhere(self, request: web.Request, tc_id: int | None) -> web.Response | None:
+        """The redirect (307) to the admin port of the worker that leads ``tc_id``, when another does (see
+        the class text); None otherwise. Same scheme and host as this request, that worker's port."""
+        port = None if tc_id is None else self._other_admin_ports.get(tc_id)
+        if port is None:
+            return None
+        location = str(request.url.with_port(port))
+        return web.Response(status=307, headers={"Location": location}, text=f"coordinator {tc_id} is served at "
+                            f"{location}\n")
+
+    async def participants(self, most: int, least: int) -> tuple[Produced, Acked]:
+        """What Pulsar's TransactionMetadata lists as producedPartitions and ackedPartitions: the participants
+        recorded for today's brokers (until each is told the decision, docs/participants.md) and the segments
+        of Pulsar 5 participants' op records. Unreadable records are logged and left out."""
+        produced: Produced = {}
+        acked: Acked = {}
+
+        def add(topic: str, subscription: str | None) -> None:
+            if subscription is None:
+                produced.setdefault(topic, {})
+            else:
+                acked.setdefault(topic, {}).setdefault(subscription, {})
+
+        key = layout.txn_key(most, least)
+        async for record in self._tc.store.scan_prefix(layout.participants_prefix(most, least), partition_key=key):
+            try:
+                participant = Participant.from_json(record.value)
+            except ValueError as exc:
+                log.warning("unreadable participant record", key=record.key, error=str(exc)[:200])
+                continue
+            add(participant.topic, participant.subscription)
+        async for record in self._tc.store.scan_index(layout.IDX_OPS_BY_TXN, *layout.ops_by_txn_range(most, least),
+                                                      partition_key=key):
+            try:
+                op = TxnOp.from_json(record.value)
+            except ValueError as exc:
+                log.warning("unreadable op record", key=record.key, error=str(exc)[:200])
+                continue
+            add(op.segment, op.subscription if op.kind is OpKind.ACK else None)
+        return produced, acked
+
     async def metadata(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
+        if (elsewhere := self._not_here(request, most)) is not None:
+            return elsewhere
         record = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
         if record is None:
             return json_response(404, {"reason": f"transaction ({most},{least}) not found"})
@@ -277,7 +350,7 @@ class AdminRoutes:
             # The detail may quote stored bytes: it goes to the log, not into the answer.
             log.warning("unreadable txn header", txn=f"({most},{least})", error=str(exc)[:200])
             return json_response(500, {"reason": f"the stored header of transaction ({most},{least}) is unreadable"})
-        return json_response(200, txn_metadata(most, least, header))
+        return json_response(200, txn_metadata(most, least, header, *await self.participants(most, least)))
 
     async def slow(self, request: web.Request) -> web.Response:
         """Open txns whose configured timeout is greater than the argument (as Pulsar; not age), one page
@@ -285,7 +358,7 @@ class AdminRoutes:
         timeout_ms = number(request.match_info["timeout"], "timeout")
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
-        if (missing := self._no_such_coordinator(coordinator_id)) is not None:
+        if (missing := self._not_here(request, coordinator_id)) is not None:
             return missing
         limit, after = page_parameters(request)
         # The deadline index is in deadline order, not id order: the page is the `limit` smallest ids
@@ -305,7 +378,14 @@ class AdminRoutes:
         if more:
             heapq.heappop(page)  # the largest: the first of the next page
         ordered = sorted((-most, -least, header) for most, least, header in page)
-        found = {txn_id(most, least): txn_metadata(most, least, header) for most, least, header in ordered}
+        reads = asyncio.Semaphore(PARTICIPANT_READS)
+
+        async def described(most: int, least: int, header: TxnHeader) -> dict[str, object]:
+            async with reads:
+                return txn_metadata(most, least, header, *await self.participants(most, least))
+
+        documents = await asyncio.gather(*(described(*entry) for entry in ordered))
+        found = {txn_id(most, least): doc for (most, least, _), doc in zip(ordered, documents, strict=True)}
         last = (ordered[-1][0], ordered[-1][1]) if more else None
         return paged(json_response(200, found), request, last)
 
@@ -335,9 +415,14 @@ class AdminRoutes:
                 await asyncio.sleep(0)
             yield item
 
+    async def abort_transaction(self, request: web.Request) -> web.Response:
+        """pulsar-admin's abortTransaction: force_abort, whose success a broker answers 204, no body."""
+        response = await self.force_abort(request)
+        return web.Response(status=204) if response.status == 200 else response
+
     async def force_abort(self, request: web.Request) -> web.Response:
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
-        if (missing := self._no_such_coordinator(most)) is not None:
+        if (missing := self._not_here(request, most)) is not None:
             return missing
         try:
             state = await self._tc.partition(most).force_abort(least)
@@ -357,7 +442,7 @@ class AdminRoutes:
         participant that can never be told"): ``?topic=``, and ``&subscription=`` for an
         acknowledgement's. Its broker never learns the decision."""
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
-        if (missing := self._no_such_coordinator(most)) is not None:
+        if (missing := self._not_here(request, most)) is not None:
             return missing
         topic, subscription = request.query.get("topic"), request.query.get("subscription")
         if not topic:
@@ -377,6 +462,16 @@ class AdminRoutes:
         return json_response(200, {"txnId": txn_id(most, least), "dropped": {"topic": topic, **(
             {"subscription": subscription} if subscription is not None else {})}, "participantsLeft": left})
 
+    async def served_by_brokers(self, request: web.Request) -> web.Response:
+        name = request.path[len(PREFIX) + 1:].partition("/")[0]
+        return json_response(404, {"reason": f"{name} is the state of a broker's topic, not of the coordinator: ask "
+                                             "a broker's web service URL (pulsar-admin --admin-url http://BROKER:8080)"})
+
+    async def scale(self, request: web.Request) -> web.Response:
+        # As a broker refuses a count it cannot take (406): tc-server's is a setting, not an admin operation.
+        return json_response(406, {"reason": f"the number of transaction coordinators ({self._tc.num_partitions}) is "
+                                             "set by --coordinators, for every instance of the cluster at once"})
+
     @staticmethod
     def _damaged(most: int, least: int, exc: StoreCorrupted) -> web.Response:
         """A record of the txn the coordinator cannot read (as transactionMetadata answers it): the txn named,
@@ -392,7 +487,7 @@ class AdminRoutes:
         (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed first on the first page."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
-        if (missing := self._no_such_coordinator(coordinator_id)) is not None:
+        if (missing := self._not_here(request, coordinator_id)) is not None:
             return missing
         limit, after = page_parameters(request)
         # Oxia scans shard after shard, each in index order, so the stream is not in txn id order overall;

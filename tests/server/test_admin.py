@@ -10,6 +10,8 @@ from typing import Any
 
 import structlog
 
+from tc_server.coordinator import layout
+from tc_server.coordinator.layout import OpKind, TxnOp
 from tc_server.store.api import StoreUnavailableError
 
 
@@ -56,6 +58,8 @@ async def test_metadata_and_force_abort(app, client):
 async def test_a_coordinator_id_past_the_configured_number_is_404_on_every_endpoint_that_takes_one(app):
     n = app.coordinator.num_partitions
     for path, method in ((f"/admin/v3/transactions/abort/{n}/1", "POST"),
+                         (f"/admin/v3/transactions/abortTransaction/{n}/1", "POST"),
+                         (f"/admin/v3/transactions/transactionMetadata/{n}/1", "GET"),
                          (f"/admin/v3/transactions/slowTransactions/0?coordinatorId={n}", "GET"),
                          (f"/admin/v3/transactions/coordinatorStats?coordinatorId={n}", "GET"),
                          (f"/admin/v3/transactions/undelivered?coordinatorId={n}", "GET"),
@@ -126,3 +130,18 @@ async def test_a_wrong_method_is_named_as_such_not_as_a_missing_endpoint(app):
     status, doc = await get(app, "/admin/v3/transactions/abort/1/0")
     assert status == 405, doc
     assert doc["reason"] == "GET is not allowed on /admin/v3/transactions/abort/1/0; use POST", doc
+
+
+async def test_metadata_lists_pulsar_5_participants_from_their_op_records(app, client):
+    # A Pulsar 5 participant records each write and ack as an op record (PIP-473): transactionMetadata lists
+    # their segments as a broker's coordinator lists its participants.
+    t = await client.new_txn(tc_id=3, ttl_ms=60_000)
+    for op in (TxnOp(OpKind.WRITE, "segment://public/default/orders/0", 7, 1),
+               TxnOp(OpKind.ACK, "segment://public/default/payments/0", 8, 2, subscription="billing")):
+        await app.coordinator.store.put_sequential(layout.op_prefix(3, t.least), op.to_json(),
+                                                   partition_key=layout.txn_key(3, t.least),
+                                                   secondary_indexes=op.index_entries(3, t.least))
+    status, doc = await get(app, f"/admin/v3/transactions/transactionMetadata/3/{t.least}")
+    assert status == 200
+    assert doc["producedPartitions"] == {"segment://public/default/orders/0": {}}
+    assert doc["ackedPartitions"] == {"segment://public/default/payments/0": {"billing": {}}}
