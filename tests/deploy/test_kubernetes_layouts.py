@@ -1,0 +1,92 @@
+"""The Kubernetes layouts as a cluster runs them: the sidecar patch rendered as the README says (Helm's
+post-renderer, post-render.sh) over a broker StatefulSet shaped like the Pulsar Helm chart's, and the IPv6
+advice of both layouts followed on a real tc-server process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tc_server.config import parse_hostport
+from tests.deploy.manifests import (
+    K8S,
+    config_maps,
+    container_env,
+    dockerfile_env,
+    dockerfile_stages,
+    tc_server_containers,
+)
+from tests.support.server_process import ServerProcess
+
+
+def rendered_broker() -> dict[str, Any]:
+    if shutil.which("kubectl") is None:
+        pytest.fail("kubectl not found on the PATH (README, *Requirements*)")
+    chart = yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
+        "spec": {"serviceName": "pulsar-broker", "selector": {"matchLabels": {"component": "broker"}},
+                 "template": {"metadata": {"labels": {"component": "broker"}},
+                              "spec": {"containers": [{"name": "pulsar-broker", "image": "apachepulsar/pulsar"}]}}},
+    })
+    done = subprocess.run([str(K8S / "sidecar" / "post-render.sh")], input=chart, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    (broker,) = [doc for doc in yaml.safe_load_all(done.stdout) if doc and doc["kind"] == "StatefulSet"]
+    assert isinstance(broker, dict)
+    return broker
+
+
+def test_the_broker_stays_the_pods_default_container() -> None:
+    # The strategic-merge patch puts tc-server first in `containers`, and kubectl's default container is the
+    # first one unless kubectl.kubernetes.io/default-container names another: `kubectl logs pulsar-broker-0`
+    # showed tc-server's log, and `kubectl exec pulsar-broker-0 -- bin/pulsar-admin ...` ran in the tc-server
+    # image, which has no bin/pulsar-admin.
+    template = rendered_broker()["spec"]["template"]
+    annotations = template.get("metadata", {}).get("annotations", {})
+    default = annotations.get("kubectl.kubernetes.io/default-container") or template["spec"]["containers"][0]["name"]
+    assert default == "pulsar-broker", [c["name"] for c in template["spec"]["containers"]]
+    assert template["metadata"]["labels"] == {"component": "broker"}  # merged, not replaced
+
+
+@pytest.mark.parametrize("variant", ["standalone", "sidecar"])
+def test_the_ipv6_advice_gives_a_pod_reachable_on_its_ipv6_address(tmp_path: Path, variant: str) -> None:
+    # The advice said only to write the advertised URL as pulsar://[$(POD_IP)]:PORT; with the listen
+    # addresses left at 0.0.0.0 (IPv4 only) the pod's IPv6 address refused every client and the kubelet's
+    # probes (the liveness probe restarted the container for ever). It now names the [::] listen addresses.
+    (_, container), = list(tc_server_containers(variant))
+    env = {**dockerfile_env(dockerfile_stages()[-1]), **container_env(container, config_maps(variant))}
+    text = "\n".join(path.read_text() for path in (K8S / variant).glob("*.yaml"))
+    listen_port = parse_hostport(env["TC_SERVER_LISTEN"])[1]
+    admin_port = parse_hostport(env["TC_SERVER_ADMIN_LISTEN"])[1]
+    assert f"[::]:{listen_port}" in text and f"[::]:{admin_port}" in text, "the advice names both listen addresses"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TC_SERVER_")}
+    server = ServerProcess(tmp_path / "data", store="memory", base_env=base_env)
+    # The listen addresses as the advice says, on free ports; the pod's IPv6 address is ::1 here.
+    server.extra_args += ["--listen", f"[::]:{server.port}", "--admin-listen", f"[::]:{server.admin_port}",
+                          "--advertised-url", f"pulsar://[::1]:{server.port}"]
+    server.start(wait=False)  # its own wait asks 127.0.0.1, and the admin port on [::] is IPv6's
+    try:
+        # The kubelet's httpGet probe, GET http://[pod IP]:port/readyz, and a client at the advertised URL.
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.running(), server.log_tail()
+            try:
+                with urllib.request.urlopen(f"http://[::1]:{server.admin_port}/readyz", timeout=2) as answer:  # noqa: S310
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.2)
+        socket.create_connection(("::1", server.port), timeout=5).close()
+    finally:
+        assert server.stop() == 0, server.log_tail()
