@@ -12,15 +12,16 @@ import asyncio
 import gc
 import signal
 import sys
-from dataclasses import fields
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from tc_server import __version__
-from tc_server.config import ENV_PREFIX, ConfigError, Settings, load_settings
-from tc_server.store import store_kinds_help
+from tc_server.config import ENV_PREFIX, SETTING_NAMES, ConfigError, Settings, load_settings
+from tc_server.healthcheck import HEALTHCHECK_SETTINGS, check_health
+from tc_server.store import STORE_KINDS, store_kinds_help
 
 # Net new container objects between two youngest-generation collections of Python's cyclic GC
 # (CPython's default: 700). At 700, a server with ~256 requests in flight collected ~100 times a
@@ -120,17 +121,42 @@ HELP = {
 }
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+# The settings `tc-server export` reads (open_configured_store), each a flag of export too.
+EXPORT_SETTINGS = ("store", "data_dir", "oxia_address", "oxia_namespace", "oxia_session_timeout_ms",
+                   "request_timeout_s")
+
+# --help's placeholder for the values whose name does not end in what they are (_metavar).
+METAVARS = {
+    "listen": "HOST:PORT", "admin_listen": "HOST:PORT", "tls_listen": "HOST:PORT", "oxia_address": "HOST:PORT",
+    "advertised_url": "URL", "advertised_url_tls": "URL", "upstream_url": "URL",
+    "lookup_connections": "MODE", "cluster": "NAME", "broker_client_tls_trust_certs": "FILE",
+    "max_message_size": "BYTES", "max_frame_size": "BYTES",
+}
+
+
+def _metavar(name: str, default: Any) -> str:
+    """The placeholder of a flag's value in --help: the last word of the setting's name (DIR, FILE, KEY),
+    a number's unit (MS, S, BYTES, else N), or METAVARS. A number named by its last word read as a name to
+    give (`--max-connections-per-address ADDRESS`), and `--advertised-url-tls TLS` as a switch's value."""
+    if name in METAVARS:
+        return METAVARS[name]
+    last = name.rpartition("_")[2]
+    if isinstance(default, int | float):
+        return {"ms": "MS", "s": "S", "bytes": "BYTES"}.get(last, "N")
+    return last.upper()
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] = SETTING_NAMES) -> None:
     defaults = Settings()
-    for f in fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
-        env = ENV_PREFIX + f.name.upper()
-        default = getattr(defaults, f.name)
-        text = f"{HELP.get(f.name, f.name)} [env {env}; default {default!r}]"
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        env = ENV_PREFIX + name.upper()
+        default = getattr(defaults, name)
+        text = f"{HELP.get(name, name)} [env {env}; default {default!r}]"
         if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.split("_")[-1].upper(), help=text)
+            parser.add_argument(flag, dest=name, default=None, metavar=_metavar(name, default), help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,31 +171,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-supervisor-pid", dest="supervisor_pid", type=int, default=None, help=argparse.SUPPRESS)
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
-    export.add_argument("--config", help="TOML file with settings (store, data_dir, oxia_*)")
-    export.add_argument("--store", dest="store", default=None, help=store_kinds_help())
-    export.add_argument("--data-dir", dest="data_dir", default=None)
-    export.add_argument("--oxia-address", dest="oxia_address", default=None)
-    export.add_argument("--oxia-namespace", dest="oxia_namespace", default=None)
+    export.add_argument("--config", help=f"TOML file with settings ({', '.join(EXPORT_SETTINGS)}; the others "
+                        f"are not read) [env {ENV_PREFIX}CONFIG]")
+    _add_setting_flags(export, EXPORT_SETTINGS)
     export.add_argument("--out", required=True, type=Path, help="output directory of the snapshot")
     export.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress line on stderr (default: when stderr is a TTY)")
-    health = sub.add_parser("healthcheck", help="exit 0 if /healthz answers 200 at the admin address the "
-                            f"settings of the environment ({ENV_PREFIX}*, {ENV_PREFIX}CONFIG) give, else 1 "
-                            "(the image's HEALTHCHECK; flags of run are not seen)")
-    health.add_argument("--config", help=f"TOML file with settings [env {ENV_PREFIX}CONFIG]")
+    health = sub.add_parser("healthcheck", help="exit 0 if /healthz answers 200 at the admin address these "
+                            f"flags, the environment ({ENV_PREFIX}*) and {ENV_PREFIX}CONFIG give, else 1 (the "
+                            "image's HEALTHCHECK; flags of run are not seen)")
+    health.add_argument("--config", help=f"TOML file with settings ({', '.join(HEALTHCHECK_SETTINGS)}; the "
+                        f"others are not read) [env {ENV_PREFIX}CONFIG]")
+    _add_setting_flags(health, HEALTHCHECK_SETTINGS)
     return parser
 
 
-def _settings(args: argparse.Namespace, names: list[str]) -> Settings:
-    flags: dict[str, Any] = {name: getattr(args, name, None) for name in names}
-    return load_settings(flags=flags, config_file=args.config)
+def _settings(args: argparse.Namespace, only: Sequence[str] | None = None) -> Settings:
+    """From the flags in ``args``, the environment and --config: every setting (``run``), or ``only`` those
+    a command beside it reads (load_settings)."""
+    flags: dict[str, Any] = {name: getattr(args, name, None) for name in (SETTING_NAMES if only is None else only)}
+    return load_settings(flags=flags, config_file=args.config, only=only)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        # argparse's usage error is 2, which Docker reserves: to a HEALTHCHECK any failure must be 1.
+        if exc.code == 2 and argv[:1] == ["healthcheck"]:
+            raise SystemExit(1) from None
+        raise
     if args.command == "run":
-        return _run(args, list(sys.argv[1:] if argv is None else argv))
+        return _run(args, list(argv))
     if args.command == "healthcheck":
         return _healthcheck(args)
     return _export(args)
@@ -190,7 +225,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _start(args: argparse.Namespace, argv: list[str]) -> int:
     try:
-        settings = _settings(args, [f.name for f in fields(Settings)])
+        settings = _settings(args)
     except ConfigError as exc:
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -256,10 +291,8 @@ def _run_loop(coro: Any) -> Any:
 
 def _healthcheck(args: argparse.Namespace) -> int:
     """Exit code 1 on any failure: Docker reads 1 as unhealthy and reserves 2."""
-    from tc_server.healthcheck import check_health
-
     try:
-        problem = check_health(load_settings(config_file=args.config))
+        problem = check_health(_settings(args, HEALTHCHECK_SETTINGS))
     except ConfigError as exc:
         problem = f"configuration error: {exc}"
     if problem is not None:
@@ -270,9 +303,15 @@ def _healthcheck(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     try:
-        settings = _settings(args, ["store", "data_dir", "oxia_address", "oxia_namespace"])
+        settings = _settings(args, EXPORT_SETTINGS)
     except ConfigError as exc:
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if not STORE_KINDS[settings.store].durable:
+        # It lives in the memory of the tc-server that serves it: this process would open an empty one of its
+        # own, whose export looks like a clean, empty store.
+        print(f"tc-server: cannot export: the {settings.store} store lives inside the tc-server process that "
+              "serves it, which another process cannot read: check --store / TC_SERVER_STORE", file=sys.stderr)
         return 2
     try:
         from tc_server.audit.export import export_snapshot

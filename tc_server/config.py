@@ -13,7 +13,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,12 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
 
 class ConfigError(ValueError):
-    """A setting has a value that cannot be used; the message names the setting."""
+    """A setting has a value that cannot be used; the message names the setting. ``settings``: the ones to
+    blame, in the order the message names them, whose sources load_settings adds to the message."""
+
+    def __init__(self, message: str, *settings: str) -> None:
+        super().__init__(message)
+        self.settings = settings
 
 
 # A host name (RFC 1123 labels); a host of digits and dots only must be an IPv4 address.
@@ -50,6 +55,17 @@ def parse_hostport(text: str) -> tuple[str, int]:
     elif len(host) > 253 or not _HOST_NAME.fullmatch(host):
         raise ValueError(f"{host[:64]!r} is not a host name (in {text!r})")
     return host, int(port)
+
+
+def is_wildcard(host: str) -> bool:
+    """``host`` (as parse_hostport gives it) is every address of the machine: one to listen on, which a
+    client on another host reads as itself."""
+    if not host:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def url_host(host: str) -> str:
@@ -257,10 +273,13 @@ class Settings:
         """The brokers are reached over TLS (speaks_tls)."""
         return speaks_tls(self.upstream_urls)
 
-    def validate(self) -> Settings:
+    def validate(self, *, combinations: bool = True) -> Settings:
+        """Raises ConfigError naming the setting. ``combinations=False``: each value on its own, none against
+        another: load_settings(only=...) reads a few settings and leaves the rest at their defaults, not at
+        what `run` was given."""
         def check(ok: bool, name: str, why: str) -> None:
             if not ok:
-                raise ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
+                raise ConfigError(f"{name}: {why} (got {getattr(self, name)!r})", name)
 
         for name in ("listen", "admin_listen", "tls_listen"):
             if name in ("listen", "tls_listen") and not getattr(self, name):
@@ -268,17 +287,18 @@ class Settings:
             try:
                 parse_hostport(getattr(self, name))
             except ValueError as exc:
-                raise ConfigError(f"{name}: {exc}") from None
+                raise ConfigError(f"{name}: {exc}", name) from None
         try:
             parse_address(self.oxia_address)
         except ValueError as exc:
-            raise ConfigError(f"oxia_address: {exc}") from None
-        self._validate_url("advertised_url", [self.advertised_url] if self.advertised_url else [], ("pulsar",))
+            raise ConfigError(f"oxia_address: {exc}", "oxia_address") from None
+        self._validate_advertised("advertised_url", ("pulsar",))
         check(self.store in STORE_KINDS, "store", f"must be one of {', '.join(STORE_KINDS)}")
         # An empty cluster is an absent `cluster` label (dashboards filter on it), an empty data_dir the
-        # working directory, an empty namespace not the brokers' one.
+        # working directory, an empty namespace not the brokers' one; a blank one (a YAML " ", a template
+        # that came out empty) is no better.
         for name in ("cluster", "data_dir", "oxia_namespace"):
-            check(bool(getattr(self, name)), name, "must not be empty")
+            check(bool(getattr(self, name).strip()), name, "must not be empty or blank")
         self._validate_url("upstream_url", self.upstream_urls, ("pulsar", "pulsar+ssl"))
         schemes = {url.split("://", 1)[0] for url in self.upstream_urls}
         # One scheme for all: a client's credentials go to whichever URL answers, and must not cross a
@@ -287,7 +307,6 @@ class Settings:
         check(self.lookup_connections in LOOKUP_CONNECTION_MODES, "lookup_connections",
               f"must be one of {', '.join(LOOKUP_CONNECTION_MODES)}")
         check(1 <= self.coordinators <= 1024, "coordinators", "must be between 1 and 1024")
-        self._validate_workers(check)
         check(0 < self.default_txn_timeout_ms <= MAX_TIMEOUT_MS, "default_txn_timeout_ms",
               f"must be between 1 and {MAX_TIMEOUT_MS} (ten years)")
         check(self.max_txn_timeout_ms <= MAX_TIMEOUT_MS, "max_txn_timeout_ms",
@@ -299,8 +318,6 @@ class Settings:
                   f"must be a number of seconds of at least {MIN_INTERVAL_S} and at most {MAX_INTERVAL_S:.0f}")
         check(self.gc_retention_s <= MAX_RETENTION_S, "gc_retention_s",
               f"must be at most {MAX_RETENTION_S} (ten years)")
-        check(self.max_txn_timeout_ms >= self.default_txn_timeout_ms, "max_txn_timeout_ms",
-              "must be at least default_txn_timeout_ms")
         check(self.gc_retention_s >= 0, "gc_retention_s", "must be >= 0")
         check(0 <= self.max_active_transactions_per_coordinator <= MAX_REQUESTS_IN_FLIGHT * 100,
               "max_active_transactions_per_coordinator", "must be between 0 (no limit) and 100000000")
@@ -316,12 +333,8 @@ class Settings:
               f"must be between 1 and {MAX_REQUESTS_IN_FLIGHT}")
         check(1 <= self.max_connections <= MAX_CONNECTIONS, "max_connections",
               f"must be between 1 and {MAX_CONNECTIONS}")
-        check(1 <= self.max_connections_per_address <= self.max_connections, "max_connections_per_address",
-              "must be between 1 and max_connections")
         check(MIN_FRAME_SIZE <= self.max_frame_size <= MAX_MESSAGE_SIZE + 10_240, "max_frame_size",
               f"must be between {MIN_FRAME_SIZE} and {MAX_MESSAGE_SIZE + 10_240} (a 32-bit frame size)")
-        check(self.max_frame_size <= self.max_buffered_input_bytes <= 2**40, "max_buffered_input_bytes",
-              "must be at least max_frame_size (and at most 1 TiB)")
         check(0 <= self.participant_wait_s <= 86_400, "participant_wait_s", "must be between 0 and 86400 s")
         check(1 <= self.delivery_max_in_flight <= 1_000_000, "delivery_max_in_flight", "must be between 1 and 1000000")
         check(1 <= self.delivery_max_in_flight_per_broker <= 1_000_000, "delivery_max_in_flight_per_broker",
@@ -331,6 +344,15 @@ class Settings:
         check(self.log_format in ("auto", "json", "console"), "log_format", "must be auto, json or console")
         check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
               "must be debug, info, warning or error")
+        if not combinations:
+            return self
+        check(self.max_txn_timeout_ms >= self.default_txn_timeout_ms, "max_txn_timeout_ms",
+              "must be at least default_txn_timeout_ms")
+        check(1 <= self.max_connections_per_address <= self.max_connections, "max_connections_per_address",
+              "must be between 1 and max_connections")
+        check(self.max_frame_size <= self.max_buffered_input_bytes <= 2**40, "max_buffered_input_bytes",
+              "must be at least max_frame_size (and at most 1 TiB)")
+        self._validate_workers(check)
         self._validate_security()
         return self
 
@@ -340,7 +362,18 @@ class Settings:
             try:
                 parse_pulsar_url(url, schemes)
             except ValueError as exc:
-                raise ConfigError(f"{name}: {exc}") from None
+                raise ConfigError(f"{name}: {exc}", name) from None
+
+    def _validate_advertised(self, name: str, schemes: tuple[str, ...]) -> None:
+        """An advertised URL, when set: LOOKUP hands it to clients, which must be able to connect to it."""
+        url = getattr(self, name)
+        if not url:
+            return
+        self._validate_url(name, [url], schemes)
+        # Copied from --listen: a client on another host reads 0.0.0.0 or [::] as itself.
+        if is_wildcard(parse_pulsar_url(url, schemes)[1]):
+            raise ConfigError(f"{name}: a wildcard address is for listening, clients cannot connect to it: "
+                              f"advertise an address they reach (got {url!r})", name)
 
     def _validate_workers(self, check: Callable[[bool, str, str], None]) -> None:
         """--workers N > 1 derives each worker's ports from --listen, --tls-listen and --admin-listen (port +
@@ -364,13 +397,12 @@ class Settings:
                   "most 65535")
         # Ports 6650 (--listen) and 6651 (--tls-listen), as brokers use them, would collide: worker 0 takes
         # 6651 for --listen. Refused here rather than by a worker's bind, whose restarts would hide it.
-        wildcards = ("0.0.0.0", "::", "")
         n = self.workers
         for i, first in enumerate(derived):
             for second in derived[i + 1:]:
                 host_a, port_a = parse_hostport(getattr(self, first))
                 host_b, port_b = parse_hostport(getattr(self, second))
-                same_host = host_a == host_b or host_a in wildcards or host_b in wildcards
+                same_host = host_a == host_b or is_wildcard(host_a) or is_wildcard(host_b)
                 check(not (same_host and abs(port_a - port_b) <= n), second,
                       f"its ports {port_b}-{port_b + n} overlap {first}'s {port_a}-{port_a + n} (with --workers "
                       f"{n} each takes its port + 1 to + {n}): set them more than {n} apart")
@@ -378,34 +410,49 @@ class Settings:
     def _validate_security(self) -> None:
         """Shapes only: key files and certificates are read at start (tc_server/auth), and secret values
         are never quoted in a message."""
+        from tc_server.auth.broker_client import broker_client_plugin_kind
         from tc_server.auth.service import provider_methods
 
         try:
             methods = provider_methods(self.authentication_providers)
         except ValueError as exc:
-            raise ConfigError(f"authentication_providers: {exc}") from None
+            raise ConfigError(f"authentication_providers: {exc}", "authentication_providers") from None
         if "token" in methods and not (self.token_secret_key or self.token_public_key):
-            raise ConfigError("authentication_providers: token needs token_secret_key or token_public_key")
+            raise ConfigError("authentication_providers: token needs token_secret_key or token_public_key",
+                              "authentication_providers")
         if self.token_secret_key and self.token_public_key:
-            raise ConfigError("token_secret_key and token_public_key are both set: give one")
-        if not self.token_auth_claim or not self.token_audience_claim:
-            raise ConfigError("token_auth_claim and token_audience_claim must not be empty")
+            raise ConfigError("token_secret_key and token_public_key are both set: give one", "token_secret_key",
+                              "token_public_key")
+        for name in ("token_auth_claim", "token_audience_claim"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name}: must not be empty", name)
         if "tls" in methods and not (self.tls_listen or self.admin_tls):
-            raise ConfigError("authentication_providers: tls needs a TLS port (tls_listen or admin_tls)")
+            raise ConfigError("authentication_providers: tls needs a TLS port (tls_listen or admin_tls)",
+                              "authentication_providers")
         if "tls" in methods and not self.tls_trust_certs_file:
             # Without the CA, the server asks no client for a certificate: the method could prove nobody.
             raise ConfigError("authentication_providers: tls needs tls_trust_certs_file, the CA that signs the "
-                              "clients' certificates")
+                              "clients' certificates", "authentication_providers")
         if not self.listen and not self.tls_listen:
-            raise ConfigError("listen: empty (plain listener off) needs tls_listen")
-        if (self.tls_listen or self.admin_tls) and not (self.tls_cert_file and self.tls_key_file):
-            raise ConfigError("tls_listen / admin_tls: needs tls_cert_file and tls_key_file")
+            raise ConfigError("listen: empty (plain listener off) needs tls_listen", "listen")
+        tls_port = "tls_listen" if self.tls_listen else "admin_tls" if self.admin_tls else ""
+        if tls_port and not (self.tls_cert_file and self.tls_key_file):
+            raise ConfigError(f"{tls_port}: needs tls_cert_file and tls_key_file", tls_port)
         if self.tls_require_trusted_client_cert and not self.tls_trust_certs_file:
-            raise ConfigError("tls_require_trusted_client_cert: needs tls_trust_certs_file")
-        if self.advertised_url_tls:
-            self._validate_url("advertised_url_tls", [self.advertised_url_tls], ("pulsar+ssl",))
-            if not self.tls_listen:
-                raise ConfigError("advertised_url_tls: needs tls_listen")
+            raise ConfigError("tls_require_trusted_client_cert: needs tls_trust_certs_file",
+                              "tls_require_trusted_client_cert")
+        for name in ("tls_cert_file", "tls_key_file", "tls_trust_certs_file", "tls_require_trusted_client_cert"):
+            # Only the TLS ports read them: without one, the mTLS asked for would silently not be in force.
+            if getattr(self, name) and not tls_port:
+                raise ConfigError(f"{name}: does nothing without a TLS port: set tls_listen or admin_tls", name)
+        self._validate_advertised("advertised_url_tls", ("pulsar+ssl",))
+        if self.advertised_url_tls and not self.tls_listen:
+            raise ConfigError("advertised_url_tls: needs tls_listen", "advertised_url_tls")
+        broker_client_plugin_kind(self.broker_client_auth_plugin)
+        if self.broker_client_auth_params.strip() and not self.broker_client_auth_plugin.strip():
+            # Without the plugin they are never read, and the brokers are asked with no credentials at all.
+            raise ConfigError("broker_client_auth_params: needs broker_client_auth_plugin (token or tls), which "
+                              "says how to present them", "broker_client_auth_params")
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
@@ -490,14 +537,31 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     config_file: str | None = None,
+    only: Collection[str] | None = None,
 ) -> Settings:
-    """Merge the sources and validate. Raises :class:`ConfigError` naming the bad setting."""
+    """Merge the sources and validate. Raises :class:`ConfigError` naming the bad setting and where its value
+    came from.
+
+    ``only``: the few settings a command beside ``run`` reads (healthcheck, export), from the same
+    environment and file. The others keep their defaults and are neither read nor checked, nor are
+    unknown TC_SERVER_* variables refused: ``run`` may have got the rest as flags, which that command does
+    not see (a variable ``--broker-client-auth-params env:NAME`` names, a key file beside
+    TC_SERVER_AUTHENTICATION_PROVIDERS)."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def read(name: str, raw: Any, source: str) -> None:
+        if only is None or name in only:
+            values[name] = _coerce(name, raw, source)
+            sources[name] = source
+
     path = config_file or environ.get(CONFIG_ENV)
     if path:
         try:
-            doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
+            # TOML is UTF-8, whatever the locale; "-sig": Windows editors (Notepad, PowerShell's Out-File)
+            # begin it with a byte order mark, which tomllib reads as an invalid statement.
+            doc = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
         except OSError as exc:
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
@@ -506,21 +570,32 @@ def load_settings(
             raise ConfigError(f"config file {path}: {exc}") from None
         for key, raw in doc.items():
             name = key.replace("-", "_")
-            if name not in SETTING_NAMES:
+            if name not in SETTING_NAMES:  # the file is run's too, which refuses it: a typo wherever it is read
                 raise _unknown_setting(f"config file {path}", key)
-            values[name] = _coerce(name, raw, f"config file {path}")
+            read(name, raw, f"config file {path}")
     for env_name, raw in environ.items():
         if env_name in ENV_NAMES:
-            values[ENV_NAMES[env_name]] = _coerce(ENV_NAMES[env_name], raw, f"environment {env_name}")
-    # The variable --broker-client-auth-params env:NAME reads the broker token from may carry the prefix
-    # too (docs/security.md): it is named by a setting, so it is no typo.
-    params = str((flags or {}).get("broker_client_auth_params") or values.get("broker_client_auth_params", "")).strip()
-    token_variable = params[len("env:"):] if params.startswith("env:") else None
-    for env_name, raw in environ.items():
-        if env_name.startswith(ENV_PREFIX) and env_name not in ENV_NAMES and env_name not in OTHER_ENV_NAMES \
-                and env_name != token_variable and not _is_service_link(env_name, raw):
-            raise _unknown_setting("environment", env_name)
+            read(ENV_NAMES[env_name], raw, f"environment {env_name}")
+    if only is None:
+        # The variable --broker-client-auth-params env:NAME reads the broker token from may carry the prefix
+        # too (docs/security.md): it is named by a setting, so it is no typo.
+        params = str((flags or {}).get("broker_client_auth_params")
+                     or values.get("broker_client_auth_params", "")).strip()
+        token_variable = params[len("env:"):] if params.startswith("env:") else None
+        for env_name, raw in environ.items():
+            if env_name.startswith(ENV_PREFIX) and env_name not in ENV_NAMES and env_name not in OTHER_ENV_NAMES \
+                    and env_name != token_variable and not _is_service_link(env_name, raw):
+                raise _unknown_setting("environment", env_name)
     for key, raw in (flags or {}).items():
         if raw is not None:
-            values[key] = _coerce(key, raw, f"--{key.replace('_', '-')}")
-    return replace(Settings(), **values).validate()
+            read(key, raw, f"--{key.replace('_', '-')}")
+    try:
+        return replace(Settings(), **values).validate(combinations=only is None)
+    except ConfigError as exc:
+        # Named by the setting alone, the value could be in the file, the environment (a ConfigMap) or a
+        # flag (the CMD): where it came from, as _coerce says it, at the end so the message still begins
+        # with the setting.
+        given = [sources[name] for name in exc.settings if name in sources]
+        if not given:
+            raise
+        raise ConfigError(f"{exc} (from {' and '.join(given)})", *exc.settings) from None

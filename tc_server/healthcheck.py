@@ -1,10 +1,11 @@
 """``tc-server healthcheck``: GET /healthz of the tc-server these settings describe, for the image's
 HEALTHCHECK (exit code 0: healthy, 1: not).
 
-It reads the settings as ``run`` does, from the environment and the file ``TC_SERVER_CONFIG`` names, so
-the check follows --admin-listen (a wildcard address is asked on the loopback address of its family)
-and --admin-tls. Flags given after ``run`` are not seen: a container configured by flags needs its own
-health command.
+It reads the settings it needs (HEALTHCHECK_SETTINGS) as ``run`` does, from the environment and the file
+``TC_SERVER_CONFIG`` names, and takes them as flags too, so the check follows --admin-listen (a wildcard
+address is asked on the loopback address of its family) and --admin-tls. Flags given after ``run`` are
+not seen: a container that sets these by flags gives them to ``tc-server healthcheck`` too. The other
+settings are neither read nor checked (config.load_settings ``only``): ``run`` may have got them as flags.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import ssl
 import urllib.error
 import urllib.request
 
-from tc_server.config import Settings, parse_hostport, url_host
+from tc_server.config import ConfigError, Settings, parse_hostport, url_host
+
+# What this check reads: the admin address, and whether and how it speaks TLS (admin_probe_tls_context).
+HEALTHCHECK_SETTINGS = ("admin_listen", "admin_tls", "tls_cert_file", "tls_key_file", "tls_require_trusted_client_cert")
 
 # Docker's HEALTHCHECK --timeout in the Dockerfile is 3 s; the interpreter's start takes part of it.
 HEALTH_TIMEOUT_S = 2.0
@@ -47,7 +51,12 @@ def admin_probe_tls_context(settings: Settings) -> ssl.SSLContext | None:
     context.verify_mode = ssl.CERT_NONE
     if settings.tls_require_trusted_client_cert:
         # The admin port then refuses a handshake without a trusted client certificate: the server's own
-        # is presented, so it must be one the trusted CAs accept as a client certificate.
+        # is presented, so it must be one the trusted CAs accept as a client certificate. `run` refuses
+        # the setting without them; the healthcheck may have been given it alone.
+        if not (settings.tls_cert_file and settings.tls_key_file):
+            raise ConfigError("tls_require_trusted_client_cert: the admin port asks for a client certificate: "
+                              "give tls_cert_file and tls_key_file (the server's own)",
+                              "tls_require_trusted_client_cert")
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
     return context
 

@@ -58,13 +58,20 @@ class BrokerClientCredentials:
         return ClientAuth(self.method, self.auth_data())
 
 
+def broker_client_plugin_kind(plugin: str) -> str:
+    """``token``, ``tls`` or ``none`` (empty) for --broker-client-auth-plugin; raises ConfigError for another
+    plugin (checked at start by Settings.validate, with or without --upstream-url)."""
+    plugin = plugin.strip()
+    if plugin and plugin not in PLUGIN_NAMES:
+        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN})",
+                          "broker_client_auth_plugin")
+    return PLUGIN_NAMES.get(plugin, "none")
+
+
 def broker_client_credentials(settings: Settings) -> BrokerClientCredentials:
     """Raises ConfigError naming the setting that is wrong (never quoting a secret)."""
-    plugin = settings.broker_client_auth_plugin.strip()
     params = settings.broker_client_auth_params.strip()
-    if plugin and plugin not in PLUGIN_NAMES:
-        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN})")
-    kind = PLUGIN_NAMES.get(plugin, "none")
+    kind = broker_client_plugin_kind(settings.broker_client_auth_plugin)
     context = _client_context(settings) if settings.broker_client_tls_trust_certs or kind == "tls" else None
     if kind == "token":
         read = _token_reader(params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tc_server.audit.schema import HEADERS_SCHEMA, MAX_TIME_MS, OPS_SCHEMA, TC_S
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.store.api import Record
+from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryStore
 
 
@@ -136,10 +138,16 @@ def test_pulsar_op_record_is_exported() -> None:
 
 
 def test_module_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # `python -m tc_server.audit.export` is `tc-server export`: here on an (empty) memory store.
-    assert main(["--store", "memory", "--data-dir", str(tmp_path), "--out", str(tmp_path / "snap")]) == 0
+    # `python -m tc_server.audit.export` is `tc-server export`: here on an (empty) embedded store.
+    asyncio.run(_closed_embedded_store(tmp_path / "data"))
+    args = ["--store", "embedded", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "snap")]
+    assert main(args) == 0
     assert "exported 0 headers" in capsys.readouterr().out
-    assert main(["--store", "memory", "--data-dir", str(tmp_path), "--out", str(tmp_path / "snap")]) == 2
+    assert main(args) == 2  # the snapshot is there already
+
+
+async def _closed_embedded_store(data: Path) -> None:
+    await (await EmbeddedStore.open(data)).close()
 
 
 @pytest.mark.spark

@@ -148,10 +148,13 @@ def test_docker_links_and_the_broker_token_variable_are_not_refused() -> None:
     # (docs/security.md), whatever their prefix: they are no misspelled settings.
     links = {"TC_SERVER_NAME": "/client/tc-server", "TC_SERVER_ENV_TC_SERVER_LISTEN": "0.0.0.0:6650"}
     assert load_settings(environ=links) == load_settings(environ={})
-    token = {"TC_SERVER_BROKER_TOKEN": "eyJ...", "TC_SERVER_BROKER_CLIENT_AUTH_PARAMS": "env:TC_SERVER_BROKER_TOKEN"}
+    # (The plugin beside the parameters: without it they are refused, as they would be ignored.)
+    token = {"TC_SERVER_BROKER_TOKEN": "eyJ...", "TC_SERVER_BROKER_CLIENT_AUTH_PARAMS": "env:TC_SERVER_BROKER_TOKEN",
+             "TC_SERVER_BROKER_CLIENT_AUTH_PLUGIN": "token"}
     assert load_settings(environ=token).broker_client_auth_params == "env:TC_SERVER_BROKER_TOKEN"
     assert load_settings(environ={"TC_SERVER_BROKER_TOKEN": "eyJ..."},
-                         flags={"broker_client_auth_params": "env:TC_SERVER_BROKER_TOKEN"}) is not None
+                         flags={"broker_client_auth_params": "env:TC_SERVER_BROKER_TOKEN",
+                                "broker_client_auth_plugin": "token"}) is not None
     with pytest.raises(ConfigError, match="unknown setting TC_SERVER_NAME"):
         load_settings(environ={"TC_SERVER_NAME": "tc-1"})  # not a link's value: a misspelled setting
 
