@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,3 +290,20 @@ def exported_sample_names() -> dict[str, str]:
         for suffix in SUFFIXES[kind]:
             names[base + suffix] = family
     return names
+
+
+def sidecar_post_rendered() -> list[dict[str, Any]]:
+    """deploy/kubernetes/sidecar/post-render.sh as Helm runs it, over a broker StatefulSet shaped like the
+    Pulsar Helm chart's (release "pulsar"): the documents it writes. Needs kubectl (the script runs
+    ``kubectl kustomize``); the caller checks it is there."""
+    chart = yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
+        "spec": {"serviceName": "pulsar-broker", "selector": {"matchLabels": {"component": "broker"}},
+                 "template": {"metadata": {"labels": {"component": "broker"}},
+                              "spec": {"containers": [{"name": "pulsar-broker", "image": "apachepulsar/pulsar"}]}}},
+    })
+    done = subprocess.run([str(K8S / "sidecar" / "post-render.sh")], input=chart, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]

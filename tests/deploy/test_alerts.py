@@ -38,7 +38,7 @@ from tc_server.wire import Error, ServerError, encode_command
 from tests.security.pki import TestCa
 from tests.support.server_process import ServerProcess, free_port, started
 
-from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names
+from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names, sidecar_post_rendered
 
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
@@ -146,17 +146,7 @@ def test_the_sidecar_post_renderer_adds_the_sidecar_and_the_rules() -> None:
     """deploy/kubernetes/sidecar/post-render.sh, as Helm runs it: a rendered chart in, the chart with the
     sidecar, its Service, PodMonitor and rules out (it copies the directory and ../alerts, which it includes)."""
     tool("kubectl")  # the script runs `kubectl kustomize`
-    chart = yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
-        "spec": {"serviceName": "pulsar-broker", "selector": {"matchLabels": {"component": "broker"}},
-                 "template": {"metadata": {"labels": {"component": "broker"}},
-                              "spec": {"containers": [{"name": "pulsar-broker", "image": "apachepulsar/pulsar"}]}}},
-    })
-    done = subprocess.run([str(K8S / "sidecar" / "post-render.sh")], input=chart, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
-    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    docs = sidecar_post_rendered()
     assert {"StatefulSet", "Service", "PodMonitor", "PrometheusRule"} <= {doc["kind"] for doc in docs}
     (broker,) = [doc for doc in docs if doc["kind"] == "StatefulSet"]
     names = [c["name"] for c in broker["spec"]["template"]["spec"]["containers"]]

@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tc_server.config import parse_hostport
 from tests.deploy.manifests import (
@@ -23,6 +21,7 @@ from tests.deploy.manifests import (
     container_env,
     dockerfile_env,
     dockerfile_stages,
+    sidecar_post_rendered,
     tc_server_containers,
 )
 from tests.support.server_process import ServerProcess
@@ -31,18 +30,7 @@ from tests.support.server_process import ServerProcess
 def rendered_broker() -> dict[str, Any]:
     if shutil.which("kubectl") is None:
         pytest.fail("kubectl not found on the PATH (README, *Requirements*)")
-    chart = yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": "pulsar-broker", "labels": {"component": "broker"}},
-        "spec": {"serviceName": "pulsar-broker", "selector": {"matchLabels": {"component": "broker"}},
-                 "template": {"metadata": {"labels": {"component": "broker"}},
-                              "spec": {"containers": [{"name": "pulsar-broker", "image": "apachepulsar/pulsar"}]}}},
-    })
-    done = subprocess.run([str(K8S / "sidecar" / "post-render.sh")], input=chart, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    (broker,) = [doc for doc in yaml.safe_load_all(done.stdout) if doc and doc["kind"] == "StatefulSet"]
-    assert isinstance(broker, dict)
+    (broker,) = [doc for doc in sidecar_post_rendered() if doc["kind"] == "StatefulSet"]
     return broker
 
 
