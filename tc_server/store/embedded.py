@@ -898,11 +898,16 @@ def _open_read_only(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]
     writes nothing to the file through them; WAL mode lets them read while its tc-server writes)."""
     if not path.is_file():
         raise StoreUnavailableError(f"embedded store: there is no {path} to read")
+    # A stopped store has no write-ahead log (its last close checkpointed it and deleted it): read-only in WAL
+    # mode, SQLite would create the -wal and -shm files beside it, which needs a writable directory (a volume
+    # mounted read-only, an auditor's account) and leaves them behind. The file is then read as immutable:
+    # no files, no locks. (A tc-server started on it meanwhile can make such an export fail: run it again.)
+    stopped = not path.with_name(path.name + "-wal").exists()
+    uri = f"{path.resolve().as_uri()}?mode=ro{'&immutable=1' if stopped else ''}"
     opened: list[sqlite3.Connection] = []
     try:
         for _ in range(2):
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             opened.append(conn)
             conn.execute("PRAGMA busy_timeout=100")
         _require_known_layout(opened[0], path)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +145,65 @@ async def test_a_read_only_open_reads_a_closed_store_and_a_later_layout_is_refus
         conn.execute(f"PRAGMA user_version = {embedded.FILE_LAYOUT + 1}")
     with pytest.raises(StoreUnavailableError, match="later tc-server"):
         await EmbeddedStore.open(tmp_path, read_only=True)
+
+
+def read_as_another_user(directory: Path) -> str:
+    """/r/a of the store in ``directory``, opened read-only by another user (uid 65534, in a forked child: the
+    venv's interpreter may sit where that user cannot reach it), or the error it met."""
+    if os.geteuid() != 0:
+        return asyncio.run(read_only_value(directory))  # this user cannot write the directory either (0555)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            result = asyncio.run(read_only_value(directory))
+        except BaseException as exc:  # noqa: BLE001 - the parent reports it
+            result = repr(exc)
+        os.write(write_end, result.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        result = answer.read().decode()
+    os.waitpid(pid, 0)
+    return result
+
+
+async def read_only_value(directory: Path) -> str:
+    store = await EmbeddedStore.open(directory, read_only=True)
+    try:
+        record = await store.get("/r/a")
+        return "none" if record is None else record.value.decode()
+    finally:
+        await store.close()
+
+
+async def test_a_read_only_open_of_a_stopped_store_needs_no_writable_directory_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    # A cleanly stopped store has no -wal / -shm; opened read-only in WAL mode, SQLite created them: the export
+    # failed where it could not write the directory (SQLITE_READONLY_DIRECTORY for an auditor's account,
+    # SQLITE_CANTOPEN on a volume mounted read-only) and left them behind where it could.
+    data = tmp_path / "data"
+    await written_and_closed(data, Put("/r/a", b"A"))
+    assert sorted(p.name for p in data.iterdir()) == [DB_FILENAME]
+    reader = await EmbeddedStore.open(data, read_only=True)
+    try:
+        assert (await reader.get("/r/a")).value == b"A"  # type: ignore[union-attr]
+    finally:
+        await reader.close()
+    assert sorted(p.name for p in data.iterdir()) == [DB_FILENAME]
+    # Another user, who may read the file but not write the directory (tmp_path's parents are 0700: a copy).
+    shared = Path(tempfile.mkdtemp(prefix="tc-read-only-"))
+    try:
+        shutil.copy(data / DB_FILENAME, shared / DB_FILENAME)
+        (shared / DB_FILENAME).chmod(0o444)
+        shared.chmod(0o555)
+        assert read_as_another_user(shared) == "A"
+    finally:
+        shared.chmod(0o755)
+        shutil.rmtree(shared)
 
 
 async def test_concurrent_writes_are_group_committed(tmp_path: Path) -> None:
