@@ -448,9 +448,9 @@ class Settings:
         self._validate_advertised("advertised_url_tls", ("pulsar+ssl",))
         if self.advertised_url_tls and not self.tls_listen:
             raise ConfigError("advertised_url_tls: needs tls_listen", "advertised_url_tls")
-        broker_client_plugin_kind(self.broker_client_auth_plugin)
-        if self.broker_client_auth_params.strip() and not self.broker_client_auth_plugin.strip():
-            # Without the plugin they are never read, and the brokers are asked with no credentials at all.
+        plugin_kind = broker_client_plugin_kind(self.broker_client_auth_plugin)  # an unknown plugin: ConfigError
+        if self.broker_client_auth_params.strip() and plugin_kind == "none":
+            # Without a plugin they are never read, and the brokers are asked with no credentials at all.
             raise ConfigError("broker_client_auth_params: needs broker_client_auth_plugin (token or tls), which "
                               "says how to present them", "broker_client_auth_params")
 

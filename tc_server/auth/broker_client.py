@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 
 TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"  # noqa: S105 - a class name
 TLS_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationTls"
-PLUGIN_NAMES = {TOKEN_PLUGIN: "token", "token": "token", TLS_PLUGIN: "tls", "tls": "tls"}
+# Pulsar's own default for brokerClientAuthenticationPlugin (ServiceConfiguration): no credentials. A copied
+# broker.conf or chart values carry it.
+DISABLED_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationDisabled"
+PLUGIN_NAMES = {TOKEN_PLUGIN: "token", "token": "token", TLS_PLUGIN: "tls", "tls": "tls", DISABLED_PLUGIN: "none"}
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ def broker_client_plugin_kind(plugin: str) -> str:
     plugin (checked at start by Settings.validate, with or without --upstream-url)."""
     plugin = plugin.strip()
     if plugin and plugin not in PLUGIN_NAMES:
-        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN})",
-                          "broker_client_auth_plugin")
+        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN}, "
+                          f"{DISABLED_PLUGIN})", "broker_client_auth_plugin")
     return PLUGIN_NAMES.get(plugin, "none")
 
 

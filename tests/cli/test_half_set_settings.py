@@ -36,3 +36,15 @@ def test_broker_credentials_without_the_plugin_are_not_silently_dropped(tmp_path
                             "--broker-client-auth-params", "token:eyJhbGciOiJIUzI1NiJ9.e30.x")
     assert mentions(outcome, "broker_client_auth_plugin", "broker-client-auth-plugin",
                     "BROKER_CLIENT_AUTH_PLUGIN"), outcome.output
+
+
+def test_pulsars_authentication_disabled_plugin_is_no_credentials_not_a_refusal() -> None:
+    # brokerClientAuthenticationPlugin's default in Pulsar's broker.conf, which a copied broker.conf or a chart's
+    # values carry: refused at start once the plugin was checked without --upstream-url too.
+    from tc_server.auth.broker_client import DISABLED_PLUGIN, broker_client_credentials
+    from tc_server.config import load_settings
+
+    assert load_settings(flags={"broker_client_auth_plugin": DISABLED_PLUGIN}, environ={})
+    with_upstream = load_settings(flags={"broker_client_auth_plugin": DISABLED_PLUGIN,
+                                         "upstream_url": "pulsar://broker:6650"}, environ={})
+    assert broker_client_credentials(with_upstream).method == "none"
