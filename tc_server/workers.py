@@ -104,8 +104,9 @@ class WorkerRole:
     # The coordinator whose leader runs GC: the store holds only this worker's coordinators on the
     # embedded store, so each worker collects its own; on a shared store (Oxia) one sweep for all.
     gc_coordinator: int
-    # tc_id -> the admin port of the worker that leads it, for the coordinators another worker leads: the
-    # admin API redirects a request about one of them there (tc_server/admin/routes.py).
+    # tc_id -> the admin port of the worker that leads it, for the coordinators another worker leads, on the
+    # embedded store (whose store per worker holds only its own): the admin API redirects a request about one
+    # of them there (tc_server/admin/routes.py). Empty on a shared store (Oxia), where every worker reads them.
     other_admin_ports: dict[int, int]
 
     @classmethod
@@ -136,7 +137,8 @@ class WorkerRole:
             tls_urls={worker_main_url(settings, k): worker_tls_url(settings, k) for k in workers} if tls else {},
             gc_coordinator=index if own_store else 0,
             other_admin_ports={tc_id: admin_port + 1 + tc_id % settings.workers
-                               for tc_id in range(settings.coordinators) if tc_id % settings.workers != index},
+                               for tc_id in range(settings.coordinators)
+                               if own_store and tc_id % settings.workers != index},
         )
 
 

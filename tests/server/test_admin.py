@@ -6,13 +6,17 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 import structlog
+from aiohttp.test_utils import make_mocked_request
 
+from tc_server.admin.routes import AdminRoutes
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import OpKind, TxnOp
 from tc_server.store.api import StoreUnavailableError
+from tc_server.workers import WorkerRole
 
 
 def fetch(app, path: str, method: str = "GET") -> tuple[int, Any]:
@@ -145,3 +149,19 @@ async def test_metadata_lists_pulsar_5_participants_from_their_op_records(app, c
     assert status == 200
     assert doc["producedPartitions"] == {"segment://public/default/orders/0": {}}
     assert doc["ackedPartitions"] == {"segment://public/default/payments/0": {"billing": {}}}
+
+
+async def test_on_a_shared_store_a_worker_answers_about_another_workers_coordinator_itself(app, client, settings):
+    # --store oxia: every worker reads the one store, so worker 0 answers a read about coordinator 1 itself
+    # rather than redirecting to "<this request's host>:<worker 1's port>", which a port-forward, an SSH tunnel
+    # or a reverse proxy does not reach. (The in-process memory store stands in for the shared one.)
+    t = await client.new_txn(tc_id=1, ttl_ms=60_000)
+    oxia = replace(settings, store="oxia", workers=2, admin_listen="127.0.0.1:8080", listen="127.0.0.1:6650")
+    assert WorkerRole.of(oxia, 0).other_admin_ports == {}
+    embedded = replace(oxia, store="embedded")
+    assert WorkerRole.of(embedded, 0).other_admin_ports == {tc_id: 8082 for tc_id in range(1, oxia.coordinators, 2)}
+    routes = AdminRoutes(app.coordinator, app.metrics, other_admin_ports=WorkerRole.of(oxia, 0).other_admin_ports)
+    request = make_mocked_request("GET", f"/admin/v3/transactions/transactionMetadata/1/{t.least}",
+                                  headers={"Host": "localhost:18081"}, match_info={"most": "1", "least": str(t.least)})
+    response = await routes.metadata(request)
+    assert response.status == 200 and json.loads(cast(bytes, response.body))["status"] == "OPEN"
