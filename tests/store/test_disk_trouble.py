@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +23,7 @@ from tc_server.config import Settings
 from tc_server.store import embedded
 from tc_server.wire import ServerError
 from tests.support.disk import bind_mounted, fill, remount, tmpfs, writer_pid
+from tests.support.proc_state import alive
 from tests.support.server_process import ServerProcess
 
 # Small enough to fill at once, large enough for the store's files.
@@ -176,8 +178,17 @@ async def test_a_restart_on_a_full_disk_says_so_and_loses_nothing(tmp_path: Path
             opened = await client.new_txn(tc_id=1)
             assert (await client.end_txn(1, opened.least, commit=True)).error is None
             client.close()
-            filler = fill(mnt)
+            assert server.proc is not None
+            writer = writer_pid(server.proc.pid)
             server.kill()
+            # The killed server's writer process ends on its own, and its last close checkpoints the WAL and
+            # deletes it: space that, given back after the fill, let the restart open the store and run (not
+            # ready) instead of exit, once in a while under load. Filled once it is gone.
+            deadline = time.monotonic() + 30
+            while alive(writer):
+                assert time.monotonic() < deadline, "the killed server's writer process did not end"
+                await asyncio.sleep(0.05)
+            filler = fill(mnt)
             server.start(wait=False)
             assert server.proc is not None
             assert server.proc.wait(30) != 0 and "no space left" in server.log_tail(3), server.log_tail(3)
