@@ -18,11 +18,11 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from tc_server.coordinator import layout
+from tc_server.coordinator import events, layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
-from tc_server.coordinator.layout import OpKind, Participant, TxnHeader, TxnOp, TxnState
-from tc_server.coordinator.partition import CoordinatorPartition
+from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.partition import CoordinatorPartition, read_participant_records
 from tc_server.metrics import HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, Metrics, ScrapedGauge, build_info, ready_gauge
 from tc_server.store.api import Record, StoreError
 
@@ -309,7 +309,8 @@ class AdminRoutes:
     async def participants(self, most: int, least: int) -> tuple[Produced, Acked]:
         """What Pulsar's TransactionMetadata lists as producedPartitions and ackedPartitions: the participants
         recorded for today's brokers (until each is told the decision, docs/participants.md) and the segments
-        of Pulsar 5 participants' op records. Unreadable records are logged and left out."""
+        of Pulsar 5 participants' op records, each read as the coordinator reads them. Unreadable records are
+        logged and left out."""
         produced: Produced = {}
         acked: Acked = {}
 
@@ -319,22 +320,13 @@ class AdminRoutes:
             else:
                 acked.setdefault(topic, {}).setdefault(subscription, {})
 
-        key = layout.txn_key(most, least)
-        async for record in self._tc.store.scan_prefix(layout.participants_prefix(most, least), partition_key=key):
-            try:
-                participant = Participant.from_json(record.value)
-            except ValueError as exc:
-                log.warning("unreadable participant record", key=record.key, error=str(exc)[:200])
-                continue
+        for _, participant in await read_participant_records(self._tc.store, most, least, log):
             add(participant.topic, participant.subscription)
-        async for record in self._tc.store.scan_index(layout.IDX_OPS_BY_TXN, *layout.ops_by_txn_range(most, least),
-                                                      partition_key=key):
-            try:
-                op = TxnOp.from_json(record.value)
-            except ValueError as exc:
-                log.warning("unreadable op record", key=record.key, error=str(exc)[:200])
-                continue
-            add(op.segment, op.subscription if op.kind is OpKind.ACK else None)
+        ops = await events.participants(self._tc.store, self._metrics, most, least)
+        for segment in ops.segments:
+            add(segment, None)
+        for segment, subscription in ops.subscriptions:
+            add(segment, subscription)
         return produced, acked
 
     async def metadata(self, request: web.Request) -> web.Response:

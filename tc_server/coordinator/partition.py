@@ -876,15 +876,7 @@ class CoordinatorPartition:
         return True
 
     async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
-        found = []
-        async for record in self._store.scan_prefix(layout.participants_prefix(self.tc_id, least),
-                                                    partition_key=layout.txn_key(self.tc_id, least)):
-            try:
-                found.append((record.key, Participant.from_json(record.value)))
-            except ValueError as exc:
-                # Kept, so the txn stays held and an operator sees it (admin "undelivered").
-                self._log.error("unreadable participant record", key=record.key, error=str(exc))
-        return found
+        return await read_participant_records(self._store, self.tc_id, least, self._log)
 
     async def _retrying_store(self, operation: Callable[[], Awaitable[_T]]) -> _T:
         backoff = Backoff(OUTBOX_RETRY_INITIAL_S, OUTBOX_RETRY_MAX_S)
@@ -1083,6 +1075,21 @@ class CoordinatorPartition:
             return 0.0
         oldest = min(outbox.decided_ms for outbox in self._undelivered.values())
         return max(0, self._clock() - oldest) / 1000
+
+
+async def read_participant_records(store: MetadataStore, most: int, least: int,
+                                   logger: Any) -> list[tuple[str, Participant]]:
+    """The participant records of a txn (docs/participants.md), key and participant; an unreadable one is
+    logged on ``logger`` and left out of the list (its record stays, so the txn stays held and an operator
+    sees it: admin "undelivered")."""
+    found = []
+    async for record in store.scan_prefix(layout.participants_prefix(most, least),
+                                          partition_key=layout.txn_key(most, least)):
+        try:
+            found.append((record.key, Participant.from_json(record.value)))
+        except ValueError as exc:
+            logger.error("unreadable participant record", key=record.key, error=str(exc))  # noqa: TRY400 - damage, not a bug
+    return found
 
 
 def _compact(heap: list[int], live: Mapping[int, object]) -> None:
