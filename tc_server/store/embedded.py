@@ -728,7 +728,7 @@ class EmbeddedStore(StoreWrites):
         await self._loop.run_in_executor(self._reader, self._scan_conn.close)
         self._reader.shutdown(wait=True)
         self._get_conn.close()
-        if self._lock_fd != NO_LOCK:
+        if not self._read_only:  # NO_LOCK
             os.close(self._lock_fd)
         self._hub.close()
 
@@ -907,9 +907,7 @@ def _open_read_only(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]
     opened: list[sqlite3.Connection] = []
     try:
         for _ in range(2):
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-            opened.append(conn)
-            conn.execute("PRAGMA busy_timeout=100")
+            opened.append(_read_connection(uri))
         _require_known_layout(opened[0], path)
         _require_store_tables(opened[0], path)
     except Exception as exc:
@@ -969,8 +967,9 @@ def index_names(conn: sqlite3.Connection) -> set[str]:
     return names
 
 
-def _read_connection(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+def _read_connection(path: Path | str) -> sqlite3.Connection:
+    """A connection for reads: of the file ``path``, or of the ``file:`` URI ``path`` (open(read_only=True))."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, uri=isinstance(path, str))
     conn.execute("PRAGMA query_only=1")
     # WAL readers only wait while a crashed writer's WAL index is rebuilt; get() runs on the event
     # loop, so keep any such wait short and let the caller see StoreUnavailableError instead.
