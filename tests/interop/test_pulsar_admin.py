@@ -31,6 +31,7 @@ import pytest
 
 from tc_server.client import connect
 from tc_server.client.connection import NO_AUTH, ClientAuth
+from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import ServerProcess, started
 
 JAR = Path(__file__).resolve().parent / "admin-java" / "target" / "tc-interop-admin.jar"
@@ -301,31 +302,13 @@ def test_transaction_metadata_lists_the_participants(server_with: Servers, admin
         assert {t: set(subs) for t, subs in value["ackedPartitions"].items()} == {ACKED_TOPIC: {ACKED_SUB}}, value
 
 
-async def _open_everywhere(port: int, coordinators: int) -> list[tuple[int, int]]:
-    """One open txn per coordinator, each asked of the process that leads it (as the Java client does)."""
-    from tc_server.client import connect_coordinators
-
-    clients = await connect_coordinators("127.0.0.1", port, coordinators)
-    try:
-        ids = []
-        for tc, client in enumerate(clients):
-            assert (await client.tc_client_connect(tc)).error is None
-            r = await client.new_txn(tc, 600_000)
-            assert r.error is None, r
-            ids.append((r.most, r.least))
-        return ids
-    finally:
-        for client in set(clients):
-            client.close()
-
-
 def test_a_workers_admin_port_redirects_to_the_worker_that_leads_the_coordinator(server_with: Servers,
                                                                                  admin_for: Admins) -> None:
     """With --workers 2, worker 0's admin port asked about coordinator 1 redirects (307) to worker 1's, which
     the client follows: it answered "transaction (1,...) not found" and an empty slowTransactions (its store
     does not hold coordinator 1), and a force-abort there was refused."""
     server = server_with("--coordinators", "2", "--workers", "2")
-    _, txn1 = asyncio.run(_open_everywhere(server.port, 2))
+    _, txn1 = asyncio.run(txns_on_coordinators(server.port, 2, range(2), commit=None))
     admin = admin_for(server.worker_admin_url(0))
     meta, slow, stats, abort, after = admin.run(
         _metadata(*txn1), {"op": "slow", "timeoutMs": 0, "coordinatorId": 1}, {"op": "coordinatorStatsById", "id": 1},

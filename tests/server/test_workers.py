@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from tc_server.bench.process import TcServerProcess, descendants_of, free_port, free_ports_in_a_row
-from tc_server.client import TcClient, connect, connect_coordinators
+from tc_server.client import connect
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
 from tc_server.wire import ServerError
 from tests.support.oxia_standin import standin_oxia_process
 from tests.support.proc_state import alive, parent, state
+from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import TC_SERVER, started
 
 pytestmark = pytest.mark.slow
@@ -50,26 +51,9 @@ def header_status(server: TcServerProcess, most: int, least: int) -> str | None:
     return body.get("status") if code == 200 else None
 
 
-def close_all(routed: list[TcClient]) -> None:
-    for client in {id(c): c for c in routed}.values():
-        client.close()
-
-
 async def commit_on_every_coordinator(server: TcServerProcess, per_coordinator: int) -> list[tuple[int, int]]:
-    routed = await connect_coordinators("127.0.0.1", server.port, COORDINATORS)
-    committed = []
-    try:
-        for tc_id in range(COORDINATORS):
-            assert (await routed[tc_id].tc_client_connect(tc_id)).error is None
-            for _ in range(per_coordinator):
-                opened = await routed[tc_id].new_txn(tc_id, ttl_ms=600_000)
-                assert opened.error is None and opened.most == tc_id, opened
-                ended = await routed[tc_id].end_txn(opened.most, opened.least, commit=True)
-                assert ended.error is None, ended
-                committed.append((opened.most, opened.least))
-    finally:
-        close_all(routed)
-    return committed
+    tc_ids = [tc_id for tc_id in range(COORDINATORS) for _ in range(per_coordinator)]
+    return await txns_on_coordinators(server.port, COORDINATORS, tc_ids)
 
 
 @pytest.fixture(scope="module")

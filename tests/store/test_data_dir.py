@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tc_server.client import connect_coordinators
 from tc_server.store.embedded import DB_FILENAME
+from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import ServerProcess, started
 
 pytestmark = pytest.mark.slow
@@ -19,21 +19,7 @@ pytestmark = pytest.mark.slow
 
 async def _open_and_end(server: ServerProcess, tc_ids: Iterable[int], commit: bool = True,
                         coordinators: int = 4) -> list[tuple[int, int]]:
-    """Open and end a txn on each of ``tc_ids``, each at its coordinator's instance (LOOKUP, as clients do)."""
-    routed = await connect_coordinators("127.0.0.1", server.port, coordinators)
-    try:
-        ids = []
-        for tc_id in tc_ids:
-            client = routed[tc_id]
-            opened = await client.new_txn(tc_id=tc_id, ttl_ms=600_000)
-            assert opened.error is None, opened
-            ended = await client.end_txn(opened.most, opened.least, commit=commit)
-            assert ended.error is None, ended
-            ids.append((opened.most, opened.least))
-        return ids
-    finally:
-        for client in set(routed):
-            client.close()
+    return await txns_on_coordinators(server.port, coordinators, tc_ids, commit=commit)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

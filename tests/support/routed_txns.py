@@ -1,0 +1,33 @@
+"""Transactions opened as a stock client opens them, each at the instance that leads its coordinator (LOOKUP
+through tc-server's service port), for the tests of --workers and of real tc-server processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tc_server.client import connect_coordinators
+
+
+async def txns_on_coordinators(port: int, coordinators: int, tc_ids: Iterable[int], *, commit: bool | None = True,
+                               ttl_ms: int = 600_000) -> list[tuple[int, int]]:
+    """A txn on each of ``tc_ids`` (an id again for another), in that order, then committed, aborted
+    (``commit`` False) or left open (None); their (most, least)."""
+    routed = await connect_coordinators("127.0.0.1", port, coordinators)
+    try:
+        ids = []
+        connected: set[int] = set()
+        for tc_id in tc_ids:
+            client = routed[tc_id]
+            if tc_id not in connected:
+                assert (await client.tc_client_connect(tc_id)).error is None
+                connected.add(tc_id)
+            opened = await client.new_txn(tc_id=tc_id, ttl_ms=ttl_ms)
+            assert opened.error is None and opened.most == tc_id, opened
+            if commit is not None:
+                ended = await client.end_txn(opened.most, opened.least, commit=commit)
+                assert ended.error is None, ended
+            ids.append((opened.most, opened.least))
+        return ids
+    finally:
+        for client in {id(c): c for c in routed}.values():
+            client.close()
