@@ -22,7 +22,8 @@ HEALTHCHECK_SETTINGS = ("admin_listen", "admin_tls", "tls_cert_file", "tls_key_f
 # Docker's HEALTHCHECK --timeout in the Dockerfile is 3 s; the interpreter's start takes part of it.
 HEALTH_TIMEOUT_S = 2.0
 
-# asyncio (and aiohttp on it) binds "::" IPv6-only, so an admin port on [::] is not reachable at 127.0.0.1.
+# An admin port on [::] is asked at [::1], the loopback of its own family (it answers at 127.0.0.1 too:
+# tc_server/server/sockets.py binds "::" for both families).
 _LOOPBACK_OF_WILDCARD = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 

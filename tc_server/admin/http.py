@@ -27,9 +27,10 @@ from tc_server.admin.routes import json_response
 from tc_server.auth.api import AuthenticationFailed
 from tc_server.auth.certificates import ServerTlsContext
 from tc_server.auth.service import AuthenticationService
-from tc_server.auth.tls_accept import TlsServer, bound_sockets
+from tc_server.auth.tls_accept import TlsServer
 from tc_server.logs import LogLimiter
 from tc_server.server.address_budget import AddressBudget
+from tc_server.server.sockets import bound_socket
 from tc_server.store.api import StoreError
 
 log = structlog.get_logger("tc_server.admin")
@@ -163,16 +164,17 @@ class _BudgetedSite(web.TCPSite):
         assert server is not None
         budget = self._budget
         loop = asyncio.get_running_loop()
+        assert self._host is not None
+        sock = bound_socket(self._host, self._port)
         if self._ssl_context is None:
-            self._server = await loop.create_server(lambda: _Budgeted(server(), budget), self._host, self._port,
-                                                    backlog=self._backlog, reuse_address=True)
+            self._server = await loop.create_server(lambda: _Budgeted(server(), budget), sock=sock,
+                                                    backlog=self._backlog)
             return
         # The budget counts a connection once its TLS handshake is done: the handshakes under way have one
         # of their own, the same size (tls_accept.py).
         handshakes = AddressBudget(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS,
                                      refused=lambda address: budget.refused(address, "TLS handshakes under way"))
-        sockets = await bound_sockets(self._host, self._port)
-        self._server = TlsServer(sockets, lambda: _Budgeted(server(), budget), self._ssl_context, handshakes,
+        self._server = TlsServer([sock], lambda: _Budgeted(server(), budget), self._ssl_context, handshakes,
                                  backlog=self._backlog)
 
 

@@ -37,27 +37,6 @@ ACCEPT_RETRY_S = 1.0
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-async def bound_sockets(host: str | None, port: int) -> list[socket.socket]:
-    """Sockets bound to every address ``host`` resolves to (as ``create_server`` binds them), with
-    SO_REUSEADDR, IPv6 ones IPv6 only, for a :class:`TlsServer` to listen on. Raises OSError."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    except OSError:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
 class TlsServer(asyncio.AbstractServer):
     """Serves ``protocol_factory``'s protocols over TLS on ``sockets`` (bound; listened to here with
     ``backlog``), a handshake counted against ``budget`` from its accept until it ends. Closed as

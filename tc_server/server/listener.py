@@ -16,6 +16,7 @@ import structlog
 from tc_server.auth.tls_accept import TlsServer
 from tc_server.server.address_budget import AddressBudget
 from tc_server.server.connection import ClientConnection, ServerContext
+from tc_server.server.sockets import bound_socket
 
 log = structlog.get_logger("tc_server.listener")
 
@@ -39,17 +40,7 @@ class PulsarListener:
     def bind(self) -> int:
         """Bind the port now (before the coordinator campaigns, which needs the advertised URL, so
         port 0 works); returns the bound port. Raises OSError (e.g. address in use)."""
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if self._reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((self._host, self._port))
-        except OSError:
-            sock.close()
-            raise
-        self._socket = sock
+        self._socket = bound_socket(self._host, self._port, reuse_port=self._reuse_port)
         return self.port
 
     async def start(self, context: ServerContext) -> None:

@@ -12,7 +12,7 @@ from tc_server.healthcheck import health_url
 
 @pytest.mark.parametrize(("admin_listen", "url"), [
     ("0.0.0.0:8080", "http://127.0.0.1:8080/healthz"),
-    ("[::]:8090", "http://[::1]:8090/healthz"),  # asyncio binds :: IPv6-only
+    ("[::]:8090", "http://[::1]:8090/healthz"),  # the loopback of the address's own family
     ("[fd00::1]:8090", "http://[fd00::1]:8090/healthz"),
     ("10.1.2.3:8080", "http://10.1.2.3:8080/healthz"),
     (":8080", "http://127.0.0.1:8080/healthz"),

@@ -144,7 +144,7 @@ def wait_started(server: object) -> None:
 @pytest.mark.parametrize("admin", ["ipv6", "tls", "mtls"])
 def test_the_image_healthcheck_follows_the_admin_settings(tmp_path: Path, admin: str) -> None:
     """HEALTHCHECK used to ask http://127.0.0.1:<port> whatever the settings: it failed with the admin port
-    on [::] (asyncio binds it IPv6-only) and with --admin-tls."""
+    on [::] (which asyncio bound IPv6-only) and with --admin-tls."""
     port = smoke.free_port()
     settings = {"admin_listen": f"[::]:{port}" if admin == "ipv6" else f"127.0.0.1:{port}"}
     if admin != "ipv6":

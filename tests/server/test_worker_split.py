@@ -178,7 +178,7 @@ def test_the_workers_record_is_written_whole_or_not_at_all(tmp_path: Path, monke
 
 def test_ipv6_addresses_make_bracketed_worker_urls_and_admin_probes() -> None:
     # An IPv6 host lost its brackets (pulsar://::1:7001), and the supervisor asked the workers' admin
-    # ports on [::] at 127.0.0.1, where aiohttp (IPv6 only on ::) does not listen: never ready.
+    # ports on [::] at 127.0.0.1, where aiohttp (then IPv6 only on ::) did not listen: never ready.
     settings = Settings(listen="[::1]:7000", admin_listen="[::]:8080", workers=2, coordinators=4)
     assert WorkerRole.of(settings, 0).settings.advertised_url == "pulsar://[::1]:7001"
     assert worker_admin_url(settings, 1) == "http://[::1]:8082"
