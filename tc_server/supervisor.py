@@ -16,9 +16,11 @@ supervisor
   when it is PID 1 or a subreaper);
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
   worker's own ``/readyz`` says 200: the body lists each worker and its problems) and ``/metrics``
-  (the supervisor's own series: worker readiness and restarts). Each worker's series, and its
-  ``/admin/v3/transactions`` API over its own coordinators, are on the worker's admin port
-  (``--admin-listen``'s port + 1 + k): Prometheus scrapes each, so no series is summed or hidden here.
+  (the supervisor's own series: worker readiness and restarts), and ``/admin/v3/transactions``, each
+  request forwarded to the worker that leads the coordinator it names, a listing over all of them merged
+  from every worker's (tc_server/admin/workers_front.py). Each worker's series, and its own transactions
+  API over its own coordinators, are on the worker's admin port (``--admin-listen``'s port + 1 + k):
+  Prometheus scrapes each, so no series is summed or hidden here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +42,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import metrics_response
+from tc_server.admin.workers_front import WorkersAdmin, forward_tls_context
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
-from tc_server.auth.service import AuthenticationService
+from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
@@ -185,7 +189,11 @@ class Supervisor:
         # workers' /readyz is asked with, made again after each reload (with a required client
         # certificate it presents the server's own, which a rotation replaces before it expires).
         self._tls: ServerTlsContext | None = None
-        self._probe_context: tuple[int, ssl.SSLContext | None] | None = None
+        self._client_contexts: dict[Callable[[Settings], ssl.SSLContext | None], tuple[int, ssl.SSLContext | None]] = {}
+        # /admin/v3/transactions on the supervisor's admin port, forwarded to the workers (workers_front.py).
+        self._transactions = WorkersAdmin([worker.admin_url for worker in self.workers], settings.coordinators,
+                                          self._session, lambda: self._client_tls(forward_tls_context),
+                                          credentials_checked=bool(provider_methods(settings.authentication_providers)))
 
     def stop(self, sig: signal.Signals | None = None) -> None:
         """The first call (SIGTERM, SIGINT, SIGHUP) stops the workers gracefully; a second one, while they
@@ -366,12 +374,21 @@ class Supervisor:
         return ready, body
 
     def _probe_ssl(self) -> ssl.SSLContext | None:
-        """The TLS context the workers' admin ports are asked with (None: plain HTTP), as of the last
-        reload of the certificate files."""
+        """The TLS context the workers' /readyz is asked with (None: plain HTTP)."""
+        return self._client_tls(admin_probe_tls_context)
+
+    def _client_tls(self, build: Callable[[Settings], ssl.SSLContext | None]) -> ssl.SSLContext | None:
+        """The TLS context ``build`` makes for asking the workers' admin ports, made again after each reload
+        of the certificate files (None: plain HTTP)."""
         reloads = self._tls.reloads if self._tls is not None else 0
-        if self._probe_context is None or self._probe_context[0] != reloads:
-            self._probe_context = (reloads, admin_probe_tls_context(self.settings))
-        return self._probe_context[1]
+        made = self._client_contexts.get(build)
+        if made is None or made[0] != reloads:
+            made = self._client_contexts[build] = (reloads, build(self.settings))
+        return made[1]
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self._http is not None, "the admin port serves once run() made the session"
+        return self._http
 
     def _kill_if_hung(self, worker: _Worker) -> None:
         """Kill a worker that was ready and has not answered for WORKER_HUNG_S: its restart follows."""
@@ -401,6 +418,7 @@ class Supervisor:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
+        self._transactions.add_to(app)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "workers": len(self.workers)})
@@ -436,9 +454,10 @@ class Supervisor:
         from tc_server.app import cannot_bind
 
         host, port = parse_hostport(self.settings.admin_listen)
-        # The admin port's server (request limits, JSON errors): probes and worker readiness, no transaction
-        # data (README, "Several cores"). The probes are open; /metrics needs a role with
-        # --authenticate-metrics-endpoint, as each worker's does (scrapers are pointed at this port first).
+        # The admin port's server (request limits, JSON errors): probes and worker readiness, and the
+        # transactions API forwarded to the workers (README, "Several cores"). The probes are open; /metrics
+        # needs a role with --authenticate-metrics-endpoint, as each worker's does (scrapers are pointed at
+        # this port first).
         # HTTPS with --admin-tls, as the workers' (the certificate reloaded as theirs is); a bad file or key
         # stops the start here.
         tls = self._tls = server_tls_context(self.settings) if self.settings.admin_tls else None

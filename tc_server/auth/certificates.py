@@ -77,7 +77,7 @@ def certificate_not_after_s(cert_file: str) -> float | None:
     renewed certificate."""
     try:
         with open(cert_file, "rb") as f:
-            der = _first_certificate_der(f.read())
+            der = first_certificate_der(f.read())
         with warnings.catch_warnings():  # e.g. a negative serial number, which says nothing about the expiry
             warnings.simplefilter("ignore", CryptographyDeprecationWarning)
             certificate = x509.load_der_x509_certificate(der)
@@ -88,7 +88,7 @@ def certificate_not_after_s(cert_file: str) -> float | None:
         return None
 
 
-def _first_certificate_der(pem: bytes) -> bytes:
+def first_certificate_der(pem: bytes) -> bytes:
     """The DER of the first certificate block of ``pem``, without the trust settings a TRUSTED CERTIFICATE
     block adds after it. Raises ValueError."""
     blocks = [body for label, body in _PEM_BLOCK.findall(pem) if label in _CERTIFICATE_LABELS]

@@ -320,6 +320,47 @@ def test_a_workers_admin_port_redirects_to_the_worker_that_leads_the_coordinator
     assert ok(after)["status"] == "ABORTED"
 
 
+def test_the_supervisors_admin_url_answers_for_every_worker(server_with: Servers, admin_for: Admins,
+                                                            tmp_path: Path) -> None:
+    """With --workers 2, the one admin URL the operator configured (--admin-listen, the supervisor's) answered
+    "no such endpoint" to every transactions call: only the workers' own ports (+1 + k) served them. It now
+    forwards each call to the worker that leads the coordinator, over HTTPS, with the caller's token."""
+    from tests.security.pki import TestCa, data_url, make_token
+
+    ca = TestCa(tmp_path)
+    server_cert = ca.issue("tc-server", "server", server=True)
+    ops_cert = ca.issue("ops", "ops-client")
+    secret = b"s" * 32
+    server = server_with("--coordinators", "4", "--workers", "2", "--admin-tls",
+                         "--tls-cert-file", str(server_cert.cert_file), "--tls-key-file", str(server_cert.key_file),
+                         "--tls-trust-certs-file", str(ca.cert_file), "--authentication-providers", "token,tls",
+                         "--token-secret-key", data_url(secret), "--superuser-roles", "ops")
+    as_alice = ClientAuth("token", make_token(secret, "HS256", "alice").encode())
+    txns = asyncio.run(txns_on_coordinators(server.port, 4, range(4), commit=None, auth=as_alice))
+    url = f"https://localhost:{server.admin_port}"
+    trust = {"tlsTrustCertsFilePath": str(ca.cert_file), "enableTlsHostnameVerification": True}
+    plugin = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+    admin = admin_for(url, **trust, authPlugin=plugin, authParams=f"token:{make_token(secret, 'HS256', 'ops')}")
+    meta1, meta3, slow, stats, abort, after = admin.run(
+        _metadata(*txns[1]), _metadata(*txns[3]), {"op": "slow", "timeoutMs": 0}, {"op": "coordinatorStats"},
+        {"op": "abort", "most": txns[3][0], "least": txns[3][1]}, _metadata(*txns[3]))
+    assert ok(meta1)["status"] == ok(meta3)["status"] == "OPEN"
+    assert set(ok(slow)) == {f"({most},{least})" for most, least in txns}
+    assert {tc: (value["state"], value["ongoingTxnSize"]) for tc, value in ok(stats).items()} == {
+        str(tc): ("Ready", 1) for tc in range(4)}
+    ok(abort)
+    assert ok(after)["status"] == "ABORTED"
+
+    (alice,) = admin_for(url, **trust, authPlugin=plugin,
+                         authParams=f"token:{make_token(secret, 'HS256', 'alice')}").run({"op": "coordinatorStats"})
+    assert "'alice' is not a superuser" in raised(alice, "NotAuthorizedException", 403)
+    # A client certificate proves who called the supervisor, but cannot be passed on: said, with where to ask.
+    (by_cert,) = admin_for(url, **trust, authPlugin="org.apache.pulsar.client.impl.auth.AuthenticationTls",
+                           authParams=f"tlsCertFile:{ops_cert.cert_file},tlsKeyFile:{ops_cert.key_file}").run(
+        {"op": "coordinatorStats"})
+    assert server.worker_admin_url(1) in raised(by_cert, "NotAuthorizedException", 401)
+
+
 def test_what_the_coordinator_does_not_hold_is_refused_saying_where_it_is(server_with: Servers,
                                                                           admin_for: Admins) -> None:
     """The transaction buffer and pending-ack stats are a broker's topics' state, and the number of

@@ -377,3 +377,32 @@ async def test_a_tls_client_is_relayed_to_a_peer_instance_over_tls_only(ca, secr
     finally:
         await b.stop()
         await a.stop()
+
+
+async def test_the_supervisor_sends_credentials_only_to_its_own_certificate(ca, tmp_path):
+    """With --workers and --admin-tls the supervisor passes an operator's token on to a worker's admin port
+    (tc_server/admin/workers_front.py). It asks trusting the one certificate it serves itself: another
+    certificate, even one the same CA issued, is refused before anything is sent (a process that took a
+    worker's port while it restarted gets no token)."""
+    from tc_server.admin.workers_front import forward_tls_context
+
+    own = ca.issue("tc-server", "server", server=True)
+    other = ca.issue("tc-server", "impostor", server=True)
+    settings = Settings(admin_tls=True, tls_cert_file=str(own.cert_file), tls_key_file=str(own.key_file))
+    forward = forward_tls_context(settings)
+    assert forward is not None
+
+    async def handshake_with(presented) -> None:
+        serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        serving.load_cert_chain(presented.cert_file, presented.key_file)
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=serving)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=forward)
+            writer.close()
+        finally:
+            server.close()
+
+    await handshake_with(own)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await handshake_with(other)

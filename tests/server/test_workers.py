@@ -8,17 +8,21 @@ both workers share --listen's port.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tc_server.admin.routes import PREFIX
 from tc_server.bench.process import TcServerProcess, descendants_of, free_port, free_ports_in_a_row
 from tc_server.client import connect
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
@@ -103,6 +107,52 @@ async def test_every_coordinator_is_served_through_the_one_service_url(
         assert refused.error is ServerError.TransactionCoordinatorNotFound
         assert worker_url(server, 0) in (refused.message or "")
         other.close()
+    finally:
+        assert server.stop() == 0
+
+
+async def test_the_supervisors_admin_port_serves_every_workers_transactions(tmp_path: Path) -> None:
+    """The admin URL an operator configures (--admin-listen, the supervisor's) answered "no such endpoint" to
+    every /admin/v3/transactions call. It now forwards a call about one coordinator to the worker that leads
+    it, and merges the listings over all coordinators: one page at a time, in txn id order."""
+    server = started(workers_server(tmp_path))
+    try:
+        opened = await txns_on_coordinators(server.port, COORDINATORS, [i % COORDINATORS for i in range(10)],
+                                            commit=None)
+        code, stats = server.get_json(f"{PREFIX}/coordinatorStats")
+        assert code == 200 and list(stats) == ["0", "1", "2", "3"], stats
+        assert {tc: (value["state"], value["ongoingTxnSize"]) for tc, value in stats.items()} == {
+            "0": ("Ready", 3), "1": ("Ready", 3), "2": ("Ready", 2), "3": ("Ready", 2)}
+        for most, least in opened:
+            code, meta = server.get_json(f"{PREFIX}/transactionMetadata/{most}/{least}")
+            assert code == 200 and meta["status"] == "OPEN", meta
+
+        # slowTransactions over both workers, three a page, following X-Next-After to the end.
+        pages: list[list[str]] = []
+        after: str | None = None
+        while True:
+            query = "?limit=3" + (f"&after={urllib.parse.quote(after)}" if after else "")
+            with urllib.request.urlopen(f"{server.admin_url}{PREFIX}/slowTransactions/0{query}",  # noqa: S310
+                                        timeout=10) as answer:
+                pages.append(list(json.load(answer)))
+                after = answer.headers.get("X-Next-After")
+            if after is None:
+                break
+        assert [txn for page in pages for txn in page] == [f"({most},{least})" for most, least in sorted(opened)]
+        assert [len(page) for page in pages] == [3, 3, 3, 1]
+
+        most, least = next(txn for txn in opened if txn[0] == 3)
+        aborting = urllib.request.Request(f"{server.admin_url}{PREFIX}/abortTransaction/{most}/{least}",
+                                          data=b"", method="POST")
+        with urllib.request.urlopen(aborting, timeout=10) as answer:  # noqa: S310
+            assert answer.status == 204
+        assert server.get_json(f"{PREFIX}/transactionMetadata/{most}/{least}")[1]["status"] == "ABORTED"
+
+        # A worker's answers pass through as it gives them, errors included.
+        code, missing = server.get_json(f"{PREFIX}/transactionMetadata/1/424242")
+        assert code == 404 and "(1,424242)" in missing["reason"], missing
+        assert server.get_json(f"{PREFIX}/coordinatorStats?coordinatorId=9")[0] == 404
+        assert server.get_json(f"{PREFIX}/undelivered") == (200, [])
     finally:
         assert server.stop() == 0
 

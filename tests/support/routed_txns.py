@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tc_server.client import connect_coordinators
+from tc_server.client.connection import NO_AUTH, ClientAuth
 
 
 async def txns_on_coordinators(port: int, coordinators: int, tc_ids: Iterable[int], *, commit: bool | None = True,
-                               ttl_ms: int = 600_000) -> list[tuple[int, int]]:
+                               ttl_ms: int = 600_000, auth: ClientAuth = NO_AUTH) -> list[tuple[int, int]]:
     """A txn on each of ``tc_ids`` (an id again for another), in that order, then committed, aborted
-    (``commit`` False) or left open (None); their (most, least)."""
-    routed = await connect_coordinators("127.0.0.1", port, coordinators)
+    (``commit`` False) or left open (None); their (most, least). ``auth``: the clients' credentials."""
+    routed = await connect_coordinators("127.0.0.1", port, coordinators, auth=auth)
     try:
         ids = []
         connected: set[int] = set()
