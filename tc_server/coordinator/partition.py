@@ -360,6 +360,13 @@ class CoordinatorPartition:
             partition_key=key,
             secondary_indexes=header.index_entries(),
         )
+        if write.done():
+            # Refused before anything was sent (start_put: a future that has failed as it returns wrote
+            # nothing; a store whose writer is too far behind refuses so): no header will ever exist, so
+            # the id leaves the open set now, or it would hold a place under the active-txn limit and its
+            # principal's until its whole timeout, refusing healthy NEW_TXNs after a short disk stall.
+            self._forget(least)
+            write.result()
         landed: asyncio.Future[None] = loop.create_future()
         write.add_done_callback(functools.partial(self._written, least, header, landed))
         await landed
@@ -377,6 +384,12 @@ class CoordinatorPartition:
         if not landed.done():
             landed.set_result(None)
         if write.cancelled() or write.exception() is not None:
+            if least in self._open and not self._stopped:
+                # Its outcome is unknown (the header may or may not be written): look early, not at the
+                # deadline, so that a header never written does not hold its place in the open set for the
+                # whole timeout. expire() forgets an id without a header and puts one whose header exists
+                # back at its deadline; one that lands after that look is the overdue scan's.
+                self._track(least, min(header.deadline_ms, self._clock() + TIMEOUT_RETRY_MS))
             return
         if least not in self._open and not self._stopped:
             # The write was slower than the txn's timeout: the sweep looked for the header before it
@@ -639,10 +652,12 @@ class CoordinatorPartition:
             # rate x timeout entries, so rebuild from the open set when stale ones dominate.
             self._deadlines = [(deadline, least) for least, deadline in self._open.items()]
             heapq.heapify(self._deadlines)
-        due = []
+        due: list[int] = []
         while self._deadlines and self._deadlines[0][0] <= now_ms:
             deadline, least = heapq.heappop(self._deadlines)
-            if self._open.get(least) == deadline:
+            # A txn tracked again at the deadline it had (an early look that found it in time) has two equal
+            # entries, which pop one after the other: it is due once, not expired twice at the same time.
+            if self._open.get(least) == deadline and not (due and due[-1] == least):
                 due.append(least)
         return due
 

@@ -68,17 +68,26 @@ async def collect_garbage(store: MetadataStore, metrics: Metrics, now_ms: int, r
     result = GcResult()
     horizon_ms = max(0, now_ms - retention_s * 1000)
     for state in (TxnState.COMMITTED, TxnState.ABORTED):
+        # Each page is collected as the scan reaches it, so a pass holds one page of headers, not every
+        # header past the retention (at 5,000 txns/s and the defaults, 1.5 million in a pass: ~600 MB).
+        # The stores' scans go on from the last key they gave (keyset pages, or Oxia's snapshot), so
+        # deleting what the scan already gave is safe. The index query's time is the scan's alone.
+        scan_s = 0.0
+        page: list[Record] = []
         started = time.perf_counter()
-        expired = [
-            record
-            for start, end in layout.final_state_ranges(state, horizon_ms)
-            async for record in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, start, end)
-        ]
-        metrics.index_query.labels(layout.IDX_TXN_BY_FINAL_STATE).observe(time.perf_counter() - started)
-        for offset in range(0, len(expired), GC_PAGE):
-            if offset:
-                await asyncio.sleep(0)
-            await _collect_page(store, metrics, _candidates(expired[offset:offset + GC_PAGE]), result)
+        for start, end in layout.final_state_ranges(state, horizon_ms):
+            async for record in store.scan_index(layout.IDX_TXN_BY_FINAL_STATE, start, end):
+                page.append(record)
+                if len(page) == GC_PAGE:
+                    scan_s += time.perf_counter() - started
+                    await _collect_page(store, metrics, _candidates(page), result)
+                    await asyncio.sleep(0)
+                    page = []
+                    started = time.perf_counter()
+        scan_s += time.perf_counter() - started
+        metrics.index_query.labels(layout.IDX_TXN_BY_FINAL_STATE).observe(scan_s)
+        if page:
+            await _collect_page(store, metrics, _candidates(page), result)
     metrics.outstanding_ops.set(result.outstanding_ops)
     if result.undelivered:
         log.info("gc kept headers whose participants were not all told", count=result.undelivered)

@@ -180,7 +180,9 @@ class MetadataStore(Protocol):
         :meth:`put` would raise). Whoever awaits it does not own it: a caller that stops waiting
         (NEW_TXN's request timeout) leaves the write to finish, and a callback on the future still
         learns its outcome (NEW_TXN counts the header it wrote, issue 15). Cancelling the future
-        itself leaves the outcome unknown, as cancelling :meth:`put` does."""
+        itself leaves the outcome unknown, as cancelling :meth:`put` does. A future that is done as
+        this returns has failed before anything was sent (an invalid operation, a closed store, one
+        refusing new writes): nothing was written."""
         ...
 
     async def put_sequential(

@@ -105,6 +105,65 @@ async def test_created_header_with_lost_reply_still_times_out():
     await tc.stop()
 
 
+class HeadersNotWritten(MemoryStore):
+    """Header writes fail while ``how`` is set, without being applied: "refused" before anything is sent (as
+    the embedded store refuses while its writer is too far behind), "lost" after (an unknown outcome)."""
+
+    how: str | None = None
+
+    def _start_put(self, op):
+        if self.how == "refused" and op.key.startswith(layout.HEADER_PREFIX):
+            raise StoreUnavailableError("new writes are refused")
+        return super()._start_put(op)
+
+    async def put(self, key, value, **kw):
+        if self.how == "lost" and key.startswith(layout.HEADER_PREFIX):
+            raise StoreUnavailableError("no answer")
+        return await super().put(key, value, **kw)
+
+
+@pytest.mark.parametrize("how", ["refused", "lost"])
+async def test_a_new_txn_whose_header_was_never_written_does_not_stay_open_until_its_timeout(how: str) -> None:
+    # Such ids held their place in the open set for the txn's whole timeout (up to an hour): after a store
+    # stall with clients retrying NEW_TXN, --max-active-transactions-per-coordinator refused every NEW_TXN of
+    # a healthy coordinator with NotAllowed, which clients do not retry.
+    store = HeadersNotWritten()
+    clock = FakeClock()
+    tc = await started(store, clock)
+    partition = tc.partition(0)
+    store.how = how
+    for _ in range(3):
+        with pytest.raises(StoreUnavailableError):
+            await partition.new_txn(3_600_000, None)
+    store.how = None
+    if how == "lost":  # the outcome is unknown: looked at early, not at the deadline
+        assert len(partition.open_txns()) == 3
+        clock.now += TIMEOUT_RETRY_MS
+        assert await tc.abort_expired_now() == 3
+    assert not partition.open_txns()
+    assert await open_headers(store) == []
+    await tc.stop()
+
+
+async def test_a_header_written_despite_a_lost_answer_is_not_aborted_before_its_deadline():
+    # The early look (above) finds the header: the txn goes back to its deadline, still OPEN.
+    store = LoseReply()
+    clock = FakeClock()
+    tc = await started(store, clock)
+    partition = tc.partition(0)
+    store.prefix = layout.HEADER_PREFIX
+    with pytest.raises(StoreUnavailableError):
+        await partition.new_txn(60_000, None)
+    (least,) = partition.open_txns()
+    clock.now += TIMEOUT_RETRY_MS
+    assert await tc.abort_expired_now() == 1
+    assert (await header(store, 0, least)).state is TxnState.OPEN and list(partition.open_txns()) == [least]
+    clock.now += 60_000
+    assert await tc.abort_expired_now() == 1
+    assert (await header(store, 0, least)).state is TxnState.ABORTED
+    await tc.stop()
+
+
 async def test_decided_header_with_lost_reply_is_delivered_on_the_retry():
     # The decision was written, its answer lost: the txn stays held (the low watermark) until the
     # decision is delivered; the client's retry finds it on disk and delivers it. Before, the retry's
