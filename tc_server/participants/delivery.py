@@ -65,6 +65,10 @@ RETRY_MAX_S = 5.0
 # A non-retryable answer (a refused credential, a topic the broker will not serve): the decision
 # stands, so keep trying, slowly, until an operator fixes the cause.
 NON_RETRYABLE_RETRY_S = 30.0
+# A delivery still failing after this long (the backoff at its longest) is said at warning, not info: a topic
+# moving between brokers is retried away within it, unseen at --log-level warning; a broker that stays
+# unreachable is an incident (docs/alerts.md, TcServerDecisionsUndelivered).
+FAILING_WARN_AFTER_S = RETRY_MAX_S
 # Topics whose owner is remembered; past this the memory is dropped and refilled by fresh lookups.
 MAX_REMEMBERED_OWNERS = 100_000
 PARTITION_COMMAND = "END_TXN_ON_PARTITION"
@@ -113,6 +117,7 @@ class BrokerDelivery:
         """Return once the broker owning the participant acknowledged the decision."""
         command = PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
         backoff: Backoff | None = None  # made at the first failure: most deliveries succeed at once
+        failing_since = 0.0  # loop time of the first failure, once there is one
         while True:
             broker: str | None = None
             try:
@@ -130,6 +135,7 @@ class BrokerDelivery:
             except (ClientError, TimeoutError) as exc:
                 if backoff is None:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+                    failing_since = asyncio.get_running_loop().time()
                 self._owners.pop(participant.topic, None)
                 outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
                 self._requests.labels(command, outcome).inc()
@@ -142,8 +148,13 @@ class BrokerDelivery:
                 # NON_RETRYABLE_RETRY_S, and with one key for all only the first was ever named.
                 left_out = self._log_limiter.allow(f"{command}:{outcome}:{broker}" if retryable
                                                    else f"{command}:{outcome}:{broker}:{participant.topic}")
-                if left_out is not None and retryable:
+                failing_s = asyncio.get_running_loop().time() - failing_since
+                if left_out is not None and retryable and failing_s < FAILING_WARN_AFTER_S:
                     log.info(f"{command} failed; retrying", left_out_since_last_line=left_out, **where)
+                elif left_out is not None and retryable:
+                    log.warning(f"{command} failing for {failing_s:.0f} s; the decision stands, retrying: check that "
+                                "broker and the route to it (--upstream-url, its lookups)",
+                                left_out_since_last_line=left_out, **where)
                 elif left_out is not None:
                     log.warning(f"{command} refused by the broker; the decision stands, retrying slowly",
                                 retry_in_s=NON_RETRYABLE_RETRY_S, left_out_since_last_line=left_out, **where)

@@ -235,9 +235,12 @@ class Dispatcher:
                 return
             except TimeoutError:
                 pass
-        log.info("answering END_TXN before every participant acknowledged; delivery continues",
-                 txn=f"({most},{least})",
-                 reason="stopping" if self._stopping else f"waited participant_wait_s={self.participant_wait_s}")
+        # One line a second: a participant broker that is down makes every commit that involves it wait
+        # here, and the delivery's own failure lines (participants/delivery.py) say why.
+        reason = "stopping" if self._stopping else f"waited participant_wait_s={self.participant_wait_s}"
+        if (left_out := self._log_limiter.allow(f"answered before delivery:{reason}")) is not None:
+            log.info("answering END_TXN before every participant acknowledged; delivery continues",
+                     txn=f"({most},{least})", reason=reason, left_out_since_last_line=left_out)
 
 
 def _txn_id(cmd: TxnRequest) -> tuple[int, int]:

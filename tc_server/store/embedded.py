@@ -548,7 +548,13 @@ class EmbeddedStore(StoreWrites):
                 break
             self._answered(data)
         self._close_channel()
-        if self._writer_answered:
+        failed = self._last_group_failed
+        if failed is not None:
+            # A writer exits after a group its connection cannot write (a file gone read-only): the cause is
+            # the disk, not the process, and starting a writer per write would not fix it (it did: a new
+            # Python process per write, each logged as lost).
+            why = f"{why}, after its last group commit failed: {failed}"
+        if self._writer_answered and failed is None:
             self._restarts.reset()
         else:
             self._no_writer_until = self._loop.time() + self._restarts.next_delay()
@@ -557,7 +563,9 @@ class EmbeddedStore(StoreWrites):
             f"the writer process of {self.path} is gone ({why}; exit code {code}); the outcome of this write "
             "is unknown")
         if not self._closed:
-            log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code, writes_in_flight=unanswered)
+            if (left_out := self._log_limiter.allow("store_writer_lost")) is not None:
+                log.error("store_writer_lost", path=str(self.path), why=why, exit_code=code,
+                          writes_in_flight=unanswered, left_out_since_last_line=left_out)
             if self.on_writer_lost is not None:
                 self.on_writer_lost()
         if unanswered:
