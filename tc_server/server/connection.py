@@ -372,7 +372,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 self._on_frame(frame)
         except FrameError as exc:
-            self._log.warning("bad frame; closing", error=str(exc))
+            self._warn_any_client_can("bad frame; closing", error=str(exc))
             self.close()
         finally:
             self._count_input()
@@ -395,7 +395,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             cmd = decode_command(frame)
         except MalformedCommand as exc:
-            self._log.warning("malformed command; closing", reason=exc.reason, request_id=exc.request_id)
+            self._warn_any_client_can("malformed command; closing", reason=exc.reason, request_id=exc.request_id)
             if exc.request_id is not None:
                 self.send(Error(exc.request_id, ServerError.UnknownError, f"malformed command: {exc.reason}"))
             self.close()
@@ -414,7 +414,7 @@ class ClientConnection(asyncio.Protocol):
                     self.close()  # the handshake did not happen
             else:
                 request_id = getattr(cmd, "request_id", None)
-                self._log.warning("command before CONNECT; closing", command=command_name(cmd))
+                self._warn_any_client_can("command before CONNECT; closing", command=command_name(cmd))
                 if request_id is not None:
                     self.send(Error(request_id, ServerError.NotAllowedError, "send CONNECT first"))
                 self.close()
@@ -487,6 +487,14 @@ class ClientConnection(asyncio.Protocol):
         self.send(Error(NO_REQUEST_ID, ServerError.NotAllowedError,
                         "CONNECT on a connection already connected: open a new connection"))
         self.close()
+
+    def _warn_any_client_can(self, event: str, **fields: Any) -> None:
+        """A warning that anyone who reaches the port can provoke, on as many connections as they like (a
+        bad frame, a forged token): at most one per interval for the whole server (the context's limiter, as
+        refused connections), the next saying how many were left out; the metrics count every one. One line
+        per connection made the log 26 times what a client sent."""
+        if (left_out := self._ctx.log_limiter.allow(event)) is not None:
+            self._log.warning(event, **fields, left_out_since_last_line=left_out)
 
     def _log_repeated(self, event: str, **fields: Any) -> None:
         """An info line a client can provoke at will: at most one per interval on this connection; the
@@ -776,7 +784,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _refuse(self, event: str, error: ServerError, exc: Exception, **fields: Any) -> None:
         """End the handshake: log ``event``, count it, answer ERROR ``error`` with ``exc``'s message, close."""
-        self._log.warning(event, error=str(exc), **fields)
+        self._warn_any_client_can(event, error=str(exc), **fields)
         self._ctx.metrics.request_errors.labels("CONNECT", error.name).inc()
         self.send(Error(NO_REQUEST_ID, error, str(exc)))
         self.close()
