@@ -15,7 +15,7 @@ supervisor
 * reaps the exited children it did not start (a killed worker's store writer, handed to the supervisor
   when it is PID 1 or a subreaper);
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
-  worker's own ``/readyz`` says 200: the body lists each worker and its problems) and ``/metrics``
+  worker's own ``/readyz`` said 200 at the last poll: the body lists each worker and its problems) and ``/metrics``
   (the supervisor's own series: worker readiness and restarts), and ``/admin/v3/transactions``, each
   request forwarded to the worker that leads the coordinator it names, a listing over all of them merged
   from every worker's (tc_server/admin/workers_front.py). Each worker's series, and its own transactions
@@ -41,7 +41,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tc_server.admin.http import AdminServer
-from tc_server.admin.routes import metrics_response
+from tc_server.admin.routes import READY_PROBE_TIMEOUT_S, metrics_response
 from tc_server.admin.workers_front import WorkersAdmin, forward_tls_context
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService, provider_methods
@@ -67,7 +67,16 @@ STABLE_S = 30.0
 POLL_INTERVAL_S = 0.5
 # How often exited children that are not workers are looked for (Supervisor._reap_adopted).
 REAP_INTERVAL_S = 1.0
-PROBE_TIMEOUT_S = 2.0
+# A worker's /readyz waits up to READY_PROBE_TIMEOUT_S for its store before it answers 503: asked for less than
+# that, a worker whose store hangs (a network partition from Oxia) never answered in time, and was killed as
+# hung although its admin port answered.
+PROBE_TIMEOUT_S = READY_PROBE_TIMEOUT_S + 1.5
+# Connections to each worker's admin port at once, each kind from its own pool (more wait for one): the poll's
+# probe (one at a time: what readiness and the hung check read) and the forwarded admin requests
+# (workers_front.py). Together under the worker's limit per client address (admin/http.py
+# MAX_CONNECTIONS_PER_ADDRESS, 32: both come from the loopback address). In one pool, admin requests took
+# every connection and the probes were refused, so a healthy worker looked silent and was killed as hung.
+FORWARD_CONNECTIONS_PER_WORKER = 16
 # A worker that was ready and whose admin port then answered nothing for this long is taken for hung (a
 # blocked event loop, a deadlock) and killed, so that it is restarted: it still holds its share of the
 # service port, where the kernel keeps handing it connections nobody accepts. A worker that answers
@@ -153,6 +162,7 @@ class _Worker:
     admin_url: str
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False  # its /readyz said 200 at the last poll
+    readyz: object = "not asked yet"  # what its /readyz answered at the last poll, or why it did not answer
     ready_at: float | None = None  # when its /readyz first said 200 since it was started (loop time)
     answered_at: float | None = None  # when its admin port last answered /readyz at all (loop time)
     start_failures: int = 0  # exits in a row before getting ready
@@ -184,7 +194,9 @@ class Supervisor:
         self._ready = ready_gauge(self._registry)
         build_info(self._registry)
         self._certificate_expiry = tls_certificate_expiry(self._registry)  # read once --admin-tls has its files
-        self._http: aiohttp.ClientSession | None = None
+        # The connection pools to the workers' admin ports (FORWARD_CONNECTIONS_PER_WORKER), made by run().
+        self._polling: aiohttp.ClientSession | None = None
+        self._forwarding: aiohttp.ClientSession | None = None
         # --admin-tls: the server's certificate files (reloaded when they change), and the context the
         # workers' /readyz is asked with, made again after each reload (with a required client
         # certificate it presents the server's own, which a rotation replaces before it expires).
@@ -282,7 +294,7 @@ class Supervisor:
             # nothing acknowledged: the writer answered only what it had committed.
             kill_worker(worker.proc)
             await forwarding
-            worker.ready = False
+            worker.ready, worker.readyz = False, "not asked yet since its restart"
             self._up.labels(str(worker.index)).set(0)
             if self._stopping.is_set():
                 return
@@ -352,12 +364,12 @@ class Supervisor:
 
     async def _probe(self, worker: _Worker) -> tuple[bool, object]:
         """(ready, the worker's /readyz body or why it did not answer)."""
-        assert self._http is not None
+        assert self._polling is not None
         proc = worker.proc
         if proc is None or proc.returncode is not None:
             return False, "not running (being restarted)"
         try:
-            async with self._http.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
+            async with self._polling.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 worker.answered_at = asyncio.get_running_loop().time()
                 body = await resp.json(content_type=None)
@@ -366,8 +378,8 @@ class Supervisor:
             # OSError: also a certificate file that cannot be read while a rotation replaces it.
             return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
         if ready and worker.ready_at is None and worker.proc is proc:
-            # Whichever probe sees it first (the poll, or a /readyz of the supervisor's own): a worker
-            # that died just after a /readyz had said it was ready did not fail to start.
+            # Seen by the probe rather than once the poll round is over: a worker that died just after its
+            # /readyz had said it was ready did not fail to start.
             log.info("worker ready", worker=worker.index, pid=proc.pid)
             worker.ready_at = asyncio.get_running_loop().time()
             worker.was_ready = True
@@ -387,8 +399,8 @@ class Supervisor:
         return made[1]
 
     def _session(self) -> aiohttp.ClientSession:
-        assert self._http is not None, "the admin port serves once run() made the session"
-        return self._http
+        assert self._forwarding is not None, "the admin port serves once run() made the session"
+        return self._forwarding
 
     def _kill_if_hung(self, worker: _Worker) -> None:
         """Kill a worker that was ready and has not answered for WORKER_HUNG_S: its restart follows."""
@@ -405,10 +417,12 @@ class Supervisor:
 
     async def _poll(self) -> None:
         while True:
+            asked = [worker.proc for worker in self.workers]
             results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
-            for worker, (ready, _) in zip(self.workers, results, strict=True):
-                worker.ready = ready
-                self._up.labels(str(worker.index)).set(1 if ready else 0)
+            for worker, proc, (ready, body) in zip(self.workers, asked, results, strict=True):
+                if worker.proc is proc:  # not the answer of a process restarted meanwhile
+                    worker.ready, worker.readyz = ready, body
+                self._up.labels(str(worker.index)).set(1 if worker.ready else 0)
                 self._kill_if_hung(worker)
             await asyncio.sleep(POLL_INTERVAL_S)
 
@@ -427,7 +441,12 @@ class Supervisor:
         """Nothing to say: the supervisor's readiness is its workers', which say it themselves."""
 
     async def readyz(self, request: web.Request) -> web.Response:
-        results = await asyncio.gather(*(self._probe(worker) for worker in self.workers))
+        """From the poll's last answers (at most POLL_INTERVAL_S plus a probe old), the processes as they are
+        now: answered at once whatever the workers do. Asking every worker per call made it wait out the
+        probe's timeout for a hung one (past a kubelet's 1 s), and callers in numbers took the connections
+        the poll's probes need."""
+        results = [(False, "not running (being restarted)") if worker.proc is None or worker.proc.returncode is not None
+                   else (worker.ready, worker.readyz) for worker in self.workers]
         listed = [{"index": worker.index, "pid": worker.proc.pid if worker.proc else None, "url": worker.url,
                    "admin": worker.admin_url, "ready": ready, "readyz": body}
                   for worker, (ready, body) in zip(self.workers, results, strict=True)]
@@ -470,7 +489,8 @@ class Supervisor:
             await admin.start()
         except OSError as exc:
             raise cannot_bind("admin_listen", self.settings.admin_listen, exc) from exc
-        self._http = aiohttp.ClientSession()
+        self._polling, self._forwarding = (aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit_per_host=limit))
+                                           for limit in (1, FORWARD_CONNECTIONS_PER_WORKER))
         log.info("supervising workers", workers=len(self.workers), service=self.settings.listen or None,
                  service_tls=self.settings.tls_listen or None,
                  worker_urls=[worker.url for worker in self.workers])
@@ -490,7 +510,8 @@ class Supervisor:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            await self._http.close()
+            for pool in (self._polling, self._forwarding):
+                await pool.close()
             await admin.stop()
         if self.failure is not None:
             code, message = self.failure

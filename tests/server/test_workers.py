@@ -31,28 +31,16 @@ from tests.support.oxia_standin import standin_oxia_process
 from tests.support.proc_state import alive, parent, state
 from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import TC_SERVER, started
+from tests.workers.helpers import COORDINATORS, WORKERS, header_status, workers_server
 
 pytestmark = pytest.mark.slow
 
-COORDINATORS = 4
-WORKERS = 2
 # Bound on waiting for a restarted worker (a cold interpreter start on a loaded 2-core machine).
 RESTART_BOUND_S = 60.0
 
 
-def workers_server(base: Path, *extra: str, store: str = "embedded") -> TcServerProcess:
-    return TcServerProcess(base / "data", "--workers", str(WORKERS), "--coordinators", str(COORDINATORS), *extra,
-                           store=store, log_path=base / "server.log")
-
-
 def worker_url(server: TcServerProcess, tc_id: int) -> str:
     return f"pulsar://127.0.0.1:{server.port + 1 + tc_id % WORKERS}"
-
-
-def header_status(server: TcServerProcess, most: int, least: int) -> str | None:
-    code, body = server.get_json(f"/admin/v3/transactions/transactionMetadata/{most}/{least}", timeout_s=10,
-                                 worker=most % WORKERS)
-    return body.get("status") if code == 200 else None
 
 
 async def commit_on_every_coordinator(server: TcServerProcess, per_coordinator: int) -> list[tuple[int, int]]:

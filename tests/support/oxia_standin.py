@@ -30,15 +30,23 @@ def standin_oxia_process(log_path: Path, shards: int = 3) -> Iterator[str]:
 
     Raises StandinStartError when it does not come up.
     """
+    with standin_oxia_and_process(log_path, shards) as (address, _):
+        yield address
+
+
+@contextmanager
+def standin_oxia_and_process(log_path: Path, shards: int = 3) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`standin_oxia_process`, also yielding the process (a test that stops it, as a partition would)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         # Output to a file, not a pipe: a pipe nobody reads after the first line would fill up and block it.
         proc = subprocess.Popen([sys.executable, "-m", "tests.oxia_standin", "--shards", str(shards)],
                                 stdout=log, stderr=log, cwd=REPO, start_new_session=True)
     try:
-        yield _wait_listening(proc, log_path)
+        yield _wait_listening(proc, log_path), proc
     finally:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # one a test stopped takes the SIGTERM at once
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(10)

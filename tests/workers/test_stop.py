@@ -1,0 +1,79 @@
+"""SIGTERM and SIGKILL to the supervisor of ``--workers 2`` while clients commit, or while a worker hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+from tc_server.bench.process import descendants_of
+from tests.support.proc_state import alive
+from tests.support.server_process import started
+from tests.workers.helpers import (
+    COORDINATORS,
+    Load,
+    async_wait_for,
+    not_committed,
+    sample_of,
+    worker_pids,
+    workers_server,
+)
+
+
+async def test_sigterm_under_load_loses_no_acknowledged_commit(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path, "--id-block-size", "10"))
+    assert server.proc is not None
+    load = Load(server.port)
+    try:
+        load.start()
+        await async_wait_for(lambda: all(len(load.committed[i]) >= 20 for i in range(COORDINATORS)),
+                             "commits on every coordinator")
+        started_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(server.proc.wait, 30)
+        took = time.monotonic() - started_at
+    finally:
+        await load.stop()
+    assert code == 0, server.log_tail()
+    assert took < 13.0, f"the stop took {took:.1f} s"
+    log = server.log_path.read_text()
+    assert "workers not stopped within the bound" not in log, server.log_tail()
+    started(server)
+    try:
+        lost = await asyncio.to_thread(not_committed, server, sample_of(load))
+        assert not lost, f"acknowledged commits not COMMITTED: {lost[:10]}"
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+async def test_sigterm_with_a_hung_worker_stops_within_the_bound(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path))
+    assert server.proc is not None
+    pids = worker_pids(server)
+    family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
+    os.kill(pids[1], signal.SIGSTOP)
+    started_at = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(server.proc.wait, 40)
+    took = time.monotonic() - started_at
+    assert code == 0, server.log_tail()
+    assert took < 16.0, f"the stop took {took:.1f} s"
+    assert not any(alive(pid) for pid in family), "a worker or a writer outlived the supervisor"
+    started(server)  # ports and store locks free at once
+    assert server.stop() == 0
+
+
+async def test_a_killed_supervisor_with_a_hung_worker_can_be_started_again_at_once(tmp_path: Path) -> None:
+    server = started(workers_server(tmp_path))
+    assert server.proc is not None
+    pids = worker_pids(server)
+    family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
+    os.kill(pids[1], signal.SIGSTOP)
+    for writer in descendants_of(pids[0]):
+        os.kill(writer, signal.SIGSTOP)  # worker 0's writer frozen too (a stalled disk)
+    server.kill()
+    await async_wait_for(lambda: not any(alive(pid) for pid in family), "every worker and writer gone", bound_s=10)
+    started(server)
+    assert server.stop() == 0
