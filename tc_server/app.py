@@ -93,7 +93,10 @@ class App:
         if self.broker_pool is not None:
             await self.broker_pool.close()
         await self.store.close()
-        log.info("stopped")
+        # What the limiter left out of the log since the last "request failed" lines (the requests a stalled
+        # store held until the drain cut them, whose outcome is unknown) would otherwise be counted nowhere.
+        left_out = dispatcher.failures_left_out()
+        log.info("stopped", **({"request_failures_not_logged": left_out} if left_out else {}))
 
 
 def cannot_bind(setting: str, address: str, exc: OSError, derived: str = "") -> OSError:
@@ -384,7 +387,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         raise
     log.info("started", store=settings.store, coordinators=settings.coordinators, advertised_url=advertised,
              upstream=settings.upstream_url or None,
-             worker=None if worker is None else f"{worker.index} of {worker.count}")
+             worker=None if worker is None else worker.index, workers=None if worker is None else worker.count)
     tls_reload = asyncio.create_task(tls.run(settings.tls_cert_refresh_check_s), name="tls-reload") if tls else None
     return App(settings, store, coordinator, context, listener, admin, metrics, tls_listener, tls, tls_reload,
                broker_pool, shared_listeners)

@@ -89,3 +89,9 @@ class LogLimiter:
             return None
         self._next_at[key] = now + self._interval_s
         return self._suppressed.pop(key, 0)
+
+    def left_out(self) -> dict[str, int]:
+        """The lines left out since each kind's last line, now counted nowhere else (a stop says them: the
+        next line that would have carried the count never comes); forgotten here."""
+        left_out, self._suppressed = self._suppressed, {}
+        return left_out

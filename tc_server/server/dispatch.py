@@ -209,6 +209,12 @@ class Dispatcher:
         """``cmd``'s typed response carrying ``error`` (txnid_most_bits set: the Java client routes on it)."""
         return _KINDS[type(cmd)][1](cmd.request_id, *_txn_id(cmd), error, message)
 
+    def failures_left_out(self) -> dict[str, int]:
+        """Failed requests not logged one by one since their kind's last "request failed" line ("COMMAND:ERROR"
+        -> count): the stop's summary, for requests the stop itself cut."""
+        return {key: count for key, count in self._log_limiter.left_out().items()
+                if not key.startswith("answered before delivery:")}
+
     def stop_waiting_for_participants(self) -> None:
         """The server stops: END_TXN answers without waiting for the participants' acknowledgements, those
         waiting now at once (see :meth:`_wait_delivered`), so that draining the connections answers them."""

@@ -709,6 +709,7 @@ class EmbeddedStore(StoreWrites):
         # writer keeps their order), so none is left once it is done, and none can outlive the session.
         self._closed = True
         writer_wait_s = WRITER_EXIT_S
+        waited_s = 0.0
         if cleanup is not None:
             try:
                 await asyncio.wait_for(cleanup, WRITER_EXIT_S)
@@ -716,12 +717,14 @@ class EmbeddedStore(StoreWrites):
                 # Not fatal: the next open deletes them anyway.
                 log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc) or repr(exc))
                 if isinstance(exc, TimeoutError):
-                    writer_wait_s = 0.0  # it did not answer for WRITER_EXIT_S already: do not wait as long again
-        await self._release(writer_wait_s)
+                    # It did not answer for WRITER_EXIT_S already: do not wait as long again.
+                    writer_wait_s, waited_s = 0.0, WRITER_EXIT_S
+        await self._release(writer_wait_s, waited_s)
 
-    async def _release(self, writer_wait_s: float = WRITER_EXIT_S) -> None:
+    async def _release(self, writer_wait_s: float = WRITER_EXIT_S, waited_s: float = 0.0) -> None:
         """Stop the writer (EOF on its channel ends it; killed if it has not ended ``writer_wait_s``
-        later) and close everything this store holds."""
+        later) and close everything this store holds. ``waited_s``: how long the writer was waited for
+        already (said if it is killed)."""
         self._closed = True
         writer = self._writer
         self._close_channel()
@@ -730,7 +733,8 @@ class EmbeddedStore(StoreWrites):
             try:
                 await asyncio.to_thread(writer.wait, writer_wait_s)
             except subprocess.TimeoutExpired:
-                log.error("store_writer_stuck", path=str(self.path), waited_s=writer_wait_s)  # noqa: TRY400
+                log.error("store_writer_stuck", path=str(self.path), waited_s=waited_s + writer_wait_s,  # noqa: TRY400
+                          action="killed; check the disk (a write that does not return)")
                 writer.kill()
                 await asyncio.to_thread(writer.wait)
         await self._loop.run_in_executor(self._reader, self._scan_conn.close)
