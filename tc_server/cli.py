@@ -223,11 +223,21 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
 
 
+def _log_format_of(args: argparse.Namespace) -> str:
+    """--log-format as far as it can be read when the other settings cannot (a refusal says itself in it)."""
+    try:
+        return _settings(args, only=("log_format",)).log_format
+    except ConfigError:
+        return "auto"
+
+
 def _start(args: argparse.Namespace, argv: list[str]) -> int:
+    from tc_server.logs import say_refusal
+
     try:
         settings = _settings(args)
     except ConfigError as exc:
-        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        say_refusal(f"tc-server: configuration error: {exc}", _log_format_of(args))
         return 2
     from tc_server.app import serve
     from tc_server.coordinator.errors import ParallelismMismatch
@@ -242,7 +252,7 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
         if args.worker_index is not None:
             from tc_server.supervisor import follow_supervisor
 
-            follow_supervisor(args.supervisor_pid)
+            follow_supervisor(args.supervisor_pid, settings.log_format)
             worker = WorkerRole.of(settings, args.worker_index)
             settings = worker.settings
             structlog.contextvars.bind_contextvars(worker=worker.index)  # on every log line
@@ -253,18 +263,16 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
 
             return int(_run_loop(supervise(settings, argv)))
         _run_loop(serve(settings, worker))
-    except WorkerCountMismatch as exc:
-        print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
-        return 2
-    # Every failure to start is one line naming the setting or the file, and exit code 2 (issue 15).
-    except ParallelismMismatch as exc:
-        print(f"tc-server: refusing to start: {exc}", file=sys.stderr)
+    # Every failure to start is one line naming the setting or the file, and exit code 2 (issue 15), in the
+    # log's format (say_refusal).
+    except (WorkerCountMismatch, ParallelismMismatch) as exc:
+        say_refusal(f"tc-server: refusing to start: {exc}", settings.log_format)
         return 2
     except ConfigError as exc:  # key and certificate files are read at start
-        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        say_refusal(f"tc-server: configuration error: {exc}", settings.log_format)
         return 2
     except (OSError, StoreError) as exc:  # ports, the data directory, the database file, the store
-        print(f"tc-server: cannot start: {exc}", file=sys.stderr)
+        say_refusal(f"tc-server: cannot start: {exc}", settings.log_format)
         return 2
     return 0
 

@@ -3,10 +3,12 @@ and the limiter of repeated warnings every module logs through."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import IO, Any, TextIO, cast
 
 import structlog
@@ -58,6 +60,35 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, LinesOrNothing(sys.stderr))),
         cache_logger_on_first_use=True,
     )
+
+
+# A process that cannot start (or go on) ends with one line saying why, starting with this, and an exit code.
+REFUSAL_PREFIX = "tc-server: "
+
+
+def say_refusal(text: str, fmt: str) -> None:
+    """``text`` ("tc-server: ..."), the one line a process that cannot start (or go on) ends with, on stderr
+    in the log's format (``fmt``, as --log-format): as it is on a console, else a JSON object whose event is
+    that text, so that a log pipeline that takes JSON lines only keeps the reason a container did not start.
+    Before structlog is configured too (a setting that cannot be read)."""
+    if resolved_format(fmt) != "console":
+        text = json.dumps({"event": text, "level": "error",
+                           "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z")})
+    stderr = LinesOrNothing(sys.stderr)
+    stderr.write(text + "\n")
+    stderr.flush()
+
+
+def refusal_in(line: bytes) -> str | None:
+    """The text of a line :func:`say_refusal` wrote in either format, else None (any other log line)."""
+    text = line.decode(errors="replace").strip()
+    if text.startswith("{"):
+        try:
+            event = json.loads(text).get("event")
+        except (ValueError, AttributeError):
+            return None
+        text = event if isinstance(event, str) else ""
+    return text if text.startswith(REFUSAL_PREFIX) else None
 
 
 # Rate-limited warnings: a client that repeats the same mistake (or a flood of refused connections)

@@ -48,7 +48,7 @@ from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
-from tc_server.logs import LinesOrNothing, resolved_format
+from tc_server.logs import REFUSAL_PREFIX, LinesOrNothing, refusal_in, resolved_format, say_refusal
 from tc_server.metrics import build_info, ready_gauge, tls_certificate_expiry
 from tc_server.parent_death import die_with_parent
 from tc_server.workers import worker_admin_url, worker_main_url
@@ -90,13 +90,12 @@ WORKER_STOP_S = 12.0
 # How often a worker's exit is looked for (exit_code): the delay before a restart begins, or a stop ends.
 EXIT_POLL_S = 0.1
 # The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
-ERROR_PREFIX = b"tc-server: "
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
 
 
-def follow_supervisor(supervisor_pid: int | None) -> None:
+def follow_supervisor(supervisor_pid: int | None, log_format: str = "auto") -> None:
     """In a worker: be killed (SIGKILL) when the supervisor dies, by whatever means, so no worker outlives
     it holding the ports and the store locks; exit at once if it is already gone (Linux prctl). SIGKILL,
     not SIGTERM: a supervisor started again at once (systemd, Kubernetes) must find the ports and the
@@ -112,8 +111,8 @@ def follow_supervisor(supervisor_pid: int | None) -> None:
     parent = os.getppid()
     gone = parent == 1 if supervisor_pid is None else parent != supervisor_pid
     if gone:
-        print(f"tc-server: worker: its supervisor (pid {supervisor_pid or 'unknown'}) is gone (parent pid "
-              f"{parent}); exiting", file=sys.stderr)
+        say_refusal(f"tc-server: worker: its supervisor (pid {supervisor_pid or 'unknown'}) is gone (parent pid "
+                    f"{parent}); exiting", log_format)
         sys.exit(1)
 
 
@@ -169,7 +168,7 @@ class _Worker:
     # Ready once since the supervisor started: its settings work, so failed restarts (its port taken for a
     # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
     was_ready: bool = False
-    last_error: str = ""  # its last "tc-server: ..." stderr line
+    last_error: str = ""  # its last "tc-server: ..." line (logs.say_refusal)
 
 
 class Supervisor:
@@ -252,9 +251,9 @@ class Supervisor:
         if held:  # its last line, without an end (a worker killed as it wrote)
             _pass_on(held + b"\n")
             tail = (tail + held)[-STDERR_TAIL:]
-        errors = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+        errors = [text for line in tail.splitlines() if (text := refusal_in(line)) is not None]
         if errors:
-            worker.last_error = errors[-1].decode(errors="replace").strip()
+            worker.last_error = errors[-1]
 
     async def _start_process(self, index: int) -> asyncio.subprocess.Process:
         """Worker ``index``'s process, started. Raises OSError when it cannot be (fork or exec failed)."""
@@ -308,7 +307,7 @@ class Supervisor:
                 if loop.time() - worker.ready_at >= STABLE_S:
                     backoff.reset()
             if worker.start_failures >= MAX_START_FAILURES and not worker.was_ready:
-                error = worker.last_error.removeprefix(ERROR_PREFIX.decode()) or f"exit code {code}"
+                error = worker.last_error.removeprefix(REFUSAL_PREFIX) or f"exit code {code}"
                 self.failure = (code if code > 0 else 1,
                                 f"tc-server: worker {worker.index} of {len(self.workers)} failed to start "
                                 f"{worker.start_failures} times in a row: {error}")
@@ -515,7 +514,7 @@ class Supervisor:
             await admin.stop()
         if self.failure is not None:
             code, message = self.failure
-            print(message, file=sys.stderr)
+            say_refusal(message, self.settings.log_format)
             return code
         log.info("stopped")
         return 0

@@ -3,6 +3,7 @@ never a traceback and never accepted to fail later."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -76,10 +77,15 @@ def test_good_advertised_urls_are_accepted(value: str) -> None:
     assert settings_from(advertised_url=value).advertised_url == value
 
 
-def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--advertised-url", "pulsar://h:99999"]) == 2
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_a_bad_advertised_url_stops_run_with_one_line(capsys: pytest.CaptureFixture[str], log_format: str) -> None:
+    # In the log's format: a JSON log pipeline that takes JSON lines only dropped the plain line, and with
+    # it the reason a container did not start.
+    assert main(["run", "--advertised-url", "pulsar://h:99999", "--log-format", log_format]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tc-server: configuration error: advertised_url: ") and err.count("\n") == 1, err
+    assert err.count("\n") == 1, err
+    said = err.strip() if log_format == "console" else json.loads(err)["event"]
+    assert said.startswith("tc-server: configuration error: advertised_url: "), err
 
 
 @pytest.mark.parametrize(("value", "urls"), [

@@ -295,8 +295,9 @@ def test_another_worker_count_on_the_same_data_dir_is_refused(tmp_path: Path) ->
     for flags in (["--workers", "3"], []):
         run = _run(tmp_path / "data", *flags)
         assert run.returncode == 2, run.stderr
-        line = run.stderr.strip()
-        assert "\n" not in line and line.startswith("tc-server: refusing to start:"), run.stderr
+        line = run.stderr.strip()  # not a TTY: a JSON line (logs.say_refusal)
+        assert "\n" not in line and json.loads(line)["event"].startswith("tc-server: refusing to start:"), run.stderr
+        line = json.loads(line)["event"]
         assert "--workers 2" in line and f"--workers {flags[1] if flags else 1}" in line, line
     # `tc-server export` of the directory itself would find no store: it names the workers' directories.
     export = subprocess.run([TC_SERVER, "export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "x")],
@@ -328,10 +329,10 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path
         assert server.proc is not None
         code = server.proc.wait(RESTART_BOUND_S)
     assert code == 2, server.log_tail()
-    last = server.log_tail(1).splitlines()[-1]
+    last = server.log_tail(1).splitlines()[-1]  # a JSON line (--log-format json), as every line before it
     want = ("tc-server: worker 1 of 2 failed to start 3 times in a row: cannot start: address already in use: "
             f"127.0.0.1:{server.port + 2} (worker 1: port + 2 of --listen / TC_SERVER_LISTEN)")
-    assert last == want, server.log_tail()
+    assert json.loads(last)["event"] == want, server.log_tail()
 
 
 def test_workers_need_fixed_ports(tmp_path: Path) -> None:
