@@ -3,7 +3,6 @@ console script's other subcommands run as Docker (HEALTHCHECK) or a cron job (ex
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.logged import json_objects
 from tests.support.server_process import TC_SERVER, ServerProcess
 
 START_TIMEOUT_S = 30.0
@@ -33,15 +33,7 @@ class Outcome:
     output: str
 
     def log_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.output.splitlines():
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                lines.append(doc)
-        return lines
+        return json_objects(self.output.splitlines())
 
     def warnings(self) -> list[dict[str, Any]]:
         return [line for line in self.log_lines() if line.get("level") in ("warning", "error")]
