@@ -41,6 +41,10 @@ def resolved_format(fmt: str) -> str:
     return "console" if fmt == "console" or (fmt == "auto" and sys.stderr.isatty()) else "json"
 
 
+class _StdlibLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler configure_logging puts on the root logger (told from others, so it is there once)."""
+
+
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     """``fmt``: ``json``, ``console`` or ``auto`` (console when stderr is a TTY)."""
     use_console = resolved_format(fmt) == "console"
@@ -60,6 +64,19 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, LinesOrNothing(sys.stderr))),
         cache_logger_on_first_use=True,
     )
+    # The libraries' own logging (asyncio's "Task exception was never retrieved", aiohttp's, grpc's) in the
+    # same format, with the logger's name: through logging's last-resort handler it came out as bare text
+    # among the JSON lines, whatever --log-level said. Their warnings and errors only (their info lines are
+    # theirs to tune, not an operator's); --log-level error leaves out their warnings too.
+    handler = _StdlibLines(cast(TextIO, LinesOrNothing(sys.stderr)))
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.stdlib.add_logger_name,
+                           structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer]))
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _StdlibLines)] + [handler]  # once
+    root.setLevel(max(logging.WARNING, getattr(logging, level.upper())))
 
 
 # A process that cannot start (or go on) ends with one line saying why, starting with this, and an exit code.

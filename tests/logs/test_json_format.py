@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from tc_server.bench.process import descendants_of
 from tests.logs.support import events, log_lines, not_json
+from tests.support.logged import json_objects
 from tests.support.server_process import TC_SERVER, ServerProcess, free_port, started
 
 RUN_BOUND_S = 60.0
@@ -80,3 +82,22 @@ def test_the_worker_field_has_one_type_in_every_line(tmp_path: Path) -> None:
     found = [e for e in events(server.log_path) if "worker" in e and e["worker"] is not None]
     types = {type(e["worker"]).__name__: e for e in found}
     assert len(types) == 1, {name: json.dumps(e)[:300] for name, e in types.items()}
+
+
+@pytest.mark.parametrize("level", ["info", "error"])
+def test_the_libraries_own_log_lines_are_json_lines_too(level: str) -> None:
+    # asyncio's "Task exception was never retrieved", aiohttp's and grpc's lines go through the standard
+    # library's logging: with no handler of ours they came out as bare text (logging's last resort),
+    # whatever --log-level said. They are JSON lines now, named by logger, at warning and above.
+    script = ("import logging; from tc_server.logs import configure_logging; "
+              f"configure_logging('json', {level!r}); "
+              "logging.getLogger('grpc').info('library chatter'); "
+              "logging.getLogger('aiohttp.server').warning('a library warning'); "
+              "logging.getLogger('asyncio').error('Task exception was never retrieved', exc_info=ValueError('boom'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    assert not not_json(lines), lines
+    said = [(line["logger"], line["level"], line["event"]) for line in json_objects(lines)]
+    warning = [("aiohttp.server", "warning", "a library warning")] if level == "info" else []
+    assert said == [*warning, ("asyncio", "error", "Task exception was never retrieved")], said
+    assert "ValueError: boom" in json_objects(lines)[-1]["exception"]
