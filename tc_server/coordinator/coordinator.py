@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from tc_server.coordinator import layout
+from tc_server.coordinator.clock import coordinator_clock
 from tc_server.coordinator.errors import CoordinatorNotFound, ParallelismMismatch
 from tc_server.coordinator.layout import TxnHeader
 from tc_server.coordinator.leadership import LeaderElection
@@ -23,7 +24,6 @@ from tc_server.coordinator.partition import (
     CoordinatorPartition,
     ParticipantSender,
     PartitionConfig,
-    wall_clock_ms,
 )
 from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.sweeps import collect_garbage
@@ -71,7 +71,7 @@ class CoordinatorConfig:
 
 class TransactionCoordinator:
     def __init__(
-        self, store: MetadataStore, config: CoordinatorConfig, metrics: Metrics, clock: Clock = wall_clock_ms,
+        self, store: MetadataStore, config: CoordinatorConfig, metrics: Metrics, clock: Clock = coordinator_clock,
         participant_sender: ParticipantSender | None = None,
     ) -> None:
         self.store = store
@@ -284,7 +284,7 @@ class TransactionCoordinator:
                 await asyncio.sleep(0)
             partition = partitions.get(most)
             if partition is not None:
-                partition.adopt_one(least, header.deadline_ms, header.owner)
+                partition.adopt_one(least, header.deadline_ms, header.owner, header.timeout_ms)
                 found[most] += 1
         return found
 

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import heapq
-import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import structlog
 
 from tc_server.backoff import Backoff
 from tc_server.coordinator import layout
+from tc_server.coordinator.clock import coordinator_clock
 from tc_server.coordinator.errors import (
     CoordinatorError,
     CoordinatorNotFound,
@@ -114,10 +114,6 @@ def _encoded(participant: Participant) -> tuple[str, bytes]:
     return participant.name(), participant.to_json()
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass(frozen=True, slots=True)
 class PartitionConfig:
     default_timeout_ms: int = 60_000
@@ -139,7 +135,7 @@ class CoordinatorPartition:
         store: MetadataStore,
         config: PartitionConfig,
         metrics: Metrics,
-        clock: Clock = wall_clock_ms,
+        clock: Clock = coordinator_clock,
         sweep_timeouts: bool = True,
         sender: ParticipantSender | None = None,
         open_by_principal: OpenByPrincipal | None = None,
@@ -188,6 +184,9 @@ class CoordinatorPartition:
         # value: whether that decision was the timeout's (EXPIRE), which the header does not tell (a client's
         # ABORT after the deadline is not a timeout); _adopt_decision counts it as it was decided.
         self._unsure: dict[int, bool] = {}
+        # least -> the deadline of an adopted txn stamped by a clock ahead of this one (adopt_one), which the
+        # decisions go by instead of its header's; empty but for such txns.
+        self._capped: dict[int, int] = {}
         # Decisions whose events could not all be written after the CAS (store error, request
         # timeout): the sweeper writes them again so participants do not wait for GC.
         self._unpublished: dict[int, TxnState] = {}
@@ -238,17 +237,24 @@ class CoordinatorPartition:
     def adopt(self, open_txns: Iterable[tuple[int, TxnHeader, int]]) -> None:
         """Track the OPEN txns found in the store: (least, header, store version)."""
         for least, header, _ in open_txns:
-            self.adopt_one(least, header.deadline_ms, header.owner)
+            self.adopt_one(least, header.deadline_ms, header.owner, header.timeout_ms)
         self.finish_adopting()
 
-    def adopt_one(self, least: int, deadline_ms: int, owner: str | None) -> None:
+    def adopt_one(self, least: int, deadline_ms: int, owner: str | None, timeout_ms: int | None = None) -> None:
         """Track one OPEN txn found in the deadline index: only its deadline and owner are kept (the
-        recovery scan streams every open txn through here; call :meth:`finish_adopting` after)."""
+        recovery scan streams every open txn through here; call :meth:`finish_adopting` after). With its
+        ``timeout_ms``, a deadline further away than that is cut to it."""
         if self._stopped:
             return  # stepped down during the scan: the owners' counts are the next leader's
         if least in self._gone_while_recovering:
             return  # ended (or found absent) after the scan read it as OPEN
         if least not in self._open:
+            if timeout_ms is not None and (bound := self._clock() + timeout_ms) < deadline_ms:
+                # Created "in the future": stamped by a clock ahead of this one (this instance's before the
+                # system clock was corrected back, a peer's on Oxia). It was created before now, so its
+                # timeout from now is at least as long as its client asked for; left at its stamp, a txn of
+                # 1 s stayed OPEN for the clocks' difference (an hour), pinning its brokers' readers.
+                self._capped[least] = deadline_ms = bound
             self._track(least, deadline_ms)
         if owner is not None and least not in self._owners:
             self._owners[least] = self._principals.add(owner)
@@ -499,7 +505,8 @@ class CoordinatorPartition:
                 # same words as for an id that does not exist (above), not a word more.
                 raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
             now = self._clock()
-            decision = decide(header.state, request, now >= header.deadline_ms)
+            deadline_ms = header.deadline_ms if not self._capped else self._capped.get(least, header.deadline_ms)
+            decision = decide(header.state, request, now >= deadline_ms)
             if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):
                 # Positional, not dataclasses.replace(): two headers are built per transaction (profiled).
                 ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms, now, header.owner)
@@ -626,6 +633,7 @@ class CoordinatorPartition:
             self._principals.remove(owner)
         self._headers.pop(least, None)
         self._unsure.pop(least, None)
+        self._capped.pop(least, None)
         self._recorded.pop(least, None)
         self._complete.discard(least)
         self._open.pop(least, None)
@@ -699,7 +707,8 @@ class CoordinatorPartition:
                 # look again each TIMEOUT_RETRY_MS until the deadline, or a decision landing later waits
                 # for the deadline (up to --max-txn-timeout-ms) before its brokers hear of it.
                 retry = self._clock() + TIMEOUT_RETRY_MS
-                self._track(least, min(header.deadline_ms, retry) if least in self._unsure else header.deadline_ms)
+                deadline_ms = self._capped.get(least, header.deadline_ms)
+                self._track(least, min(deadline_ms, retry) if least in self._unsure else deadline_ms)
 
     async def _run_timeouts(self) -> None:
         gate = asyncio.Semaphore(TIMEOUT_CONCURRENCY)
