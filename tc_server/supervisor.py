@@ -31,7 +31,6 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import READY_PROBE_TIMEOUT_S, metrics_response
-from tc_server.admin.workers_front import WorkersAdmin, forward_tls_context
+from tc_server.admin.workers_front import WorkerCertificates, WorkersAdmin
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
@@ -51,6 +50,7 @@ from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import REFUSAL_PREFIX, LinesOrNothing, refusal_in, resolved_format, say_refusal
 from tc_server.metrics import build_info, ready_gauge, tls_certificate_expiry
 from tc_server.parent_death import die_with_parent
+from tc_server.store import STORE_KINDS
 from tc_server.workers import worker_admin_url, worker_main_url
 
 log = structlog.get_logger("tc_server.supervisor")
@@ -200,11 +200,12 @@ class Supervisor:
         # workers' /readyz is asked with, made again after each reload (with a required client
         # certificate it presents the server's own, which a rotation replaces before it expires).
         self._tls: ServerTlsContext | None = None
-        self._client_contexts: dict[Callable[[Settings], ssl.SSLContext | None], tuple[int, ssl.SSLContext | None]] = {}
+        self._probe_context: tuple[int, ssl.SSLContext | None] | None = None
         # /admin/v3/transactions on the supervisor's admin port, forwarded to the workers (workers_front.py).
         self._transactions = WorkersAdmin([worker.admin_url for worker in self.workers], settings.coordinators,
-                                          self._session, lambda: self._client_tls(forward_tls_context),
-                                          credentials_checked=bool(provider_methods(settings.authentication_providers)))
+                                          self._session, WorkerCertificates(settings) if settings.admin_tls else None,
+                                          credentials_checked=bool(provider_methods(settings.authentication_providers)),
+                                          shared_store=STORE_KINDS[settings.store].needs_server)
 
     def stop(self, sig: signal.Signals | None = None) -> None:
         """The first call (SIGTERM, SIGINT, SIGHUP) stops the workers gracefully; a second one, while they
@@ -385,17 +386,12 @@ class Supervisor:
         return ready, body
 
     def _probe_ssl(self) -> ssl.SSLContext | None:
-        """The TLS context the workers' /readyz is asked with (None: plain HTTP)."""
-        return self._client_tls(admin_probe_tls_context)
-
-    def _client_tls(self, build: Callable[[Settings], ssl.SSLContext | None]) -> ssl.SSLContext | None:
-        """The TLS context ``build`` makes for asking the workers' admin ports, made again after each reload
-        of the certificate files (None: plain HTTP)."""
+        """The TLS context the workers' /readyz is asked with (None: plain HTTP), as of the last reload of the
+        certificate files."""
         reloads = self._tls.reloads if self._tls is not None else 0
-        made = self._client_contexts.get(build)
-        if made is None or made[0] != reloads:
-            made = self._client_contexts[build] = (reloads, build(self.settings))
-        return made[1]
+        if self._probe_context is None or self._probe_context[0] != reloads:
+            self._probe_context = (reloads, admin_probe_tls_context(self.settings))
+        return self._probe_context[1]
 
     def _session(self) -> aiohttp.ClientSession:
         assert self._forwarding is not None, "the admin port serves once run() made the session"

@@ -6,7 +6,8 @@ holds them. An operator gives ``pulsar-admin`` one admin URL, the one they confi
 supervisor forwards a request about one coordinator (a txn id's ``most``, or ``?coordinatorId=``) to the
 worker that leads it, and asks every worker for a listing over all coordinators (``coordinatorStats``,
 ``slowTransactions`` and ``undelivered`` without ``coordinatorId``), merged into one answer: one page in
-txn id order with the paging headers a worker gives (routes.py, DEFAULT_PAGE). What a worker answers
+txn id order with the paging headers a worker gives (routes.py, DEFAULT_PAGE); on Oxia, where every worker
+reads the one store, worker 0 lists every coordinator's txns itself. What a worker answers
 (its errors included) is passed on as it is; a worker that does not answer is a 503 naming it and the
 coordinators it leads.
 
@@ -42,31 +43,53 @@ _ONE_TXN = re.compile(r"(?:transactionMetadata|abortTransaction|abort|undelivere
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
-def forward_tls_context(settings: Settings) -> ssl.SSLContext | None:
-    """How a worker's admin port is asked with credentials: HTTPS trusting only the certificate this
-    process serves itself (``--tls-cert-file``'s first certificate: a CA of one certificate, which OpenSSL
-    accepts with partial chains allowed), with the server's own as client certificate where the admin port
-    requires one (admin_probe_tls_context). None over HTTP. Raises OSError or ValueError (a file being
-    replaced: the next request builds it again)."""
-    context = admin_probe_tls_context(settings)
-    if context is None:
-        return None
-    with open(settings.tls_cert_file, "rb") as pem:
-        context.load_verify_locations(cadata=first_certificate_der(pem.read()))
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    return context
+class WorkerCertificates:
+    """How a worker's admin port is asked with credentials over HTTPS (``--admin-tls``): trusting only the
+    certificate this process serves itself (``--tls-cert-file``'s first certificate: a CA of one certificate,
+    which OpenSSL accepts with partial chains allowed), and the one before it, with the server's own as client
+    certificate where the admin port requires one (admin_probe_tls_context). The workers reload the files on
+    timers of their own: after a rotation a worker presents the old certificate or the new one for a while,
+    and trusting one only failed calls with "certificate verify failed"."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._trusted: list[bytes] = []  # DER, the newest last; at most two
+        self._context: ssl.SSLContext | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """Raises OSError or ValueError (a file being replaced: the next call reads it again)."""
+        if self._context is None:
+            self.refresh()
+        assert self._context is not None
+        return self._context
+
+    def refresh(self) -> None:
+        """Read the certificate file again (a worker presented another certificate than those trusted: it may
+        have been rotated). Raises OSError or ValueError."""
+        context = admin_probe_tls_context(self._settings)
+        assert context is not None, "--admin-tls"
+        with open(self._settings.tls_cert_file, "rb") as pem:
+            newest = first_certificate_der(pem.read())
+        if newest not in self._trusted:
+            self._trusted = [*self._trusted, newest][-2:]
+        for der in self._trusted:
+            context.load_verify_locations(cadata=der)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        self._context = context
 
 
 class WorkersAdmin:
     """``admin_urls``: worker k's admin base URL (``http(s)://host:port``); ``coordinators``: how many there
     are (for what a 503 names); ``credentials_checked``: authentication is on (the workers check the
-    credentials again); ``session`` and ``tls`` give the
-    supervisor's HTTP client session and the TLS context to ask with (None: HTTP), as of this request."""
+    credentials again); ``shared_store``: the workers share one store (Oxia), each reading every
+    coordinator's records, rather than a store each (embedded); ``session``: the supervisor's HTTP client
+    session, as of this request; ``tls``: the certificates to trust over HTTPS (None: HTTP)."""
 
     def __init__(self, admin_urls: Sequence[str], coordinators: int, session: Callable[[], aiohttp.ClientSession],
-                 tls: Callable[[], ssl.SSLContext | None], *, credentials_checked: bool) -> None:
+                 tls: WorkerCertificates | None, *, credentials_checked: bool, shared_store: bool) -> None:
         self._urls = list(admin_urls)
+        self._shared_store = shared_store
         self._coordinators = coordinators
         self._session = session
         self._tls = tls
@@ -84,15 +107,23 @@ class WorkersAdmin:
                                                  "hold the transactions: use a token here, or ask the admin port of "
                                                  f"the worker that leads the coordinator (i mod {len(self._urls)}; "
                                                  f"{workers})"})
+        if any(segment in (".", "..") for segment in request.path.split("/")):
+            # The worker's URL is built from this path, and a client library collapses dot segments: forwarded
+            # as it is, /admin/v3/transactions/../../../metrics reached the worker's /metrics.
+            return json_response(404, {"reason": f"no such endpoint: {request.method} {request.path[:200]}"})
         tail = request.match_info["tail"]
+        if one_txn := _ONE_TXN.fullmatch(tail):  # the txn's own coordinator, whatever ?coordinatorId= says
+            return await self._forward(self._owner(one_txn[1]), request)
         coordinator = request.query.get("coordinatorId")
         if coordinator is not None:
             return await self._forward(self._owner(coordinator), request)
-        if one_txn := _ONE_TXN.fullmatch(tail):
-            return await self._forward(self._owner(one_txn[1]), request)
         if request.method == "GET" and tail == "coordinatorStats":
             return await self._stats(request)
         if request.method == "GET" and (tail.startswith("slowTransactions/") or tail == "undelivered"):
+            if self._shared_store:
+                # Every worker reads every coordinator's txns from the one store (Oxia): one lists them all.
+                # Merged, each txn came once per worker.
+                return await self._forward(0, request)
             return await self._listing(request, slow=tail != "undelivered")
         # coordinators (every worker knows every coordinator's leader), and what no coordinator answers
         # (the brokers' stats paths, scaling, unknown paths): worker 0 answers as any worker would.
@@ -108,18 +139,34 @@ class WorkersAdmin:
         did not answer."""
         headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
         url = self._urls[k] + str(request.rel_url)
-        try:
-            async with self._session().request(request.method, url, headers=headers, ssl=self._tls() or True,
-                                               allow_redirects=False,
-                                               timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as answer:
-                body = await answer.read()
-                passed_on = {name: answer.headers[name] for name in _PASSED_ON if name in answer.headers}
-                return answer.status, body, passed_on
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            # OSError, ValueError: also the certificate file being replaced (forward_tls_context).
-            led = list(range(k, self._coordinators, len(self._urls)))
-            return json_response(503, {"reason": f"worker {k} (admin port {self._urls[k]}), which leads coordinators "
-                                                 f"{led}, did not answer: {exc!r}"})
+        for last_try in (False, True):
+            try:
+                tls = self._tls.context() if self._tls is not None else True
+                async with self._session().request(request.method, url, headers=headers, ssl=tls,
+                                                   allow_redirects=False,
+                                                   timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as answer:
+                    body = await answer.read()
+                    passed_on = {name: answer.headers[name] for name in _PASSED_ON if name in answer.headers}
+                    return answer.status, body, passed_on
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # Nothing was sent. Another certificate than those trusted: read the file again (a rotation),
+                # and try once more.
+                if last_try or self._tls is None:
+                    return self._not_answered(k, exc)
+                try:
+                    self._tls.refresh()
+                except (OSError, ValueError) as unreadable:
+                    return self._not_answered(k, unreadable)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                # OSError, ValueError: also the certificate file being replaced (WorkerCertificates).
+                return self._not_answered(k, exc)
+        raise AssertionError("unreachable: the last try returns")
+
+    def _not_answered(self, k: int, exc: Exception) -> web.Response:
+        """The 503 of a call worker ``k`` did not answer, naming it and its coordinators."""
+        led = list(range(k, self._coordinators, len(self._urls)))
+        return json_response(503, {"reason": f"worker {k} (admin port {self._urls[k]}), which leads coordinators "
+                                             f"{led}, did not answer: {exc!r}"})
 
     async def _forward(self, k: int, request: web.Request) -> web.Response:
         asked = await self._ask(k, request)

@@ -13,12 +13,14 @@ import socket
 
 
 def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to ``host`` (an address, or a name resolved here, once, to its first address)
-    and ``port`` (0: a free one), with SO_REUSEADDR, not yet listening. ``reuse_port``: SO_REUSEPORT, for
-    the workers of ``--workers N`` that all bind the service port (tc_server/workers.py). Raises OSError
-    (``socket.gaierror`` for a name that does not resolve)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
+    """A TCP socket bound to ``host`` and ``port`` (0: a free one), with SO_REUSEADDR, not yet listening. A
+    name is resolved here, once, to its first IPv4 address (its IPv6 one where it has none): ``localhost`` is
+    127.0.0.1, where the probes and clients of this host ask, also where /etc/hosts names ``::1`` first (the
+    Debian and Docker default). ``reuse_port``: SO_REUSEPORT, for the workers of ``--workers N`` that all
+    bind the service port (tc_server/workers.py). Raises OSError (``socket.gaierror`` for a name that does
+    not resolve)."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = next((info for info in found if info[0] == socket.AF_INET), found[0])
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

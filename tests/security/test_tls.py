@@ -384,13 +384,12 @@ async def test_the_supervisor_sends_credentials_only_to_its_own_certificate(ca, 
     (tc_server/admin/workers_front.py). It asks trusting the one certificate it serves itself: another
     certificate, even one the same CA issued, is refused before anything is sent (a process that took a
     worker's port while it restarted gets no token)."""
-    from tc_server.admin.workers_front import forward_tls_context
+    from tc_server.admin.workers_front import WorkerCertificates
 
     own = ca.issue("tc-server", "server", server=True)
     other = ca.issue("tc-server", "impostor", server=True)
     settings = Settings(admin_tls=True, tls_cert_file=str(own.cert_file), tls_key_file=str(own.key_file))
-    forward = forward_tls_context(settings)
-    assert forward is not None
+    forward = WorkerCertificates(settings).context()
 
     async def handshake_with(presented) -> None:
         serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
