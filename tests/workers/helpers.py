@@ -1,11 +1,12 @@
-"""Shared helpers of the review tests of ``tc-server run --workers N`` under failure (real processes)."""
+"""What the tests of ``tc-server run --workers N`` share (real processes): the server, a client load on every
+coordinator, and the check that no acknowledged commit was lost."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.client.connection import Endpoint
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
+from tests.support.server_process import started
 
 COORDINATORS = 4
 WORKERS = 2
@@ -129,3 +131,28 @@ def not_committed(server: TcServerProcess, ids: list[tuple[int, int]]) -> list[t
         if status != "COMMITTED":
             found.append((most, least, status))
     return found
+
+
+@contextlib.asynccontextmanager
+async def workers_under_load(base: Path, *, commits_first: int,
+                             request_timeout_s: float = 5.0) -> AsyncIterator[tuple[TcServerProcess, Load]]:
+    """A ``--workers`` server on ``base`` (id blocks of 10: a kill lands inside one) and a Load on every
+    coordinator, ``commits_first`` commits each before the block runs. After a block that passed, the load
+    stops and every sampled acknowledged commit must be COMMITTED (the server started again if the block
+    stopped it); after any block the server is stopped, so no process outlives a failed test."""
+    server = started(workers_server(base, "--id-block-size", "10"))
+    load = Load(server.port, request_timeout_s=request_timeout_s)
+    try:
+        load.start()
+        try:
+            await async_wait_for(lambda: all(len(load.committed[i]) >= commits_first for i in range(COORDINATORS)),
+                                 "commits on every coordinator")
+            yield server, load
+        finally:
+            await load.stop()
+        if not server.running():
+            started(server)
+        lost = await asyncio.to_thread(not_committed, server, sample_of(load))
+        assert not lost, f"acknowledged commits not COMMITTED: {lost[:10]}"
+    finally:
+        server.stop()

@@ -10,25 +10,15 @@ from pathlib import Path
 
 from tc_server.bench.process import descendants_of
 from tests.support.proc_state import alive
-from tests.support.server_process import started
 from tests.workers.helpers import (
-    COORDINATORS,
-    Load,
     async_wait_for,
-    not_committed,
-    sample_of,
     worker_pids,
-    workers_server,
+    workers_under_load,
 )
 
 
 async def test_a_hung_worker_is_replaced_and_the_service_recovers(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path, "--id-block-size", "10"))
-    load = Load(server.port, request_timeout_s=3.0)
-    try:
-        load.start()
-        await async_wait_for(lambda: all(len(load.committed[i]) >= 3 for i in range(COORDINATORS)),
-                             "commits on every coordinator")
+    async with workers_under_load(tmp_path, commits_first=3, request_timeout_s=3.0) as (server, load):
         pids = await asyncio.to_thread(worker_pids, server)
         writers = descendants_of(pids[1])
         os.kill(pids[1], signal.SIGSTOP)
@@ -41,12 +31,4 @@ async def test_a_hung_worker_is_replaced_and_the_service_recovers(tmp_path: Path
                              "coordinators 1 and 3 commit again", bound_s=90, step_s=0.5)
         assert not alive(pids[1]) and not any(alive(pid) for pid in writers)
         assert "worker not answering; killing it" in server.log_path.read_text()
-        _, ready = await asyncio.to_thread(server.get_json, "/readyz")
-        assert ready["workers"][0]["pid"] == pids[0]
-    finally:
-        await load.stop()
-    try:
-        lost = await asyncio.to_thread(not_committed, server, sample_of(load))
-        assert not lost, f"acknowledged commits not COMMITTED: {lost[:10]}"
-    finally:
-        assert server.stop() == 0, server.log_tail()
+        assert (await asyncio.to_thread(worker_pids, server))[0] == pids[0]

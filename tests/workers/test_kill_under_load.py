@@ -10,15 +10,11 @@ from pathlib import Path
 
 from tc_server.bench.process import TcServerProcess, descendants_of
 from tests.support.proc_state import alive
-from tests.support.server_process import started
 from tests.workers.helpers import (
     COORDINATORS,
-    Load,
     async_wait_for,
-    not_committed,
-    sample_of,
     worker_pids,
-    workers_server,
+    workers_under_load,
 )
 
 
@@ -30,12 +26,7 @@ def _worker_ready_metric(server: TcServerProcess, index: int) -> str | None:
 
 
 async def test_a_worker_killed_with_its_writer_under_load_loses_no_acknowledged_commit(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path, "--id-block-size", "10"))
-    load = Load(server.port)
-    try:
-        load.start()
-        await async_wait_for(lambda: all(len(load.committed[i]) >= 5 for i in range(COORDINATORS)),
-                             "commits on every coordinator")
+    async with workers_under_load(tmp_path, commits_first=5) as (server, load):
         pids = await asyncio.to_thread(worker_pids, server)
         writers = descendants_of(pids[1])
         assert writers, "worker 1 has its store writer"
@@ -52,19 +43,10 @@ async def test_a_worker_killed_with_its_writer_under_load_loses_no_acknowledged_
         await async_wait_for(lambda: all(load.since(i, killed_at) >= 3 for i in (1, 3)),
                              "coordinators 1 and 3 commit again after the restart")
         assert server.running()
-        _, ready = await asyncio.to_thread(server.get_json, "/readyz")
-        assert ready["workers"][0]["pid"] == pids[0]
+        assert (await asyncio.to_thread(worker_pids, server))[0] == pids[0]
         assert not any(alive(pid) for pid in writers)
         await async_wait_for(lambda: _worker_ready_metric(server, 1) == "1.0", "tc_server_worker_ready 1 again")
-    finally:
-        await load.stop()
-    try:
-        assert len({most for most, _ in load.all_committed()}) == COORDINATORS
-        lost = await asyncio.to_thread(not_committed, server, sample_of(load))
-        assert not lost, f"acknowledged commits not COMMITTED: {lost[:10]}"
-        # Ids handed out after the restart never repeat one acknowledged before it.
-        for tc_id in range(COORDINATORS):
-            leasts = [least for _, least, _ in load.committed[tc_id]]
-            assert len(leasts) == len(set(leasts)), f"coordinator {tc_id} handed an id out twice"
-    finally:
-        assert server.stop() == 0, server.log_tail()
+    # Ids handed out after the restart never repeat one acknowledged before it.
+    for tc_id in range(COORDINATORS):
+        leasts = [least for _, least, _ in load.committed[tc_id]]
+        assert len(leasts) == len(set(leasts)), f"coordinator {tc_id} handed an id out twice"

