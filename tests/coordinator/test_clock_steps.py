@@ -12,7 +12,9 @@ of the tests below failed (a review's)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -47,6 +49,18 @@ def coordinator(store, clock) -> TransactionCoordinator:
     return TransactionCoordinator(store, config, Metrics("test"), clock)
 
 
+@contextlib.asynccontextmanager
+async def leading(store: MemoryStore, clock: SteppedClock) -> AsyncIterator[TransactionCoordinator]:
+    """A coordinator on ``store`` and ``clock``, leading and recovered; stopped after the block."""
+    tc = coordinator(store, clock)
+    await tc.start()
+    try:
+        await tc.wait_recovered()
+        yield tc
+    finally:
+        await tc.stop()
+
+
 async def state(store, least) -> TxnState:
     record = await store.get(layout.header_path(0, least))
     assert record is not None
@@ -68,36 +82,24 @@ async def test_a_forward_clock_step_does_not_abort_a_txn_long_before_its_ttl():
     # NTP steps the clock 2 minutes forward half a second into a txn of 60 s: the sweep (200 ms) aborts it
     # at once, and the client's COMMIT 59 s before its TTL gets "timed out" (InvalidTxnStatus).
     store, clock = MemoryStore(), SteppedClock()
-    tc = coordinator(store, clock)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with leading(store, clock) as tc:
         least = await tc.partition(0).new_txn(60_000, None)
         clock.offset_ms += 120_000
         assert await state_after(store, least, 1.0) is TxnState.OPEN, (
             "aborted about a second into a txn of 60 s: the wall clock stepped 2 minutes forward")
         await tc.partition(0).end_txn(least, commit=True, principal=None)
         assert await state(store, least) is TxnState.COMMITTED
-    finally:
-        await tc.stop()
-        await store.close()
 
 
 async def test_a_backward_clock_step_does_not_keep_an_abandoned_txn_open_for_the_steps_length():
     # The clock steps an hour back just after a txn of 1 s opened, and its client is gone: the txn must be
     # aborted about a second later, not in an hour (meanwhile its brokers hold its topics' readers back).
     store, clock = MemoryStore(), SteppedClock()
-    tc = coordinator(store, clock)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with leading(store, clock) as tc:
         least = await tc.partition(0).new_txn(1_000, None)
         clock.offset_ms -= HOUR_MS
         assert await state_after(store, least, 3.0) is TxnState.ABORTED, (
             "a txn of 1 s still OPEN 3 s later: the wall clock stepped an hour back, so its deadline is an hour away")
-    finally:
-        await tc.stop()
-        await store.close()
 
 
 async def test_a_txn_recovered_from_the_future_is_still_aborted_within_its_ttl():
@@ -107,28 +109,16 @@ async def test_a_txn_recovered_from_the_future_is_still_aborted_within_its_ttl()
     # aborted about a second after recovery, not an hour later.
     store = MemoryStore()
     ahead, behind = SteppedClock(HOUR_MS), SteppedClock()
-    first = coordinator(store, ahead)
-    await first.start()
-    await first.wait_recovered()
-    least = await first.partition(0).new_txn(1_000, None)
-    await first.stop()
-    second = coordinator(store, behind)
-    await second.start()
-    try:
-        await second.wait_recovered()
+    async with leading(store, ahead) as first:
+        least = await first.partition(0).new_txn(1_000, None)
+    async with leading(store, behind):
         assert await state_after(store, least, 3.0) is TxnState.ABORTED, (
             "a recovered txn of 1 s created 'an hour from now' is still OPEN 3 s after the take-over")
-    finally:
-        await second.stop()
-        await store.close()
 
 
 async def test_a_forward_clock_step_does_not_cut_the_retention_of_a_header_ended_a_moment_ago():
     store, clock = MemoryStore(), SteppedClock()
-    tc = coordinator(store, clock)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
+    async with leading(store, clock) as tc:
         least = await tc.partition(0).new_txn(60_000, None)
         await tc.partition(0).end_txn(least, commit=True, principal=None)  # its answer lost on the way
         clock.offset_ms += 20 * 60_000  # NTP steps the clock 20 minutes forward
@@ -138,9 +128,6 @@ async def test_a_forward_clock_step_does_not_cut_the_retention_of_a_header_ended
         except TransactionNotFound:
             pytest.fail("a COMMIT retried a moment after it succeeded was answered TransactionNotFound: GC collected "
                         "the header after a forward clock step, well within --gc-retention-s of its end")
-    finally:
-        await tc.stop()
-        await store.close()
 
 
 def test_the_clock_follows_the_system_clock_and_keeps_to_elapsed_time_across_a_step() -> None:
