@@ -27,6 +27,9 @@ log = structlog.get_logger("tc_server.coordinator.clock")
 
 # How far the system clock may move from time as measured since the last reading before it counts as a step.
 STEP_TOLERANCE_MS = 1000
+# How often the system clock is read to compare: in between, a reading is the monotonic clock's alone (one
+# call instead of two; the clock is read twice per transaction).
+CHECK_EVERY_MS = 100
 _NS_PER_MS = 1_000_000
 
 
@@ -34,28 +37,34 @@ class SteadyWallClock:
     """Callable: the milliseconds since the epoch, as above. ``wall`` and ``monotonic`` (nanoseconds) are
     the system's, or a test's."""
 
-    __slots__ = ("_monotonic", "_offset_ns", "_stepped_ns", "_wall")
+    __slots__ = ("_check_at_ns", "_monotonic", "_offset_ns", "_stepped_ns", "_wall")
 
     def __init__(self, wall: Callable[[], int] = time.time_ns,
                  monotonic: Callable[[], int] = time.monotonic_ns) -> None:
         self._wall = wall
         self._monotonic = monotonic
-        self._offset_ns = wall() - monotonic()  # wall = monotonic + offset, as of the last agreement
+        mono = monotonic()
+        self._offset_ns = wall() - mono  # wall = monotonic + offset, as of the last agreement
+        self._check_at_ns = mono + CHECK_EVERY_MS * _NS_PER_MS
         self._stepped_ns = 0  # the step last logged (the system clock minus this clock)
 
     def __call__(self) -> int:
         mono = self._monotonic()
+        if mono >= self._check_at_ns:
+            self._compare(mono)
+        return (mono + self._offset_ns) // _NS_PER_MS
+
+    def _compare(self, mono: int) -> None:
+        """Follow the system clock if it agrees with this one within the tolerance; log a step once."""
+        self._check_at_ns = mono + CHECK_EVERY_MS * _NS_PER_MS
         wall = self._wall()
-        steady = mono + self._offset_ns
-        apart = wall - steady
+        apart = wall - (mono + self._offset_ns)
         if -STEP_TOLERANCE_MS * _NS_PER_MS <= apart <= STEP_TOLERANCE_MS * _NS_PER_MS:
             self._offset_ns = wall - mono  # agreeing: follow the system clock exactly
-            return wall // _NS_PER_MS
-        if abs(apart - self._stepped_ns) > STEP_TOLERANCE_MS * _NS_PER_MS:
+        elif abs(apart - self._stepped_ns) > STEP_TOLERANCE_MS * _NS_PER_MS:
             self._stepped_ns = apart
             log.warning("system clock stepped; transaction timeouts, stamps and GC keep to the time that passed "
                         "(until a restart)", step_ms=apart // _NS_PER_MS)
-        return steady // _NS_PER_MS
 
 
 coordinator_clock = SteadyWallClock()
