@@ -18,14 +18,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tc_server.coordinator import layout
 from tc_server.coordinator.clock import SteadyWallClock
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.errors import TransactionNotFound
-from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.coordinator.layout import TxnState
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.memory import MemoryStore
+from tests.coordinator.test_partition import header
 
 HOUR_MS = 3_600_000
 
@@ -61,10 +61,8 @@ async def leading(store: MemoryStore, clock: SteppedClock) -> AsyncIterator[Tran
         await tc.stop()
 
 
-async def state(store, least) -> TxnState:
-    record = await store.get(layout.header_path(0, least))
-    assert record is not None
-    return TxnHeader.from_json(record.value).state
+async def state(store: MemoryStore, least: int) -> TxnState:
+    return (await header(store, 0, least)).state
 
 
 async def state_after(store, least, seconds: float) -> TxnState:
