@@ -8,8 +8,8 @@ supervisor
 * restarts a worker that exits, or whose process could not be started (the fork failed), after a backoff
   (tc_server/backoff.py) that starts again from its shortest only once a worker stayed up STABLE_S, and
   logs it; a worker that exits MAX_START_FAILURES times in a row before it was ever ready stops
-  everything: the supervisor prints that worker's one-line error and exits non-zero (a port taken, a bad
-  store: retrying will not help);
+  everything: the supervisor ends with that worker's one-line error (logs.say_refusal) and exits non-zero
+  (a port taken, a bad store: retrying will not help);
 * stops every worker with SIGTERM on SIGTERM/SIGINT/SIGHUP (each drains as a single process does), and
   SIGKILLs those still running WORKER_STOP_S later;
 * reaps the exited children it did not start (a killed worker's store writer, handed to the supervisor

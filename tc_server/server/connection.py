@@ -493,7 +493,9 @@ class ClientConnection(asyncio.Protocol):
         bad frame, a forged token): at most one per interval for the whole server (the context's limiter, as
         refused connections), the next saying how many were left out; the metrics count every one. One line
         per connection made the log 26 times what a client sent."""
-        if (left_out := self._ctx.log_limiter.allow(event)) is not None:
+        # Keyed apart from the context's own lines of the same name (a connection refused at accept for a
+        # limit): each says the count of its own kind.
+        if (left_out := self._ctx.log_limiter.allow(f"client: {event}")) is not None:
             self._log.warning(event, **fields, left_out_since_last_line=left_out)
 
     def _log_repeated(self, event: str, **fields: Any) -> None:
