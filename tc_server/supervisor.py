@@ -89,10 +89,11 @@ WORKER_HUNG_S = 30.0
 WORKER_STOP_S = 12.0
 # How often a worker's exit is looked for (exit_code): the delay before a restart begins, or a stop ends.
 EXIT_POLL_S = 0.1
-# The stderr line a failing ``tc-server run`` ends with (tc_server/cli.py).
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
+# What /readyz says of a worker whose process is not running.
+NOT_RUNNING = "not running (being restarted)"
 
 
 def follow_supervisor(supervisor_pid: int | None, log_format: str = "auto") -> None:
@@ -367,7 +368,7 @@ class Supervisor:
         assert self._polling is not None
         proc = worker.proc
         if proc is None or proc.returncode is not None:
-            return False, "not running (being restarted)"
+            return False, NOT_RUNNING
         try:
             async with self._polling.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
@@ -440,7 +441,7 @@ class Supervisor:
         now: answered at once whatever the workers do. Asking every worker per call made it wait out the
         probe's timeout for a hung one (past a kubelet's 1 s), and callers in numbers took the connections
         the poll's probes need."""
-        results = [(False, "not running (being restarted)") if worker.proc is None or worker.proc.returncode is not None
+        results = [(False, NOT_RUNNING) if worker.proc is None or worker.proc.returncode is not None
                    else (worker.ready, worker.readyz) for worker in self.workers]
         listed = [{"index": worker.index, "pid": worker.proc.pid if worker.proc else None, "url": worker.url,
                    "admin": worker.admin_url, "ready": ready, "readyz": body}

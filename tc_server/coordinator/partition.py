@@ -505,8 +505,7 @@ class CoordinatorPartition:
                 # same words as for an id that does not exist (above), not a word more.
                 raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
             now = self._clock()
-            deadline_ms = header.deadline_ms if not self._capped else self._capped.get(least, header.deadline_ms)
-            decision = decide(header.state, request, now >= deadline_ms)
+            decision = decide(header.state, request, now >= self._deadline_of(least, header))
             if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):
                 # Positional, not dataclasses.replace(): two headers are built per transaction (profiled).
                 ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms, now, header.owner)
@@ -617,6 +616,10 @@ class CoordinatorPartition:
 
     # -- timeouts --------------------------------------------------------------------------------
 
+    def _deadline_of(self, least: int, header: TxnHeader) -> int:
+        """The deadline the decisions go by: the header's, or the one adopt_one cut it to."""
+        return header.deadline_ms if not self._capped else self._capped.get(least, header.deadline_ms)
+
     def _track(self, least: int, deadline_ms: int) -> None:
         if least not in self._open:
             heapq.heappush(self._open_ids, least)
@@ -707,7 +710,7 @@ class CoordinatorPartition:
                 # look again each TIMEOUT_RETRY_MS until the deadline, or a decision landing later waits
                 # for the deadline (up to --max-txn-timeout-ms) before its brokers hear of it.
                 retry = self._clock() + TIMEOUT_RETRY_MS
-                deadline_ms = self._capped.get(least, header.deadline_ms)
+                deadline_ms = self._deadline_of(least, header)
                 self._track(least, min(deadline_ms, retry) if least in self._unsure else deadline_ms)
 
     async def _run_timeouts(self) -> None:

@@ -133,9 +133,10 @@ class BrokerDelivery:
                     with self._deadlines.bound(command):
                         await self._send(broker, participant, most, least, committed, low_watermark())
             except (ClientError, TimeoutError) as exc:
+                now = asyncio.get_running_loop().time()
                 if backoff is None:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
-                    failing_since = asyncio.get_running_loop().time()
+                    failing_since = now
                 self._owners.pop(participant.topic, None)
                 outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
                 self._requests.labels(command, outcome).inc()
@@ -148,7 +149,7 @@ class BrokerDelivery:
                 # NON_RETRYABLE_RETRY_S, and with one key for all only the first was ever named.
                 left_out = self._log_limiter.allow(f"{command}:{outcome}:{broker}" if retryable
                                                    else f"{command}:{outcome}:{broker}:{participant.topic}")
-                failing_s = asyncio.get_running_loop().time() - failing_since
+                failing_s = now - failing_since
                 if left_out is not None and retryable and failing_s < FAILING_WARN_AFTER_S:
                     log.info(f"{command} failed; retrying", left_out_since_last_line=left_out, **where)
                 elif left_out is not None and retryable:

@@ -91,7 +91,8 @@ class Dispatcher:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self._deadlines = RequestDeadlines(request_timeout_s)
-        self._log_limiter = LogLimiter(interval_s=1.0)
+        self._log_limiter = LogLimiter(interval_s=1.0)  # "request failed" lines, per command and error
+        self._early_answers_log = LogLimiter(interval_s=1.0)  # END_TXN answered before its participants
         # END_TXN answers once every participant broker acknowledged the decision, or after this long
         # (the decision is durable either way; docs/participants.md).
         self.participant_wait_s = participant_wait_s
@@ -212,8 +213,7 @@ class Dispatcher:
     def failures_left_out(self) -> dict[str, int]:
         """Failed requests not logged one by one since their kind's last "request failed" line ("COMMAND:ERROR"
         -> count): the stop's summary, for requests the stop itself cut."""
-        return {key: count for key, count in self._log_limiter.left_out().items()
-                if not key.startswith("answered before delivery:")}
+        return self._log_limiter.left_out()
 
     def stop_waiting_for_participants(self) -> None:
         """The server stops: END_TXN answers without waiting for the participants' acknowledgements, those
@@ -244,7 +244,7 @@ class Dispatcher:
         # One line a second: a participant broker that is down makes every commit that involves it wait
         # here, and the delivery's own failure lines (participants/delivery.py) say why.
         reason = "stopping" if self._stopping else f"waited participant_wait_s={self.participant_wait_s}"
-        if (left_out := self._log_limiter.allow(f"answered before delivery:{reason}")) is not None:
+        if (left_out := self._early_answers_log.allow(reason)) is not None:
             log.info("answering END_TXN before every participant acknowledged; delivery continues",
                      txn=f"({most},{least})", reason=reason, left_out_since_last_line=left_out)
 
