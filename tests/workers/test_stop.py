@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 from tc_server.bench.process import descendants_of
@@ -22,12 +21,10 @@ from tests.workers.helpers import (
 async def test_sigterm_under_load_loses_no_acknowledged_commit(tmp_path: Path) -> None:
     async with workers_under_load(tmp_path, commits_first=20) as (server, _):
         assert server.proc is not None
-        started_at = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(server.proc.wait, 30)
-        took = time.monotonic() - started_at
+        code = await asyncio.to_thread(server.proc.wait, 30)  # a bound on a hang, not a measure
         assert code == 0, server.log_tail()
-        assert took < 13.0, f"the stop took {took:.1f} s"
+        # Every worker drained and stopped by itself: none was left for the bound's kill.
         assert "workers not stopped within the bound" not in server.log_path.read_text(), server.log_tail()
 
 
@@ -37,12 +34,11 @@ async def test_sigterm_with_a_hung_worker_stops_within_the_bound(tmp_path: Path)
     pids = worker_pids(server)
     family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
     os.kill(pids[1], signal.SIGSTOP)
-    started_at = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    code = await asyncio.to_thread(server.proc.wait, 40)
-    took = time.monotonic() - started_at
+    code = await asyncio.to_thread(server.proc.wait, 40)  # a bound on a hang, not a measure
     assert code == 0, server.log_tail()
-    assert took < 16.0, f"the stop took {took:.1f} s"
+    # The stopped worker was killed at the stop's bound (supervisor.WORKER_STOP_S), not waited for.
+    assert "workers not stopped within the bound; killing them" in server.log_path.read_text(), server.log_tail()
     assert not any(alive(pid) for pid in family), "a worker or a writer outlived the supervisor"
     started(server)  # ports and store locks free at once
     assert server.stop() == 0
