@@ -12,9 +12,8 @@ of the tests below failed (a review's)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -26,6 +25,7 @@ from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.memory import MemoryStore
 from tests.coordinator.test_partition import header
+from tests.participants.test_outbox import running
 
 HOUR_MS = 3_600_000
 
@@ -49,16 +49,9 @@ def coordinator(store, clock) -> TransactionCoordinator:
     return TransactionCoordinator(store, config, Metrics("test"), clock)
 
 
-@contextlib.asynccontextmanager
-async def leading(store: MemoryStore, clock: SteppedClock) -> AsyncIterator[TransactionCoordinator]:
+def leading(store: MemoryStore, clock: SteppedClock) -> AbstractAsyncContextManager[TransactionCoordinator]:
     """A coordinator on ``store`` and ``clock``, leading and recovered; stopped after the block."""
-    tc = coordinator(store, clock)
-    await tc.start()
-    try:
-        await tc.wait_recovered()
-        yield tc
-    finally:
-        await tc.stop()
+    return running(coordinator(store, clock))
 
 
 async def state(store: MemoryStore, least: int) -> TxnState:

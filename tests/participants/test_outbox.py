@@ -101,6 +101,13 @@ async def led(store: MetadataStore, sender: RecordingSender | None = None, clock
               max_participants_per_txn: int = 0) -> AsyncIterator[TransactionCoordinator]:
     """A coordinator (see ``coordinator``) started and recovered on ``store``, stopped on the way out."""
     tc = coordinator(store, sender, clock=clock, max_participants_per_txn=max_participants_per_txn)
+    async with running(tc):
+        yield tc
+
+
+@contextlib.asynccontextmanager
+async def running(tc: TransactionCoordinator) -> AsyncIterator[TransactionCoordinator]:
+    """``tc`` started and recovered, stopped on the way out."""
     await tc.start()
     try:
         await tc.wait_recovered()
