@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
-from tc_server.bench.process import descendants_of
+from tc_server.bench.process import TcServerProcess, descendants_of
 from tests.support.proc_state import alive
 from tests.support.server_process import started
 from tests.workers.helpers import (
@@ -28,31 +30,39 @@ async def test_sigterm_under_load_loses_no_acknowledged_commit(tmp_path: Path) -
         assert "workers not stopped within the bound" not in server.log_path.read_text(), server.log_tail()
 
 
+@contextlib.contextmanager
+def worker_1_hung(base: Path) -> Iterator[tuple[TcServerProcess, list[int], list[int]]]:
+    """A ``--workers 2`` server whose worker 1 is stopped (SIGSTOP: a blocked event loop): the server, its
+    workers' pids, and every process of theirs (their store writers too). Killed after the block if it runs."""
+    server = started(workers_server(base))
+    try:
+        pids = worker_pids(server)
+        family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
+        os.kill(pids[1], signal.SIGSTOP)
+        yield server, pids, family
+    finally:
+        server.kill()
+
+
 async def test_sigterm_with_a_hung_worker_stops_within_the_bound(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path))
-    assert server.proc is not None
-    pids = worker_pids(server)
-    family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
-    os.kill(pids[1], signal.SIGSTOP)
-    server.proc.send_signal(signal.SIGTERM)
-    code = await asyncio.to_thread(server.proc.wait, 40)  # a bound on a hang, not a measure
-    assert code == 0, server.log_tail()
-    # The stopped worker was killed at the stop's bound (supervisor.WORKER_STOP_S), not waited for.
-    assert "workers not stopped within the bound; killing them" in server.log_path.read_text(), server.log_tail()
-    assert not any(alive(pid) for pid in family), "a worker or a writer outlived the supervisor"
-    started(server)  # ports and store locks free at once
-    assert server.stop() == 0
+    with worker_1_hung(tmp_path) as (server, _, family):
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(server.proc.wait, 40)  # a bound on a hang, not a measure
+        assert code == 0, server.log_tail()
+        # The stopped worker was killed at the stop's bound (supervisor.WORKER_STOP_S), not waited for.
+        assert "workers not stopped within the bound; killing them" in server.log_path.read_text(), server.log_tail()
+        assert not any(alive(pid) for pid in family), "a worker or a writer outlived the supervisor"
+        started(server)  # ports and store locks free at once
+        assert server.stop() == 0
 
 
 async def test_a_killed_supervisor_with_a_hung_worker_can_be_started_again_at_once(tmp_path: Path) -> None:
-    server = started(workers_server(tmp_path))
-    assert server.proc is not None
-    pids = worker_pids(server)
-    family = [pid for worker in pids for pid in (worker, *descendants_of(worker))]
-    os.kill(pids[1], signal.SIGSTOP)
-    for writer in descendants_of(pids[0]):
-        os.kill(writer, signal.SIGSTOP)  # worker 0's writer frozen too (a stalled disk)
-    server.kill()
-    await async_wait_for(lambda: not any(alive(pid) for pid in family), "every worker and writer gone", bound_s=10)
-    started(server)
-    assert server.stop() == 0
+    with worker_1_hung(tmp_path) as (server, pids, family):
+        for writer in descendants_of(pids[0]):
+            os.kill(writer, signal.SIGSTOP)  # worker 0's writer frozen too (a stalled disk)
+        server.kill()
+        await async_wait_for(lambda: not any(alive(pid) for pid in family), "every worker and writer gone",
+                             bound_s=10)
+        started(server)
+        assert server.stop() == 0
