@@ -83,6 +83,12 @@ FORWARD_CONNECTIONS_PER_WORKER = 16
 # 503 (its store is down) answers: it is not hung. Well above PROBE_TIMEOUT_S: a poll round lasts as long
 # as its slowest probe, so an answering worker's last answer can be that old when it is looked at.
 WORKER_HUNG_S = 30.0
+# A worker whose admin port has not answered once this long after it was started is taken for hung as well
+# (its start blocked: a store file on a disk that stopped answering, a deadlock): it stayed unready for good,
+# and the supervisor's /healthz, which says only that the supervisor runs, got no container restarted.
+# Longer than WORKER_HUNG_S: on the embedded store the admin port binds only once the store is open and the
+# coordinators have recovered (50,000 open txns take about 2 s; a machine swapping, many times that).
+WORKER_FIRST_ANSWER_S = 60.0
 # A worker's stop on SIGTERM waits up to 1 s for its admin port (admin/http.py SHUTDOWN_TIMEOUT_S), then up
 # to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
 # DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
@@ -165,6 +171,7 @@ class _Worker:
     readyz: object = "not asked yet"  # what its /readyz answered at the last poll, or why it did not answer
     ready_at: float | None = None  # when its /readyz first said 200 since it was started (loop time)
     answered_at: float | None = None  # when its admin port last answered /readyz at all (loop time)
+    started_at: float | None = None  # when its process was started (loop time)
     start_failures: int = 0  # exits in a row before getting ready
     # Ready once since the supervisor started: its settings work, so failed restarts (its port taken for a
     # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
@@ -276,6 +283,7 @@ class Supervisor:
             worker.ready, worker.ready_at, worker.answered_at = False, None, None
             try:
                 worker.proc = await self._start_process(worker.index)
+                worker.started_at = loop.time()
             except OSError as exc:
                 # fork or exec failed (EAGAIN, ENOMEM, EMFILE: the machine, not the worker): no worker ran,
                 # so no start failure is counted, and a later try may work.
@@ -372,7 +380,8 @@ class Supervisor:
         try:
             async with self._polling.get(worker.admin_url + "/readyz", ssl=self._probe_ssl() or True,
                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                worker.answered_at = asyncio.get_running_loop().time()
+                if worker.proc is proc:  # not the answer of a process since replaced, for its successor
+                    worker.answered_at = asyncio.get_running_loop().time()
                 body = await resp.json(content_type=None)
                 ready = resp.status == 200
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
@@ -399,16 +408,20 @@ class Supervisor:
         return self._forwarding
 
     def _kill_if_hung(self, worker: _Worker) -> None:
-        """Kill a worker that was ready and has not answered for WORKER_HUNG_S: its restart follows."""
-        proc, answered_at = worker.proc, worker.answered_at
-        if (self._stopping.is_set() or proc is None or proc.returncode is not None or worker.ready_at is None
-                or answered_at is None):
+        """Kill a worker whose admin port has been silent for WORKER_HUNG_S since it last answered, or for
+        WORKER_FIRST_ANSWER_S since it was started if it never answered: its restart follows."""
+        proc, answered_at, started_at = worker.proc, worker.answered_at, worker.started_at
+        if self._stopping.is_set() or proc is None or proc.returncode is not None or started_at is None:
             return
-        silent_s = asyncio.get_running_loop().time() - answered_at
-        if silent_s >= WORKER_HUNG_S:
+        now = asyncio.get_running_loop().time()
+        if answered_at is not None:
+            silent_s, bound_s = now - answered_at, WORKER_HUNG_S
+        else:
+            silent_s, bound_s = now - started_at, WORKER_FIRST_ANSWER_S
+        if silent_s >= bound_s:
             log.error("worker not answering; killing it", worker=worker.index, pid=proc.pid,
-                      silent_s=round(silent_s, 1))
-            worker.answered_at = None  # once: its exit is awaited by _keep_running
+                      silent_s=round(silent_s, 1), answered_since_start=answered_at is not None)
+            worker.started_at = None  # once: its exit is awaited by _keep_running, which starts the next
             kill_worker(proc)
 
     async def _poll(self) -> None:
