@@ -10,10 +10,13 @@ read positions. Pulsar's own coordinator times out on a monotonic timer (a timer
 does not either.
 
 It follows the system clock while the two agree within STEP_TOLERANCE_MS (NTP's slewing, which moves the
-monotonic clock at the same rate, keeps them so), and keeps to the monotonic clock past that: a step is
-logged once, and the coordinator's stamps then differ from the system clock by the step until the process
-restarts (it reads the system clock again). Instances that share a store compare each other's stamps (a
-hand-over, GC), so their system clocks must agree (docs/semantics.md §6).
+monotonic clock at the same rate, keeps them so). Past that (a step) it catches up with the system clock
+gradually, running at most CATCH_UP_RATE faster or slower than time passes, so a deadline or a retention
+comes at most that fraction early or late; the step is logged once, the end of the catching up too.
+Keeping to the monotonic clock for good instead left the stamps off by the step until the process restarted,
+where a step is most often the system clock being corrected: a host that booted an hour behind wrote stamps an
+hour old, which another instance (a take-over, GC) read as an hour of time passed. Instances that share a
+store compare each other's stamps, so their system clocks must agree (docs/semantics.md §6).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ STEP_TOLERANCE_MS = 1000
 # How often the system clock is read to compare: in between, a reading is the monotonic clock's alone (one
 # call instead of two; the clock is read twice per transaction).
 CHECK_EVERY_MS = 100
+# Past a step, the clock moves towards the system clock by at most this fraction of the time that passed: a
+# step of a minute is caught up in 10 minutes, during which a txn's timeout comes up to a tenth early (a step
+# forward) or late (back). The clock never runs backwards while it does.
+CATCH_UP_RATE = 0.1
 _NS_PER_MS = 1_000_000
 
 
@@ -37,16 +44,19 @@ class SteadyWallClock:
     """Callable: the milliseconds since the epoch, as above. ``wall`` and ``monotonic`` (nanoseconds) are
     the system's, or a test's."""
 
-    __slots__ = ("_check_at_ns", "_monotonic", "_offset_ns", "_stepped_ns", "_wall")
+    __slots__ = ("_catching_up", "_check_at_ns", "_compared_at_ns", "_monotonic", "_offset_ns", "_stepped_ns",
+                 "_wall")
 
     def __init__(self, wall: Callable[[], int] = time.time_ns,
                  monotonic: Callable[[], int] = time.monotonic_ns) -> None:
         self._wall = wall
         self._monotonic = monotonic
         mono = monotonic()
-        self._offset_ns = wall() - mono  # wall = monotonic + offset, as of the last agreement
+        self._offset_ns = wall() - mono  # this clock = monotonic + offset
+        self._compared_at_ns = mono
         self._check_at_ns = mono + CHECK_EVERY_MS * _NS_PER_MS
-        self._stepped_ns = 0  # the step last logged (the system clock minus this clock)
+        self._stepped_ns = 0  # how far the system clock was expected to be from this one after the last compare
+        self._catching_up = False
 
     def __call__(self) -> int:
         mono = self._monotonic()
@@ -55,16 +65,30 @@ class SteadyWallClock:
         return (mono + self._offset_ns) // _NS_PER_MS
 
     def _compare(self, mono: int) -> None:
-        """Follow the system clock if it agrees with this one within the tolerance; log a step once."""
+        """Follow the system clock if it agrees with this one within the tolerance, else move towards it by
+        CATCH_UP_RATE of the time since the last compare; log a step once, and the end of catching up."""
+        elapsed = mono - self._compared_at_ns
+        self._compared_at_ns = mono
         self._check_at_ns = mono + CHECK_EVERY_MS * _NS_PER_MS
         wall = self._wall()
         apart = wall - (mono + self._offset_ns)
-        if -STEP_TOLERANCE_MS * _NS_PER_MS <= apart <= STEP_TOLERANCE_MS * _NS_PER_MS:
-            self._offset_ns = wall - mono  # agreeing: follow the system clock exactly
-        elif abs(apart - self._stepped_ns) > STEP_TOLERANCE_MS * _NS_PER_MS:
-            self._stepped_ns = apart
-            log.warning("system clock stepped; transaction timeouts, stamps and GC keep to the time that passed "
-                        "(until a restart)", step_ms=apart // _NS_PER_MS)
-
+        tolerance = STEP_TOLERANCE_MS * _NS_PER_MS
+        most = int(elapsed * CATCH_UP_RATE)
+        if (-tolerance <= apart <= tolerance and not self._catching_up) or abs(apart) <= most:
+            self._offset_ns = wall - mono  # agreeing, or caught up: follow the system clock exactly
+            self._stepped_ns = 0
+            if self._catching_up:
+                self._catching_up = False
+                log.info("caught up with the system clock after its step")
+            return
+        # Catching up: to the end, rather than jumping the last STEP_TOLERANCE_MS, which would run it backwards.
+        if abs(apart - self._stepped_ns) > tolerance:
+            log.warning("system clock stepped; transaction timeouts, stamps and GC catch up with it gradually",
+                        step_ms=apart // _NS_PER_MS, catch_up_s=round(abs(apart) / CATCH_UP_RATE / 1e9),
+                        catch_up_rate=CATCH_UP_RATE)
+        move = most if apart > 0 else -most
+        self._offset_ns += move
+        self._stepped_ns = apart - move
+        self._catching_up = True
 
 coordinator_clock = SteadyWallClock()

@@ -121,17 +121,49 @@ async def test_a_forward_clock_step_does_not_cut_the_retention_of_a_header_ended
                         "the header after a forward clock step, well within --gc-retention-s of its end")
 
 
+class SystemClocks:
+    """A wall and a monotonic clock (nanoseconds) the test moves."""
+
+    def __init__(self) -> None:
+        self.wall = 1_000_000 * 1_000_000_000
+        self.mono = 5 * 1_000_000_000
+
+    def advance(self, seconds: float) -> None:
+        self.wall += int(seconds * 1e9)
+        self.mono += int(seconds * 1e9)
+
+    def clock(self) -> SteadyWallClock:
+        return SteadyWallClock(wall=lambda: self.wall, monotonic=lambda: self.mono)
+
+
 def test_the_clock_follows_the_system_clock_and_keeps_to_elapsed_time_across_a_step() -> None:
-    system = {"wall": 1_000_000 * 1_000_000_000, "mono": 5 * 1_000_000_000}  # nanoseconds
-    clock = SteadyWallClock(wall=lambda: system["wall"], monotonic=lambda: system["mono"])
+    system = SystemClocks()
+    clock = system.clock()
     assert clock() == 1_000_000_000
-    system["mono"] += 2_000_000_000
-    system["wall"] += 2_000_300_000  # NTP slewing: within the tolerance, followed exactly
+    system.mono += 2_000_000_000
+    system.wall += 2_000_300_000  # NTP slewing: within the tolerance, followed exactly
     assert clock() == 1_000_002_000
-    system["wall"] += HOUR_MS * 1_000_000  # a step: time as it passed
+    system.wall += HOUR_MS * 1_000_000  # a step: time as it passed, and no more than CATCH_UP_RATE on top
     assert clock() == 1_000_002_000
-    system["mono"] += 1_000_000_000
-    system["wall"] += 1_000_000_000
-    assert clock() == 1_000_003_000
-    system["wall"] -= HOUR_MS * 1_000_000  # stepped back to agree: followed again
-    assert clock() == 1_000_003_000
+    system.advance(1.0)
+    assert clock() == 1_000_003_100
+    system.wall -= HOUR_MS * 1_000_000 - 100_000_000  # stepped back to agree: followed again
+    system.advance(1.0)
+    assert clock() == 1_000_004_100
+
+
+@pytest.mark.parametrize("step_s", [120, -120])
+def test_after_a_step_the_clock_catches_up_with_the_system_clock_at_a_bounded_rate(step_s: int) -> None:
+    # It used to keep to the monotonic clock until the process restarted: a host whose clock NTP corrected
+    # by an hour after tc-server started wrote stamps an hour off for good, which instances sharing the store
+    # (a take-over, GC) read as an hour of time passed, or yet to come.
+    system = SystemClocks()
+    clock = system.clock()
+    readings = [clock()]
+    system.wall += step_s * 1_000_000_000
+    for _ in range(200 * abs(step_s)):  # 10 readings a second, twice as long as catching up takes
+        system.advance(0.1)
+        readings.append(clock())
+    steps = [later - earlier for earlier, later in zip(readings, readings[1:], strict=False)]
+    assert all(90 <= step <= 110 for step in steps), "ran more than a tenth fast or slow, or backwards"
+    assert clock() == system.wall // 1_000_000, "not caught up with the system clock"
