@@ -14,7 +14,12 @@ import structlog
 
 from tc_server.admin.http import AdminServer
 from tc_server.admin.routes import AdminRoutes, StartingRoutes
-from tc_server.auth.broker_client import broker_client_credentials, forwarding_tls_context, peer_tls_context
+from tc_server.auth.broker_client import (
+    broker_client_credentials,
+    forwarding_tls_context,
+    peer_tls_context,
+    upstream_proxy_credentials,
+)
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
@@ -355,7 +360,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             max_connections_per_address=settings.max_connections_per_address,
             upstream=Upstream(settings.upstream_urls, request_timeout_s=settings.request_timeout_s,
                               connection_mode=settings.lookup_connections, metrics=metrics,
-                              ssl_context=forwarding_tls_context(settings), keepalive_s=settings.keepalive_s)
+                              ssl_context=forwarding_tls_context(settings), keepalive_s=settings.keepalive_s,
+                              proxy_credentials=upstream_proxy_credentials(settings))
             if settings.upstream_urls else None,
             peer_ssl_context=peer_tls_context(settings),
             own_addresses=frozenset(

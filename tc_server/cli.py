@@ -118,6 +118,11 @@ HELP = {
     "broker_client_tls_trust_certs": "PEM CA bundle for pulsar+ssl:// brokers (empty: the system's CAs)",
     "broker_client_tls_hostname_verification": "check that a broker's certificate names its host (brokers' "
                                                "own client does not by default)",
+    "upstream_proxy_auth_plugin": "credentials tc-server presents as a Pulsar proxy (a role in the brokers' "
+                                  "proxyRoles) for the forwarded requests of clients that authenticated with a TLS "
+                                  "certificate; plugin as --broker-client-auth-plugin (empty: forwarded as the "
+                                  "client, without its certificate)",
+    "upstream_proxy_auth_params": "as --broker-client-auth-params, for --upstream-proxy-auth-plugin",
 }
 
 

@@ -256,6 +256,10 @@ class Settings:
     broker_client_auth_params: str = field(default="", repr=False)
     broker_client_tls_trust_certs: str = ""
     broker_client_tls_hostname_verification: bool = False
+    # What tc-server presents to brokers as a Pulsar proxy, for the forwarded requests of clients that
+    # authenticated with a TLS certificate (which tc-server cannot present for them).
+    upstream_proxy_auth_plugin: str = ""
+    upstream_proxy_auth_params: str = field(default="", repr=False)
 
     @property
     def upstream_urls(self) -> list[str]:
@@ -448,11 +452,15 @@ class Settings:
         self._validate_advertised("advertised_url_tls", ("pulsar+ssl",))
         if self.advertised_url_tls and not self.tls_listen:
             raise ConfigError("advertised_url_tls: needs tls_listen", "advertised_url_tls")
-        plugin_kind = broker_client_plugin_kind(self.broker_client_auth_plugin)  # an unknown plugin: ConfigError
-        if self.broker_client_auth_params.strip() and plugin_kind == "none":
-            # Without a plugin they are never read, and the brokers are asked with no credentials at all.
-            raise ConfigError("broker_client_auth_params: needs broker_client_auth_plugin (token or tls), which "
-                              "says how to present them", "broker_client_auth_params")
+        for prefix in ("broker_client_auth", "upstream_proxy_auth"):
+            plugin, params = f"{prefix}_plugin", f"{prefix}_params"
+            plugin_kind = broker_client_plugin_kind(getattr(self, plugin), plugin)  # an unknown plugin: ConfigError
+            if getattr(self, params).strip() and plugin_kind == "none":
+                # Without a plugin they are never read, and the brokers are asked with no credentials at all.
+                raise ConfigError(f"{params}: needs {plugin} (token or tls), which says how to present them", params)
+        if self.upstream_proxy_auth_plugin.strip() and not self.upstream_urls:
+            raise ConfigError("upstream_proxy_auth_plugin: does nothing without upstream_url (nothing is forwarded)",
+                              "upstream_proxy_auth_plugin")
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
@@ -579,12 +587,14 @@ def load_settings(
     if only is None:
         # The variable --broker-client-auth-params env:NAME reads the broker token from may carry the prefix
         # too (docs/security.md): it is named by a setting, so it is no typo.
-        params = str((flags or {}).get("broker_client_auth_params")
-                     or values.get("broker_client_auth_params", "")).strip()
-        token_variable = params[len("env:"):] if params.startswith("env:") else None
+        token_variables = set()
+        for setting in ("broker_client_auth_params", "upstream_proxy_auth_params"):
+            params = str((flags or {}).get(setting) or values.get(setting, "")).strip()
+            if params.startswith("env:"):
+                token_variables.add(params[len("env:"):])
         for env_name, raw in environ.items():
             if env_name.startswith(ENV_PREFIX) and env_name not in ENV_NAMES and env_name not in OTHER_ENV_NAMES \
-                    and env_name != token_variable and not _is_service_link(env_name, raw):
+                    and env_name not in token_variables and not _is_service_link(env_name, raw):
                 raise _unknown_setting("environment", env_name)
     for key, raw in (flags or {}).items():
         if raw is not None:

@@ -61,51 +61,67 @@ class BrokerClientCredentials:
         return ClientAuth(self.method, self.auth_data())
 
 
-def broker_client_plugin_kind(plugin: str) -> str:
-    """``token``, ``tls`` or ``none`` (empty) for --broker-client-auth-plugin; raises ConfigError for another
-    plugin (checked at start by Settings.validate, with or without --upstream-url)."""
+def broker_client_plugin_kind(plugin: str, setting: str = "broker_client_auth_plugin") -> str:
+    """``token``, ``tls`` or ``none`` (empty) for --broker-client-auth-plugin (or ``setting``, the other plugin
+    setting); raises ConfigError for another plugin (checked at start by Settings.validate)."""
     plugin = plugin.strip()
     if plugin and plugin not in PLUGIN_NAMES:
-        raise ConfigError(f"broker_client_auth_plugin: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN}, "
-                          f"{DISABLED_PLUGIN})", "broker_client_auth_plugin")
+        raise ConfigError(f"{setting}: unknown plugin {plugin!r} (known: {TOKEN_PLUGIN}, {TLS_PLUGIN}, "
+                          f"{DISABLED_PLUGIN})", setting)
     return PLUGIN_NAMES.get(plugin, "none")
 
 
 def broker_client_credentials(settings: Settings) -> BrokerClientCredentials:
-    """Raises ConfigError naming the setting that is wrong (never quoting a secret)."""
-    params = settings.broker_client_auth_params.strip()
-    kind = broker_client_plugin_kind(settings.broker_client_auth_plugin)
+    """tc-server's own (--broker-client-auth-plugin / -params): participant delivery. Raises ConfigError naming
+    the setting that is wrong (never quoting a secret)."""
+    return _credentials(settings, "broker_client_auth")
+
+
+def upstream_proxy_credentials(settings: Settings) -> BrokerClientCredentials | None:
+    """What tc-server presents as a Pulsar proxy (--upstream-proxy-auth-plugin / -params) when it forwards the
+    requests of a client that authenticated with a TLS certificate, naming that client in CONNECT's
+    original_principal; None when not set. Raises ConfigError as broker_client_credentials does."""
+    if broker_client_plugin_kind(settings.upstream_proxy_auth_plugin, "upstream_proxy_auth_plugin") == "none":
+        return None
+    return _credentials(settings, "upstream_proxy_auth")
+
+
+def _credentials(settings: Settings, prefix: str) -> BrokerClientCredentials:
+    """The credentials of the settings ``<prefix>_plugin`` and ``<prefix>_params``."""
+    setting = f"{prefix}_params"
+    params = str(getattr(settings, setting)).strip()
+    kind = broker_client_plugin_kind(getattr(settings, f"{prefix}_plugin"), f"{prefix}_plugin")
     context = _client_context(settings) if settings.broker_client_tls_trust_certs or kind == "tls" else None
     if kind == "token":
-        read = _token_reader(params)
+        read = _token_reader(params, setting)
         read()  # fail at start, not at the first CONNECT
         return BrokerClientCredentials("token", read, context)
     if kind == "tls":
         assert context is not None
-        cert_file, key_file = _tls_params(params)
+        cert_file, key_file = _tls_params(params, setting)
         try:
             context.load_cert_chain(cert_file, key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"broker_client_auth_params: cannot load the client certificate {cert_file} "
+            raise ConfigError(f"{setting}: cannot load the client certificate {cert_file} "
                               f"and key {key_file}: {getattr(exc, 'reason', None) or exc.strerror}") from None
         return BrokerClientCredentials("tls", lambda: b"", context)
     return BrokerClientCredentials("none", lambda: b"", context)
 
 
-def _token_reader(params: str) -> Callable[[], bytes]:
+def _token_reader(params: str, setting: str) -> Callable[[], bytes]:
     if not params:
-        raise ConfigError("broker_client_auth_params: the token plugin needs token:<jwt> or file:///path")
+        raise ConfigError(f"{setting}: the token plugin needs token:<jwt> or file:///path")
     if params.startswith("token:"):
         value = params[len("token:"):].encode()
         return lambda: value
     if params.startswith("file:"):
-        return lambda: read_secret_text("broker_client_auth_params", params).encode()
+        return lambda: read_secret_text(setting, params).encode()
     if params.startswith("env:"):
         name = params[len("env:"):]
 
         def from_env() -> bytes:
             if name not in os.environ:
-                raise ConfigError(f"broker_client_auth_params: environment variable {name} is not set")
+                raise ConfigError(f"{setting}: environment variable {name} is not set")
             return os.environ[name].strip().encode()
         return from_env
     if params.lstrip().startswith("{"):
@@ -118,20 +134,20 @@ def _token_reader(params: str) -> Callable[[], bytes]:
             doc = None
         if doc is not None:
             if not isinstance(doc, dict) or not isinstance(doc.get("token"), str):
-                raise ConfigError('broker_client_auth_params: the token plugin\'s JSON form is {"token": "<jwt>"}')
+                raise ConfigError(f'{setting}: the token plugin\'s JSON form is {{"token": "<jwt>"}}')
             token = doc["token"].encode()
             return lambda: token
     value = params.encode()
     return lambda: value
 
 
-def _tls_params(params: str) -> tuple[str, str]:
+def _tls_params(params: str, setting: str) -> tuple[str, str]:
     values: dict[str, str] = {}
     if params.startswith("{"):
         try:
             doc = json.loads(params)
         except ValueError:
-            raise ConfigError("broker_client_auth_params: not valid JSON") from None
+            raise ConfigError(f"{setting}: not valid JSON") from None
         if isinstance(doc, dict):
             values = {str(k): str(v) for k, v in doc.items()}
     else:
@@ -141,7 +157,7 @@ def _tls_params(params: str) -> tuple[str, str]:
                 values[name.strip()] = value.strip()
     cert_file, key_file = values.get("tlsCertFile"), values.get("tlsKeyFile")
     if not cert_file or not key_file:
-        raise ConfigError("broker_client_auth_params: the TLS plugin needs tlsCertFile:/path,tlsKeyFile:/path")
+        raise ConfigError(f"{setting}: the TLS plugin needs tlsCertFile:/path,tlsKeyFile:/path")
     return _path(cert_file), _path(key_file)
 
 

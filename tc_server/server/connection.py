@@ -225,6 +225,9 @@ class ClientConnection(asyncio.Protocol):
         self._principal: str | None = None
         self._superuser = False
         self._proxied = False  # a Pulsar proxy's connection (--proxy-roles)
+        # The role of a client that authenticated with a TLS certificate, whose requests go to brokers as a
+        # Pulsar proxy's (--upstream-proxy-auth-plugin: upstream.py's Upstream.proxies_for); else None.
+        self._proxy_for: str | None = None
         # The proven credentials (None: authentication off) and the timer that checks their expiry.
         self._auth: AuthSession | None = None
         self._auth_check: asyncio.TimerHandle | None = None
@@ -518,7 +521,8 @@ class ClientConnection(asyncio.Protocol):
         if upstream is not None and self._connect is not None and forwardable:
             if self._forwarding is None:
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
-                                                     self._upstream_credentials_expired, proxied=self._proxied)
+                                                     self._upstream_credentials_expired, proxied=self._proxied,
+                                                     proxy_for=self._proxy_for)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         self._log_repeated("command not served", command=name, request_id=request_id)
@@ -544,6 +548,10 @@ class ClientConnection(asyncio.Protocol):
             return
         self._connect = connect
         self._proxied = result.proxied  # also what a relayed CONNECT keeps of it (connect_for_broker)
+        upstream, session = self._ctx.upstream, result.session
+        if upstream is not None and session is not None and not result.proxied \
+                and upstream.proxies_for(session.credentials.method):
+            self._proxy_for = session.role
         target = connect.proxy_to_broker_url
         if target and host_port(target) not in self._ctx.own_addresses:
             self._carry_to(target, connect)
@@ -689,8 +697,7 @@ class ClientConnection(asyncio.Protocol):
             assert upstream is not None  # proxy_target named the URL
             # A plain upstream names its brokers' TLS URLs too, and a TLS client is carried to the one it
             # named: trusting the brokers' CA (--broker-client-tls-trust-certs), not the system's alone.
-            ssl_context = upstream.ssl_context or (self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://")
-                                                   else None)
+            ssl_context = upstream.ssl_context_for(self._proxy_for is not None, url, self._ctx.peer_ssl_context)
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 
@@ -727,8 +734,13 @@ class ClientConnection(asyncio.Protocol):
         assert broker.transport is not None
         self._relay = broker  # PING/PONG now run end to end between client and broker
         self._ctx.metrics.proxied_connections.inc()
-        broker.transport.write(encode_command(connect_for_broker(connect, self._proxied))
-                               + self._decoder.take_buffered())
+        if self._proxy_for is not None and upstream is not None:
+            # A TLS-certificate client, relayed as a Pulsar proxy relays it. A broker's refresh challenge of the
+            # proxy credentials reaches the client, whose answer it refuses: the proxy token should not expire.
+            broker_connect = upstream.proxy_connect(connect, self._proxy_for)
+        else:
+            broker_connect = connect_for_broker(connect, self._proxied)
+        broker.transport.write(encode_command(broker_connect) + self._decoder.take_buffered())
         self._count_input()
         self._log.info("proxying to broker")
         self._resume_reading("relay-setup")

@@ -9,6 +9,11 @@ Decision (docs/client-behaviour.md, "Authorization of forwarded requests"): each
 forwards anything gets upstream connections of its own, opened with the client's own CONNECT credentials.
 The broker then authenticates and authorizes the client itself, exactly as if it had connected directly;
 tc-server never lends its own (superuser) role to a client's lookup, and brokers need no proxy-role setup.
+
+The exception is a client that authenticated with a TLS certificate: its private key stays with the client, so
+no connection of tc-server's can authenticate as it. With --upstream-proxy-auth-plugin set, tc-server connects
+for such a client as a Pulsar proxy does: with the proxy credentials (a role the brokers list in proxyRoles)
+and the client's role in ``original_principal``, which the brokers then authorize, the proxy role too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import replace
 
 import structlog
 
+from tc_server.auth.broker_client import BrokerClientCredentials
 from tc_server.client import (
     ClientError,
     ConnectionClosed,
@@ -142,7 +148,8 @@ class Upstream:
     and the metrics."""
 
     def __init__(self, urls: list[str], *, request_timeout_s: float, connection_mode: str,
-                 metrics: Metrics, keepalive_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
+                 metrics: Metrics, keepalive_s: float, ssl_context: ssl.SSLContext | None = None,
+                 proxy_credentials: BrokerClientCredentials | None = None) -> None:
         if not urls:
             raise ValueError("an upstream needs at least one URL")
         self.urls = list(urls)
@@ -150,6 +157,8 @@ class Upstream:
         self.keepalive_s = keepalive_s
         self.connection_mode = connection_mode
         self.ssl_context = ssl_context
+        # --upstream-proxy-auth-*: what tc-server presents as a Pulsar proxy for a TLS-certificate client.
+        self.proxy_credentials = proxy_credentials
         self.metrics = metrics
         # Failed forwards and given-up connections are logged at most once per kind and second: every
         # client's requests fail together when a broker is down (tc_server_forwarded_requests_total counts each).
@@ -229,7 +238,7 @@ class Upstream:
         """Whether a lookup named that broker without a TLS URL while the upstream speaks TLS."""
         return host_port(proxy_to_broker_url) in self._without_tls
 
-    async def open(self, connect: Connect) -> PulsarConnection:
+    async def open(self, connect: Connect, as_proxy: bool = False) -> PulsarConnection:
         """A connection to the first upstream URL that answers, with the client's credentials.
 
         Raises the last ConnectionFailed when none takes a connection, HandshakeRefused
@@ -239,7 +248,7 @@ class Upstream:
             index = (self._preferred + attempt) % len(self.urls)
             url = self.urls[index]
             try:
-                conn = await self.connect_to(url, connect)
+                conn = await self.connect_to(url, connect, as_proxy)
             except ConnectionFailed as exc:
                 last = exc
                 self.metrics.upstream_up.labels(url).set(0)
@@ -270,11 +279,43 @@ class Upstream:
         if self.urls[self._preferred] == url:
             self._preferred = (self._preferred + 1) % len(self.urls)
 
-    async def connect_to(self, url: str, connect: Connect) -> PulsarConnection:
+    async def connect_to(self, url: str, connect: Connect, as_proxy: bool = False) -> PulsarConnection:
+        """``as_proxy``: ``connect`` is proxy_connect's (the TLS context presents the proxy's certificate)."""
         # Keep-alive as a client's own connection has it: an idle connection to a broker that stopped
         # answering is closed by the second tick, not kept for the next request to time out on.
-        return await open_connection(url, connect, ssl_context=self.ssl_context,
+        return await open_connection(url, connect, ssl_context=self.ssl_context_for(as_proxy),
                                      timeout_s=self.request_timeout_s, keepalive_s=self.keepalive_s)
+
+    def proxies_for(self, method: str | None) -> bool:
+        """Whether a client that authenticated to tc-server with ``method`` (None: authentication is off) has
+        its requests forwarded as a Pulsar proxy's (proxy_connect): a TLS certificate, with proxy credentials set."""
+        return method == "tls" and self.proxy_credentials is not None
+
+    def proxy_connect(self, client_connect: Connect, role: str) -> Connect:
+        """The CONNECT a Pulsar proxy sends for a client of ``role`` (brokers, with authenticateOriginalAuthData
+        off as by default, take original_principal from a proxy role): the proxy credentials, read now, and
+        the client's role and method; no original_auth_data (a certificate travels in no field)."""
+        credentials = self.proxy_credentials
+        assert credentials is not None, "proxies_for said no"
+        return replace(client_connect, auth_method_name=credentials.method, auth_data=credentials.auth_data(),
+                       proxy_to_broker_url=None, original_principal=role, original_auth_method="tls",
+                       original_auth_data=None)
+
+    def ssl_context_for(self, as_proxy: bool, url: str | None = None,
+                        plain_upstream_context: ssl.SSLContext | None = None) -> ssl.SSLContext | None:
+        """The TLS context of a connection to a broker on a client's behalf: the upstream's, which presents no
+        certificate, or as a proxy (``as_proxy``) the proxy credentials' when their plugin is TLS. ``url`` and
+        ``plain_upstream_context``: a relay to a ``pulsar+ssl://`` broker URL behind a plain upstream, which
+        takes that context (None: no TLS)."""
+        context = self.ssl_context
+        if context is None and url is not None and url.startswith("pulsar+ssl://"):
+            context = plain_upstream_context
+        if context is None:
+            return None
+        credentials = self.proxy_credentials
+        if as_proxy and credentials is not None and credentials.ssl_context is not None:
+            return credentials.ssl_context
+        return context
 
 
 class ForwardingSession:
@@ -282,11 +323,15 @@ class ForwardingSession:
     client's credentials) and the requests it forwarded that have not been answered yet."""
 
     def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None],
-                 credentials_expired: Callable[[], None] | None = None, proxied: bool = False) -> None:
+                 credentials_expired: Callable[[], None] | None = None, proxied: bool = False,
+                 proxy_for: str | None = None) -> None:
         self._upstream = upstream
+        # The role of a TLS-certificate client whose requests go as a Pulsar proxy's (Upstream.proxies_for):
+        # the proxy credentials are tc-server's, so the client is never asked for fresh ones.
+        self._proxy_for = proxy_for
         # Called when a broker refuses the client's credentials after it had taken them (expired): the
         # client connection asks the client for fresh ones (refresh_credentials brings them here).
-        self._credentials_expired = credentials_expired
+        self._credentials_expired = credentials_expired if proxy_for is None else None
         self._admitted = False  # a broker took the client's credentials once
         # Asked for fresh credentials before any broker took them (see _failure): once, so that credentials
         # that are simply wrong end in AuthenticationError rather than in a retry without end.
@@ -351,15 +396,33 @@ class ForwardingSession:
         self._upstream.note_broker(answer.broker_service_url, answer.broker_service_url_tls)
         mode = self._upstream.connection_mode
         proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
+        if proxied and answer.broker_service_url and not answer.broker_service_url_tls:
+            # A broker without a TLS port, reached through this service URL: a client that speaks TLS to
+            # tc-server reads the TLS URL alone, only to name the broker in proxy_to_broker_url (the Java
+            # client failed on the missing one: NullPointerException in every producer and consumer). Its
+            # HOST:PORT leads the relay to the broker as the plain URL's does (Upstream.proxy_target); a TLS
+            # upstream still refuses it (the credentials would go in the clear: note_broker).
+            address = host_port(answer.broker_service_url)
+            return encode_command(replace(answer, proxy_through_service_url=True,
+                                          broker_service_url_tls=f"pulsar+ssl://{address}"))
         if proxied == answer.proxy_through_service_url:
             return frame
         return encode_command(replace(answer, proxy_through_service_url=proxied))
 
     async def _primary_connection(self) -> PulsarConnection:
-        return await self._connection(PRIMARY, lambda: self._upstream.open(self._connect))
+        return await self._connection(PRIMARY, lambda: self._upstream.open(self._broker_connect(),
+                                                                           self._proxy_for is not None))
 
     async def _connection_to(self, url: str) -> PulsarConnection:
-        return await self._connection(url, lambda: self._upstream.connect_to(url, self._connect))
+        return await self._connection(url, lambda: self._upstream.connect_to(url, self._broker_connect(),
+                                                                             self._proxy_for is not None))
+
+    def _broker_connect(self) -> Connect:
+        """The CONNECT of a new connection to a broker: the client's, or as its proxy with the proxy
+        credentials read again (a token file rotated since is picked up)."""
+        if self._proxy_for is None:
+            return self._connect
+        return self._upstream.proxy_connect(self._connect, self._proxy_for)
 
     async def _connection(self, key: str, open_: Callable[[], Awaitable[PulsarConnection]]) -> PulsarConnection:
         # A loop: a forward that waited for an opening checks the fresh connection as any other does.
@@ -426,6 +489,10 @@ class ForwardingSession:
         self._connect = replace(self._connect, auth_data=auth_data)
 
     def _client_auth_data(self) -> bytes:
+        """What a broker's refresh challenge is answered with: the client's credentials, or the proxy's."""
+        if self._proxy_for is not None:
+            assert self._upstream.proxy_credentials is not None
+            return self._upstream.proxy_credentials.auth_data()
         return self._connect.auth_data or b""
 
     def _unsolicited(self, cmd: Command, frame: bytes) -> None:
@@ -445,6 +512,10 @@ class ForwardingSession:
             # connected to the broker itself would see a failed connection, and retry.
             return ServerError.MetadataError, (f"{where} refused the connection: {exc.error.name}: "
                                                f"{exc.server_message}; retry")
+        if isinstance(exc, HandshakeRefused) and self._proxy_for is not None:
+            return exc.error, (f"{where} refused tc-server's proxy credentials (--upstream-proxy-auth-params; its "
+                               f"role must be in the brokers' proxyRoles) for client {self._proxy_for[:64]!r}: "
+                               f"{exc.server_message}")
         if isinstance(exc, HandshakeRefused):
             if exc.error is ServerError.AuthenticationError and self._admitted:
                 # Taken before, refused now: expired (a broker checks expiry, and drops connections

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import TcServerProcess, free_port
 from tests.interop.conftest import Harness
+from tests.security.pki import TestCa
 from tests.security.support import Keys, admin_json
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import TOKEN_PLUGIN, PulsarBroker, running_broker, token_auth_broker
@@ -33,8 +34,10 @@ def keys() -> Keys:
 def secure_broker(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBroker]:
     """A broker of its own (the session broker runs without authentication)."""
     admin = keys.token("broker-admin")
+    # tc-proxy: what tc-server presents as a Pulsar proxy for certificate clients (--upstream-proxy-auth-*). A
+    # broker's proxy role must name a client in every CONNECT, so it is not tc-server's own delivery role.
     yield from running_broker(token_auth_broker(tmp_path_factory.mktemp("secure-broker"), keys.secret, admin,
-                                                super_users="broker-admin,tc-server"))
+                                                super_users="broker-admin,tc-server,tc-proxy", proxy_roles="tc-proxy"))
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +57,9 @@ def secure_tc_server(secure_broker: PulsarBroker, keys: Keys,
     server.stop()
 
 
-def grant_app(broker: PulsarBroker) -> None:
-    """Role ``app`` may produce and consume in public/default (its lookups pass); it is no superuser."""
-    code, body = broker.post_json("/admin/v2/namespaces/public/default/permissions/app", ["produce", "consume"])
+def grant_app(broker: PulsarBroker, role: str = "app") -> None:
+    """``role`` may produce and consume in public/default (its lookups pass); it is no superuser."""
+    code, body = broker.post_json(f"/admin/v2/namespaces/public/default/permissions/{role}", ["produce", "consume"])
     assert code in (200, 204), (code, body)
 
 
@@ -173,3 +176,68 @@ def test_a_non_superuser_broker_credential_cannot_deliver_the_decision(
         assert "END_TXN_ON_PARTITION refused by the broker" in log and "super user" in log, server.log_tail()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def client_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCa:
+    return TestCa(tmp_path_factory.mktemp("client-ca"))
+
+
+@pytest.fixture(scope="module")
+def mtls_tc_server(secure_broker: PulsarBroker, keys: Keys, client_ca: TestCa,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[TcServerProcess]:
+    """tc-server with a TLS listener taking client certificates, in front of the secure broker: its own token
+    (tc-server, a superuser) for delivery, and tc-proxy's for the forwarded requests of certificate clients."""
+    workdir = tmp_path_factory.mktemp("mtls-tc-server")
+    cert = client_ca.issue("localhost", "server", server=True)
+    key_file = workdir / "secret.key"
+    key_file.write_bytes(keys.secret)
+    server = start_front_door(secure_broker.url, workdir,
+                              "--tls-listen", f"127.0.0.1:{free_port()}", "--tls-cert-file", str(cert.cert_file),
+                              "--tls-key-file", str(cert.key_file), "--tls-trust-certs-file", str(client_ca.cert_file),
+                              "--authentication-providers", "tls,token", "--token-secret-key", f"file://{key_file}",
+                              "--superuser-roles", "tc-admin",
+                              "--broker-client-auth-plugin", TOKEN_PLUGIN,
+                              "--broker-client-auth-params", f"token:{keys.token('tc-server')}",
+                              "--upstream-proxy-auth-plugin", TOKEN_PLUGIN,
+                              "--upstream-proxy-auth-params", f"token:{keys.token('tc-proxy')}")
+    yield server
+    server.stop()
+
+
+def tls_url(server: TcServerProcess) -> str:
+    return f"pulsar+ssl://localhost:{server.argv[server.argv.index('--tls-listen') + 1].rsplit(':', 1)[1]}"
+
+
+@pytest.mark.parametrize(("role", "granted"), [("mtls-app", True), ("mtls-stranger", False)])
+def test_a_certificate_client_commits_through_tc_server_authorized_as_itself(
+        java_harness: Harness, secure_broker: PulsarBroker, mtls_tc_server: TcServerProcess, client_ca: TestCa,
+        keys: Keys, role: str, granted: bool) -> None:
+    """A stock Java client with a client certificate (AuthenticationTls) and tc-server as its one service URL:
+    its lookups and its producers' and consumers' connections reach the broker as a Pulsar proxy's (tc-proxy,
+    naming the client's role), so the broker authorizes the client itself: the granted role commits and
+    every message arrives; a role granted nothing is refused, never lent tc-server's roles. Before, they went
+    with the method name "tls" and no certificate, and the broker refused every lookup."""
+    if granted:
+        grant_app(secure_broker, role)
+    topic = f"persistent://public/default/mtls-txn-{role}"
+    secure_broker.create_topic(topic, PARTITIONS)
+    client = client_ca.issue(role, role)
+    run = java_harness.run("txn-produce", timeout_s=240, service_url=tls_url(mtls_tc_server), topic=topic,
+                           count=MESSAGES if granted else 1, action="commit",
+                           op_timeout_ms=30_000 if granted else 15_000, receive_timeout_ms=30_000,
+                           tls_trust_certs=client_ca.cert_file,
+                           tls_cert=client.cert_file, tls_key=client.key_file)
+    if not granted:
+        fatal = run.events("fatal")
+        assert fatal and not run.events("result"), run.lines
+        error = json.dumps(fatal[-1]["error"])
+        assert "AuthorizationException" in error or "not authorized" in error.lower(), (error, run.stderr_tail())
+        return
+    result = run.result
+    assert result["end"]["outcome"] == "ok", (result, mtls_tc_server.log_tail())
+    assert result["visible_before_end"] == [], result
+    assert sorted(result["received_after_end"]) == sorted(f"txn-{i}" for i in range(MESSAGES)), result
+    status, header = admin_json(mtls_tc_server, f"/admin/v3/transactions/transactionMetadata/"
+                                                f"{result['most']}/{result['least']}", keys.token("tc-admin"))
+    assert status == 200 and header["owner"] == role and header["status"] == "COMMITTED", header

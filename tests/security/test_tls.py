@@ -405,3 +405,31 @@ async def test_the_supervisor_sends_credentials_only_to_its_own_certificate(ca, 
     await handshake_with(own)
     with pytest.raises(ssl.SSLCertVerificationError):
         await handshake_with(other)
+
+
+async def test_a_tls_client_is_given_a_tls_address_for_a_broker_without_one_that_it_reaches_through_tc_server(
+        start, ca):
+    # A plain upstream whose broker has no TLS port, its lookups answered proxy_through_service_url (as Pulsar
+    # standalone does on loopback). A client that speaks TLS to tc-server reads only the answer's TLS URL, to
+    # name the broker in proxy_to_broker_url: the Java client got none and failed every producer and consumer
+    # (NullPointerException). It is now the broker's HOST:PORT, to which the relay goes over the plain URL.
+    owner = await StandInBroker().start()
+    upstream = await StandInBroker(lambda lookup: LookupResponse(
+        lookup.request_id, LookupType.CONNECT, broker_service_url=owner.url, proxy_through_service_url=True)).start()
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, upstream_url=upstream.url))
+    assert app.tls_listener is not None
+    url = f"pulsar+ssl://localhost:{app.tls_listener.port}"
+    client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
+    try:
+        answer = await client.lookup("persistent://public/default/orders")
+        assert (answer.broker_service_url, answer.broker_service_url_tls, answer.proxy_through_service_url) == (
+            owner.url, f"pulsar+ssl://127.0.0.1:{owner.port}", True)
+        relayed = await open_connection(url, replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}"),
+                                        ssl_context=client_context(ca), timeout_s=WAIT_S, factory=lambda: TcClient(url))
+        relayed.close()
+        assert len(owner.connects) == 1
+    finally:
+        client.close()
+        owner.stop()
+        upstream.stop()

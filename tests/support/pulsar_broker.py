@@ -41,11 +41,13 @@ def discard(process: LoggedProcess) -> None:
     process.kill()
 
 
-def token_auth_broker(workdir: Path, secret: bytes, admin_token: str, super_users: str) -> PulsarBroker:
+def token_auth_broker(workdir: Path, secret: bytes, admin_token: str, super_users: str,
+                      proxy_roles: str = "") -> PulsarBroker:
     """A broker (not started) with HS256 token authentication and authorization on: ``secret`` is its key,
-    ``super_users`` its superuser roles, ``admin_token`` (a superuser's) what it and the tests' admin calls
-    present."""
+    ``super_users`` its superuser roles, ``proxy_roles`` the roles it takes an original_principal from (as a
+    Pulsar proxy's), ``admin_token`` (a superuser's) what it and the tests' admin calls present."""
     return PulsarBroker(workdir, extra_config={
+        "proxyRoles": proxy_roles,
         "authenticationEnabled": "true",
         "authorizationEnabled": "true",
         "authenticationProviders": TOKEN_PROVIDER,
