@@ -180,27 +180,41 @@ class SessionManager:
                         error="the store closed its connections during the call")
 
     async def _keep_alive(self, session: _Session) -> None:
+        """A heartbeat every period, each on its own schedule rather than after the previous one's answer: a
+        heartbeat waited for, its answer coming late (a slow path back, a busy server), spaced the next ones
+        out, and given up at half the timeout it renewed nothing, so the lease lapsed for good on a session
+        the server kept alive (it handled every heartbeat): no coordinator was served, here or anywhere."""
         period = self._timeout_ms / 10 / 1000
         heartbeat = pb.SessionHeartbeat(shard=session.shard, session_id=session.session_id)
-        while True:
-            await asyncio.sleep(period)
-            sent = lease_clock()
-            try:
-                # Not bounded by the period: the lease runs from the send time, so a late answer renews it
-                # as safely as a prompt one (given up after a period, an Oxia answering in 0.3 s at a 2 s
-                # session timeout renewed nothing, and the lease ran out on a live session).
-                async with asyncio.timeout(self._timeout_ms / 2 / 1000):
-                    await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
-                session.alive_until = sent + self._lease_s
-            except grpc.aio.AioRpcError as e:
-                if session_not_found(e):
-                    self.forget(session.shard, session.session_id)
-                    return
-                # Anything else (a leader move's custom codes, a transport error) is retried on the
-                # next beat, as the Go client does: the session survives until its timeout.
-                log.info("oxia_session_keepalive_failed", shard=session.shard,
-                         error=f"{e.code().name}: {e.details()}")
-            except (TimeoutError, StoreUnavailableError):
-                log.info("oxia_session_keepalive_timeout", shard=session.shard)
-            except StoreClosedError:
-                return  # close() is under way: it closes the session
+        beats: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(period)
+                beat = asyncio.get_running_loop().create_task(self._beat(session, heartbeat))
+                beats.add(beat)
+                beat.add_done_callback(beats.discard)
+        finally:
+            for beat in beats:
+                beat.cancel()
+
+    async def _beat(self, session: _Session, heartbeat: pb.SessionHeartbeat) -> None:
+        """One heartbeat. Its answer renews the lease from the send time (the server counts the timeout from
+        when it handled it, which is later), so one that comes within the lease share renews it as safely as a
+        prompt one; a later one renews nothing and is given up."""
+        sent = lease_clock()
+        try:
+            async with asyncio.timeout(self._lease_s):
+                await self._pool.stub(self._leader_of(session.shard)).KeepAlive(heartbeat)
+            session.alive_until = max(session.alive_until, sent + self._lease_s)
+        except grpc.aio.AioRpcError as e:
+            if session_not_found(e):
+                self.forget(session.shard, session.session_id)
+                return
+            # Anything else (a leader move's custom codes, a transport error) is retried on the
+            # next beat, as the Go client does: the session survives until its timeout.
+            log.info("oxia_session_keepalive_failed", shard=session.shard,
+                     error=f"{e.code().name}: {e.details()}")
+        except (TimeoutError, StoreUnavailableError):
+            log.info("oxia_session_keepalive_timeout", shard=session.shard)
+        except StoreClosedError:
+            return  # close() is under way: it closes the session
