@@ -33,6 +33,11 @@ from tc_server.store.notify import SUBSCRIBER_QUEUE_LIMIT, NotificationQueue
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.routing import ShardMap
 
+# The record of the store's check whether the server answers gets on an index (store.py,
+# OxiaStore._check_index_gets), under a root of tc-server's own, not under Pulsar's /txn. The store's own
+# bookkeeping: its changes reach no subscriber (the check runs at the first write, within any subscription).
+INDEX_CHECK_PREFIX = "/tc-server/index-get-check/"
+
 log = structlog.get_logger(__name__)
 
 
@@ -212,8 +217,11 @@ class NotificationPump:
                         highest = max(note.version for note in items)
                         if highest > self._versions.get(shard, -1):
                             self._versions[shard] = highest
-                        for sub in list(self._subscribers):
-                            sub._push(shard, batch.offset, items)
+                        delivered = items
+                        if any(note.key.startswith(INDEX_CHECK_PREFIX) for note in items):
+                            delivered = [note for note in items if not note.key.startswith(INDEX_CHECK_PREFIX)]
+                        for sub in list(self._subscribers) if delivered else ():
+                            sub._push(shard, batch.offset, delivered)
                         if self._own_ephemeral:
                             self._end_own_ephemeral(shard, items)
                     self._progress.set()

@@ -53,7 +53,7 @@ from tc_server.store.oxia import reads
 from tc_server.store.oxia.assignments import AssignmentWatcher
 from tc_server.store.oxia.connections import ConnectionPool
 from tc_server.store.oxia.index_probes import IndexProbes
-from tc_server.store.oxia.notifications import NotificationPump, OxiaSubscription
+from tc_server.store.oxia.notifications import INDEX_CHECK_PREFIX, NotificationPump, OxiaSubscription
 from tc_server.store.oxia.routing import ShardInfo, ShardMap
 from tc_server.store.oxia.sessions import SessionManager, default_client_identity
 from tc_server.store.oxia.write_stream import ShardWriter
@@ -65,9 +65,8 @@ log = structlog.get_logger(__name__)
 # Above every character a key can continue with (see the module docstring).
 _MAX_CHAR = "\U0010ffff"
 
-# The record and index of the check whether the server answers gets on an index (_check_index_gets):
-# under a root of tc-server's own, not under Pulsar's /txn.
-INDEX_CHECK_PREFIX = "/tc-server/index-get-check/"
+# The index of the check whether the server answers gets on an index (_check_index_gets); its record is under
+# notifications.INDEX_CHECK_PREFIX.
 INDEX_CHECK_INDEX = "tc-server-index-get-check"
 
 
@@ -137,6 +136,13 @@ class OxiaStore(StoreWrites):
         if not await self._pump.wait_ready(self._timeout):
             log.warning("oxia_notifications_not_ready", address=self.address)
 
+    def _start_index_check(self) -> None:
+        """Start the check of _check_index_gets unless it is under way (one for all who ask meanwhile)."""
+        if self._index_check is None or self._index_check.done():
+            self._index_check = asyncio.ensure_future(self._check_index_gets())
+            # Its failure is raised to those who wait; if none is left, it is still not "never retrieved".
+            self._index_check.add_done_callback(lambda check: check.cancelled() or check.exception())
+
     # -- routing and plumbing -----------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -187,6 +193,11 @@ class OxiaStore(StoreWrites):
         only drops writers that exist when the leader moves."""
         writer = self._writers.get(shard)
         if writer is None:
+            if self._index_gets is None:
+                # Started by the first write (a server's leader records), not by the first END_TXN: on a slow
+                # Oxia its two writes, in line behind that decision's CAS, ran the first END_TXNs after a
+                # start out of their request timeout. Not at connect: `tc-server export` writes nothing.
+                self._start_index_check()
             writer = self._writers[shard] = ShardWriter(
                 self._pool, shard=shard, leader=self._leader_of(shard), namespace=self.namespace,
                 request_timeout_s=self._timeout, on_version=self._pump.note_own_version)
@@ -425,11 +436,10 @@ class OxiaStore(StoreWrites):
         scan on a server that does not answer gets on an index (:meth:`_check_index_gets`)."""
         self._check_open()
         if self._index_gets is None:
-            # One check for all who ask meanwhile; they go on together, so their probes share a Read.
-            if self._index_check is None or self._index_check.done():
-                self._index_check = asyncio.ensure_future(self._check_index_gets())
-                # Its failure is raised to those who wait; if none is left, it is still not "never retrieved".
-                self._index_check.add_done_callback(lambda check: check.cancelled() or check.exception())
+            # The check started with the store, or again after it failed. Those who ask meanwhile go on
+            # together, so their probes share a Read.
+            self._start_index_check()
+            assert self._index_check is not None
             await asyncio.shield(self._index_check)
         if not self._index_gets:
             return await index_has_by_scan(self, index_name, secondary_key, partition_key=partition_key)
@@ -451,12 +461,28 @@ class OxiaStore(StoreWrites):
         try:
             found = await self._probes.has(self._route(key, key).shard, INDEX_CHECK_INDEX, secondary)
         finally:
-            await self.delete(key, partition_key=key)
+            # Not waited for: the answer is known, and a slow delete held up those who wait for it.
+            cleanup = asyncio.get_running_loop().create_task(self._delete_quietly(key))
+            self._closing.add(cleanup)
+            cleanup.add_done_callback(self._closing.discard)
         if not found:
             log.warning("oxia_index_gets_unsupported", address=self.address,
                         detail="the server does not answer gets on a secondary index (Oxia before v0.13): "
                                "END_TXN scans idx:ops-by-txn instead, one call each")
         self._index_gets = found
+
+    async def _delete_quietly(self, key: str) -> None:
+        """Delete the index check's record; one left behind (the store closed, Oxia unreachable) is a
+        stray empty record under INDEX_CHECK_PREFIX, logged, and nothing reads it."""
+        try:
+            await self.delete(key, partition_key=key)
+        except StoreError as exc:
+            log.info("oxia_index_check_record_left", key=key, error=str(exc))
+
+    @property
+    def index_gets_known(self) -> bool:
+        """Whether the check of _check_index_gets is done (it starts with the store's first write)."""
+        return self._index_gets is not None
 
     def notifications(self, key_prefix: str = "") -> OxiaSubscription:
         """Changes committed after the call on every shard to keys starting with ``key_prefix``
