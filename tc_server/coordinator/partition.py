@@ -74,6 +74,15 @@ UNKNOWN_WATERMARK = -1
 # Store failures while reading or deleting participant records are retried with this backoff.
 OUTBOX_RETRY_INITIAL_S = 0.1
 OUTBOX_RETRY_MAX_S = 5.0
+# An ABORT delivered to a partition is sent there once more this long after (best effort, from memory: a
+# restart forgets it), bounded by ABORT_REMINDER_BOUND_S. A 4.2.4 broker whose transaction buffer had no
+# message of the txn yet takes an abort without recording it or the watermark (TopicTransactionBuffer.abortTxn,
+# "no message sent"); a send of the txn that arrives afterwards (a producer's resend after a reconnect, which
+# a crash of tc-server, whose relay carries the producer's connection, makes routine) opens the txn there
+# again, and nobody ends it: the partition's readers stay pinned until another txn of the same coordinator
+# ends there. The second ABORT ends it. After the resends: a client resends as soon as it reconnected.
+ABORT_REMINDER_S = 20.0
+ABORT_REMINDER_BOUND_S = 30.0
 
 _warned_no_sender = False
 # Participants whose encoded record name and value are remembered (bounded: least recently used go).
@@ -214,6 +223,7 @@ class CoordinatorPartition:
         # True once recovery adopted the open txns and re-drove the outbox: only then is the low
         # watermark computed from what is held here.
         self._recovered = False
+        self._reminders: set[asyncio.Task[None]] = set()  # _remind_of_abort's, cancelled by stop()
         # The txns that left the open set before recovery was over (see _forget); emptied then.
         self._gone_while_recovering: set[int] = set()
         self._stopped = False
@@ -278,6 +288,7 @@ class CoordinatorPartition:
                                   count=len(self._unpublished))
         # Deliveries stop with leadership; the records stay and the next leader re-drives them.
         await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
+        await _cancel_all(list(self._reminders))
         for outbox in self._undelivered.values():
             if not outbox.done.done():
                 outbox.done.set_result(None)  # END_TXN waiting here answers now: the decision is durable
@@ -453,6 +464,12 @@ class CoordinatorPartition:
             # ALREADY too: a retry (after a lost answer) waits for the delivery still under way, as
             # the first END_TXN did, so that consumers see a commit once commit() returns.
             outbox = self._undelivered.get(least)
+            if outbox is None and decision is Decision.ALREADY and not self._recovered:
+                # The outbox is not recovered yet (a restart, a take-over): this txn's participants may still
+                # be owed the decision. Delivered from its records now, as recover_outbox would (which then
+                # leaves it be), so the retry waits as the first END_TXN did; it answered at once, before any
+                # broker was told, and commit() returned with the messages not visible yet.
+                return self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
             return outbox.done if outbox is not None else None
         return None
 
@@ -882,15 +899,16 @@ class CoordinatorPartition:
         sender = self._sender
         committed = state is TxnState.COMMITTED
 
+        # Read at each send (a retry may carry a higher one): the txn's own commands may cover it (low_watermark).
+        watermark = functools.partial(self.low_watermark, least)
         if len(participants) == 1:  # the common case (one produced message): no group, no extra task
-            await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, self.low_watermark)
+            await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, watermark)
         else:
             # A group, not gather(): should one fail (a bug; broker and store failures are retried
             # inside), the others are cancelled rather than left running untracked past a stop().
             async with asyncio.TaskGroup() as group:
                 for _, participant in participants:
-                    group.create_task(sender.end_txn_on(participant, self.tc_id, least, committed,
-                                                        self.low_watermark))
+                    group.create_task(sender.end_txn_on(participant, self.tc_id, least, committed, watermark))
         # Every broker acknowledged: END_TXN may answer now, without waiting for the records' deletion
         # (bookkeeping only: a record left by a crash here is delivered again, which brokers ignore).
         # The txn stays in the outbox, holding the low watermark, until its records are gone.
@@ -900,7 +918,26 @@ class CoordinatorPartition:
         key = layout.txn_key(self.tc_id, least)
         deletes = [Delete(path, partition_key=key) for path, _ in participants]
         await self._retrying_store(lambda: self._store.write_batch(deletes))
+        if not committed:
+            partitions = [participant for _, participant in participants if participant.subscription is None]
+            if partitions and not self._stopped:
+                reminder = asyncio.create_task(self._remind_of_abort(least, partitions),
+                                               name=f"abort-reminder-({self.tc_id},{least})")
+                self._reminders.add(reminder)
+                reminder.add_done_callback(self._reminders.discard)
         return True
+
+    async def _remind_of_abort(self, least: int, partitions: list[Participant]) -> None:
+        """ABORT_REMINDER_S after an ABORT was delivered, send it to its partitions again (see there)."""
+        await asyncio.sleep(ABORT_REMINDER_S)
+        sender = self._sender
+        if sender is None or self._stopped:
+            return
+        watermark = functools.partial(self.low_watermark, least)
+        for participant in partitions:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sender.end_txn_on(participant, self.tc_id, least, False, watermark),
+                                       ABORT_REMINDER_BOUND_S)
 
     async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
         return await read_participant_records(self._store, self.tc_id, least, self._log)
@@ -1028,14 +1065,27 @@ class CoordinatorPartition:
             self._log.info("wrote again the events of decided txns whose participants have not finished",
                            count=published)
 
-    def low_watermark(self) -> int:
+    def low_watermark(self, ending: int | None = None) -> int:
         """What END_TXN_ON_* carries: (the smallest txn id of this coordinator that is OPEN or has
         undelivered participants) - 1, never more. A 4.x broker aborts its earliest open txn of this
-        coordinator at or below it and refuses later sends there (docs/participants.md)."""
+        coordinator at or below it and refuses later sends there (docs/participants.md).
+
+        ``ending``: the txn whose own END_TXN_ON_* carries it, left out of that set. A 4.2.4 broker ends that
+        txn before it takes the watermark (TopicTransactionBuffer and PendingAckHandleImpl apply it after
+        the decision's marker is written), so the txn's own command may cover it; and only the txn's own
+        may: a send of it that reaches the partition afterwards (a producer's resend after a reconnect) is
+        then refused, where it opened the txn again on the broker, which nobody would ever end: the
+        partition's readers stayed pinned. Nothing else held: the watermark is the txn itself (every other id
+        handed out here was ended)."""
         if not self._recovered or self._stopped:
             # Stopping: a txn decided meanwhile leaves the open set without entering the outbox (the next
             # leader re-drives it), so memory no longer holds everything below a watermark.
             return UNKNOWN_WATERMARK
+        if ending is not None and ending in self._undelivered and ending not in self._open:
+            others = [least for least in (_smallest(self._open_ids, self._open),
+                                          min((held for held in self._undelivered if held != ending), default=None))
+                      if least is not None]
+            return min(others) - 1 if others else ending
         lowest = self.lowest_held()
         if lowest is None:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)

@@ -186,6 +186,45 @@ async def test_txns_acknowledged_together_all_lose_their_records(store: Metadata
             assert await records(store, 1, least) == {}
 
 
+async def test_a_txns_own_command_carries_a_watermark_that_covers_it(store: MetadataStore) -> None:
+    # Its own END_TXN_ON_PARTITION is the only one that may cover it: a 4.2.4 broker ends the txn before it takes
+    # the watermark, and then refuses a resend of the txn (a producer's, after a reconnect), which otherwise
+    # opened the txn again there, for nobody to end: the partition's readers pinned (a review's).
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        alone = await partition.new_txn(60_000, None)
+        await partition.add_participants(alone, None, [Participant(TOPIC)])
+        await (await partition.end_txn(alone, commit=True, principal=None) or asyncio.sleep(0))
+        still_open = await partition.new_txn(60_000, None)
+        aborted = await partition.new_txn(60_000, None)
+        await partition.add_participants(aborted, None, [Participant(TOPIC)])
+        await (await partition.end_txn(aborted, commit=False, principal=None) or asyncio.sleep(0))
+        # Alone, it is covered; past an OPEN txn, the watermark stays below that one.
+        assert [(t.least, t.low_watermark) for t in sender.told] == [(alone, alone), (aborted, still_open - 1)]
+        assert partition.low_watermark() == still_open - 1
+
+
+async def test_an_abort_is_sent_to_its_partitions_once_more_after_a_while(
+        store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 4.2.4 broker takes an ABORT for a partition that has no message of the txn yet without recording it, and
+    # a resend of the txn arriving afterwards opens it there again (partition.ABORT_REMINDER_S). A commit is not
+    # sent again (its client waited for every send before committing), nor an abort to a subscription.
+    monkeypatch.setattr(partition_module, "ABORT_REMINDER_S", 0.05)
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        txns = [await partition.new_txn(60_000, None) for _ in range(2)]
+        for least, commit in zip(txns, (True, False), strict=True):
+            await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER, "s")])
+            await (await partition.end_txn(least, commit=commit, principal=None) or asyncio.sleep(0))
+        assert await eventually(lambda: len(sender.told) == 5)
+        await asyncio.sleep(0.2)
+        told = sorted((t.least, t.participant.topic, t.committed) for t in sender.told)
+        assert told == sorted([(txns[0], TOPIC, True), (txns[0], OTHER, True), (txns[1], TOPIC, False),
+                               (txns[1], OTHER, False), (txns[1], TOPIC, False)])
+
+
 async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:
     store = await open_store("memory", data_dir="")
     tc = coordinator(store)  # no sender: decisions stay undelivered (the outbox)
