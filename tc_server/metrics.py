@@ -203,7 +203,8 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
 # a running one's coordinator, and one still waiting for its store (admin/routes.py StartingRoutes, all 0).
 HAS_LEADER = "tc_server_coordinator_has_leader"
 HAS_LEADER_HELP = ("1 when the coordinator is led by this instance, or by another whose URL this instance knows "
-                   "(another tc-server, or Pulsar 5's own coordinator)")
+                   "(another tc-server, or Pulsar 5's own coordinator); 0 while this instance's store session "
+                   "may have lapsed")
 
 
 class ScrapedGauge(Collector):

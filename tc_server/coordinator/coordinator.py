@@ -183,8 +183,18 @@ class TransactionCoordinator:
         instance says 1. (tc_server_coordinator_leader is 0 everywhere for a coordinator Pulsar 5's own
         coordinator leads, which is served.)"""
         cluster = self.metrics.cluster
-        return [((cluster, str(tc_id)), 1.0 if self._has_leader(tc_id) else 0.0)
-                for tc_id in range(self.config.partitions)]
+        # A coordinator whose lease lapsed here is refused here (its leader may be elsewhere by now); and while
+        # any lease of this instance lapsed its store does not answer it, so what it knows of other instances'
+        # leaders is stale. Said 1 from both, no instance said 0 while every coordinator refused its requests
+        # (Oxia unreachable), and the alert on "no leader" could not fire.
+        lapsed = {tc_id for tc_id, partition in self._partitions.items() if partition.lease_lapsed()}
+
+        def led(tc_id: int) -> bool:
+            if tc_id in self._partitions:
+                return tc_id not in lapsed
+            return not lapsed and self._has_leader(tc_id)
+
+        return [((cluster, str(tc_id)), 1.0 if led(tc_id) else 0.0) for tc_id in range(self.config.partitions)]
 
     def not_served(self) -> tuple[list[int], list[int]]:
         """The coordinators of this instance's share (a worker of --workers N: of its own) that make it not
