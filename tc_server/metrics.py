@@ -13,7 +13,14 @@ import platform
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -244,6 +251,14 @@ def build_info(registry: CollectorRegistry) -> Gauge:
     return gauge
 
 
+def process_series(registry: CollectorRegistry) -> None:
+    """prometheus_client's ``process_*`` series (start time, CPU, resident memory, open descriptors), on every
+    admin port: a worker restarted by the supervisor starts its counters from 0, which rate() cannot tell from
+    growth when the new process has counted past the old value by the next scrape; its
+    process_start_time_seconds says it. And the memory that an out-of-memory kill follows."""
+    ProcessCollector(registry=registry)
+
+
 class Metrics:
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
@@ -283,6 +298,7 @@ class Metrics:
         self.has_leader = ScrapedGauge(HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, r)
         self.ready = ready_gauge(r)
         self.build_info = build_info(r)
+        process_series(r)
         # Read by app.py with --tls-listen or --admin-tls only.
         self.tls_certificate_expiry = tls_certificate_expiry(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)

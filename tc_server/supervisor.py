@@ -48,7 +48,7 @@ from tc_server.backoff import Backoff
 from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import REFUSAL_PREFIX, LinesOrNothing, refusal_in, resolved_format, say_refusal
-from tc_server.metrics import build_info, ready_gauge, tls_certificate_expiry
+from tc_server.metrics import build_info, process_series, ready_gauge, tls_certificate_expiry
 from tc_server.parent_death import die_with_parent
 from tc_server.store import STORE_KINDS
 from tc_server.workers import worker_admin_url, worker_main_url
@@ -200,6 +200,7 @@ class Supervisor:
         # As a single process's: /readyz's answer, here every worker ready at the last poll (set at scrape).
         self._ready = ready_gauge(self._registry)
         build_info(self._registry)
+        process_series(self._registry)
         self._certificate_expiry = tls_certificate_expiry(self._registry)  # read once --admin-tls has its files
         # The connection pools to the workers' admin ports (FORWARD_CONNECTIONS_PER_WORKER), made by run().
         self._polling: aiohttp.ClientSession | None = None

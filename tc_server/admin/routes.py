@@ -23,7 +23,16 @@ from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.partition import CoordinatorPartition, read_participant_records
-from tc_server.metrics import HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, Metrics, ScrapedGauge, build_info, ready_gauge
+from tc_server.metrics import (
+    HAS_LEADER,
+    HAS_LEADER_HELP,
+    TC_LABELS,
+    Metrics,
+    ScrapedGauge,
+    build_info,
+    process_series,
+    ready_gauge,
+)
 from tc_server.store.api import Record, StoreError
 
 log = structlog.get_logger("tc_server.admin")
@@ -152,6 +161,7 @@ class StartingRoutes:
         self._registry = CollectorRegistry(auto_describe=True)
         ready_gauge(self._registry).set(0)
         build_info(self._registry)
+        process_series(self._registry)
         unknown = ScrapedGauge(HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, self._registry)
         unknown.read = lambda: [((cluster, str(tc_id)), 0.0) for tc_id in range(coordinators)]
 

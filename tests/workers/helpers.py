@@ -39,6 +39,14 @@ def header_status(server: TcServerProcess, most: int, least: int, workers: int =
     return body.get("status") if code == 200 else None
 
 
+def scrape(server: TcServerProcess, worker: int | None = None) -> dict[str, float]:
+    """One scrape of the supervisor's /metrics (``worker`` None) or a worker's: series (name{labels}) -> value."""
+    code, body = server.get("/metrics", worker=worker)
+    assert code == 200, (code, body[:200])
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in body.decode().splitlines() if line and not line.startswith("#")}
+
+
 async def async_wait_for(condition: Callable[[], object], what: str, bound_s: float = BOUND_S,
                          step_s: float = 0.2) -> object:
     deadline = time.monotonic() + bound_s

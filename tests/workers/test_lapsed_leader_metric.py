@@ -16,7 +16,7 @@ from tc_server.client import connect_coordinators
 from tests.support.oxia_standin import standin_oxia_and_process
 from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import started
-from tests.workers.helpers import COORDINATORS, WORKERS, async_wait_for, workers_server
+from tests.workers.helpers import COORDINATORS, WORKERS, async_wait_for, scrape, workers_server
 
 SESSION_TIMEOUT_MS = 3000
 
@@ -28,11 +28,9 @@ def lapsed(server: TcServerProcess, worker: int) -> bool:
 
 def has_leader(server: TcServerProcess, worker: int) -> dict[int, float]:
     """tc_server_coordinator_has_leader of one worker's scrape, by coordinator."""
-    code, body = server.get("/metrics", worker=worker)
-    assert code == 200, code
-    prefix = 'tc_server_coordinator_has_leader{cluster="standalone",coordinator_id="'
-    return {int(line[len(prefix):].split('"', 1)[0]): float(line.rsplit(" ", 1)[1])
-            for line in body.decode().splitlines() if line.startswith(prefix)}
+    series = scrape(server, worker)
+    return {tc_id: series[f'tc_server_coordinator_has_leader{{cluster="standalone",coordinator_id="{tc_id}"}}']
+            for tc_id in range(COORDINATORS)}
 
 
 async def test_coordinators_refused_after_a_lapsed_session_are_not_reported_as_led(tmp_path: Path) -> None:
