@@ -70,6 +70,29 @@ def test_missing_table(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert "tc_seq: missing table 'tc_seq'" in err
 
 
+def test_a_table_missing_rows_is_partial_input(snapshot: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # A part file lost in a copy: the audit judged the rows left and missed what the lost ones held (an
+    # overdue txn; a review's). snapshot.json's row counts say how many there are.
+    doc = json.loads((snapshot / "snapshot.json").read_text())
+    doc["row_counts"]["headers"] += 1
+    (snapshot / "snapshot.json").write_text(json.dumps(doc))
+    code, _, err = run(snapshot, tmp_path, capsys)
+    assert code == EXIT_BAD_INPUT
+    assert f"table 'headers' has {doc['row_counts']['headers'] - 1} rows where snapshot.json says" in err
+
+
+def test_a_missing_optional_table_with_rows_is_partial_input(snapshot: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # The participants table left out of a copy: the undelivered decisions it held vanished from the audit.
+    doc = json.loads((snapshot / "snapshot.json").read_text())
+    doc["optional_tables"] = {"participants": {"rows": 1, "rejects": 0}}
+    (snapshot / "snapshot.json").write_text(json.dumps(doc))
+    code, _, err = run(snapshot, tmp_path, capsys)
+    assert code == EXIT_BAD_INPUT
+    assert "missing table 'participants', which snapshot.json says has 1 rows" in err
+
+
 def test_corrupt_parquet(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = snapshot / "ops" / "part-00001.parquet"
     bad.write_bytes(b"PAR1 this is not a parquet file at all")

@@ -28,12 +28,15 @@ NOW = 1_767_225_600_000
 
 def _snapshot(root: Path, headers: list[dict[str, Any]], headers_schema: pa.Schema = HEADERS_SCHEMA,
               taken_at_ms: int = NOW) -> Path:
+    counts = {}
     for name, schema, rows in (("headers", headers_schema, headers), ("ops", OPS_SCHEMA, []),
                                ("tc_seq", TC_SEQ_SCHEMA, [{"coordinator_id": 0, "next": 100}])):
         w = TableWriter(root / name, schema)
         w.write(pa.Table.from_pylist(rows, schema=schema))
         w.close()
-    write_snapshot_json(root, snapshot_document(taken_at_ms=taken_at_ms, source="hand", row_counts={}, rejects={}))
+        counts[name] = len(rows)
+    write_snapshot_json(root, snapshot_document(taken_at_ms=taken_at_ms, source="hand", row_counts=counts,
+                                                rejects={}))
     return root
 
 
