@@ -524,8 +524,12 @@ class CoordinatorPartition:
             now = self._clock()
             decision = decide(header.state, request, now >= self._deadline_of(least, header))
             if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):
-                # Positional, not dataclasses.replace(): two headers are built per transaction (profiled).
-                ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms, now, header.owner)
+                # Positional, not dataclasses.replace(): two headers are built per transaction (profiled). Never
+                # stamped before its creation: a header created by a clock ahead of this one (a restart after
+                # the system clock was stepped back, a peer's on Oxia) was otherwise ended "before" it began,
+                # which the audit reports as an illegal header.
+                ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms,
+                                  now if now >= header.created_ms else header.created_ms, header.owner)
                 try:
                     await self._store.put(
                         path,

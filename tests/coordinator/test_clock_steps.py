@@ -107,6 +107,19 @@ async def test_a_txn_recovered_from_the_future_is_still_aborted_within_its_ttl()
             "a recovered txn of 1 s created 'an hour from now' is still OPEN 3 s after the take-over")
 
 
+async def test_a_txn_created_by_a_clock_ahead_is_never_stamped_ended_before_it_was_created():
+    # The previous leader's clock was an hour ahead (a restart after the system clock was stepped back): the
+    # END_TXN here stamped finalizedAt an hour before createdAt, a header the audit calls illegal (a review's).
+    store = MemoryStore()
+    ahead, behind = SteppedClock(HOUR_MS), SteppedClock()
+    async with leading(store, ahead) as first:
+        least = await first.partition(0).new_txn(60_000, None)
+    async with leading(store, behind) as second:
+        await second.partition(0).end_txn(least, commit=True, principal=None)
+        ended = await header(store, 0, least)
+        assert ended.state is TxnState.COMMITTED and ended.finalized_ms == ended.created_ms
+
+
 async def test_a_forward_clock_step_does_not_cut_the_retention_of_a_header_ended_a_moment_ago():
     store, clock = MemoryStore(), SteppedClock()
     async with leading(store, clock) as tc:
