@@ -155,16 +155,32 @@ STORE_RETRY_INITIAL_S = 0.5
 STORE_RETRY_MAX_S = 10.0
 
 
+@dataclass
+class OpenedStore:
+    """The store open_store_waiting opened, and the admin port that answered meanwhile (Oxia only), which
+    start_app keeps answering (503, "starting") until the admin port proper takes its place: closed as soon
+    as the store answered, the port was silent for as long as the coordinators took to start on a slow
+    store, and the supervisor of --workers took a worker that was starting for hung."""
+
+    store: MetadataStore
+    waiting: AdminServer | None = None
+
+    async def stop_waiting(self) -> None:
+        if self.waiting is not None:
+            await self.waiting.stop()
+            self.waiting = None
+
+
 async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | None,
-                             authentication: AuthenticationService, worker: WorkerRole | None = None) -> MetadataStore:
+                             authentication: AuthenticationService, worker: WorkerRole | None = None) -> OpenedStore:
     """The configured store. An Oxia that does not answer (down, or not up yet) is tried again, with a
     warning each time, instead of ending the start: an Oxia outage during a rollout would crash-loop the
     process (restarted ever more slowly), and a sidecar's container that is not running takes its
     broker's pod out of its Service. Meanwhile the admin port answers /healthz 200 and /readyz 503 with
-    the store's last error (StartingRoutes). The embedded store's errors still end the start: a file that
-    is damaged or locked stays so."""
+    the store's last error (StartingRoutes), and goes on answering until the admin port proper binds
+    (OpenedStore). The embedded store's errors still end the start: a file that is damaged or locked stays so."""
     if settings.store != "oxia":
-        return await open_configured_store(settings)
+        return OpenedStore(await open_configured_store(settings))
     backoff = Backoff(STORE_RETRY_INITIAL_S, STORE_RETRY_MAX_S)
     routes = StartingRoutes(settings.cluster, settings.coordinators)
     routes.problem = f"metadata store: connecting to {settings.oxia_address}"
@@ -182,15 +198,19 @@ async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | N
     try:
         while True:
             try:
-                return await open_configured_store(settings)
+                store = await open_configured_store(settings)
             except StoreUnavailableError as exc:
                 routes.problem = f"metadata store unreachable: {exc}"
                 delay = backoff.next_delay()
                 log.warning("the metadata store does not answer yet; trying again", store=settings.store,
                             address=settings.oxia_address, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
-    finally:
-        await waiting.stop()  # the admin port proper binds it once the rest has started
+                continue
+            routes.problem = "starting: the metadata store answered; the coordinators are being recovered"
+            return OpenedStore(store, waiting)
+    except BaseException:
+        await waiting.stop()
+        raise
 
 
 # Descriptors besides client connections: the store's files, the admin port and its clients (at most
@@ -261,8 +281,9 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                         ephemeral_range=f"{low}-{high}", worker=None if worker is None else worker.index)
     # tc-server's own broker credential (a superuser role: brokers take END_TXN_ON_* from superusers only).
     broker_credentials = broker_client_credentials(settings) if settings.upstream_urls else None
-    store = store if store is not None else await open_store_waiting(settings, tls if settings.admin_tls else None,
-                                                                    authentication, worker)
+    opened_store = OpenedStore(store) if store is not None else await open_store_waiting(
+        settings, tls if settings.admin_tls else None, authentication, worker)
+    store = opened_store.store
     if isinstance(store, EmbeddedStore):  # its group commits and its writer process, as metrics
         store.on_commit = metrics.store_batch_size.observe
         store.on_writer_lost = metrics.store_writer_lost.inc
@@ -377,11 +398,13 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         admin = AdminServer(routes, admin_host, admin_port, authentication=authentication,
                             authenticate_metrics=settings.authenticate_metrics_endpoint,
                             tls=tls if settings.admin_tls else None)
+        await opened_store.stop_waiting()  # the port goes from the one to the other
         try:
             await admin.start()
         except OSError as exc:
             raise cannot_bind("admin_listen", settings.admin_listen, exc, worker_port_of(worker)) from exc
     except BaseException:
+        await opened_store.stop_waiting()
         for opened in (listener, tls_listener, *shared_listeners):
             if opened is not None:  # release the ports (a listener that started drains nothing yet)
                 await opened.stop(drain_timeout_s=0)

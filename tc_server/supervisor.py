@@ -83,12 +83,13 @@ FORWARD_CONNECTIONS_PER_WORKER = 16
 # 503 (its store is down) answers: it is not hung. Well above PROBE_TIMEOUT_S: a poll round lasts as long
 # as its slowest probe, so an answering worker's last answer can be that old when it is looked at.
 WORKER_HUNG_S = 30.0
-# A worker whose admin port has not answered once this long after it was started is taken for hung as well
-# (its start blocked: a store file on a disk that stopped answering, a deadlock): it stayed unready for good,
-# and the supervisor's /healthz, which says only that the supervisor runs, got no container restarted.
-# Longer than WORKER_HUNG_S: on the embedded store the admin port binds only once the store is open and the
-# coordinators have recovered (50,000 open txns take about 2 s; a machine swapping, many times that).
-WORKER_FIRST_ANSWER_S = 60.0
+# A worker not ready yet whose admin port has answered nothing this long (since it last answered, or since it was
+# started) is taken for hung as well (its start blocked: a store file on a disk that stopped answering, a
+# deadlock): it stayed unready for good, and the supervisor's /healthz, which says only that the supervisor
+# runs, got no container restarted. Longer than WORKER_HUNG_S: on the embedded store the admin port binds only
+# once the store is open and the coordinators have recovered (50,000 open txns take about 2 s; a machine
+# swapping, many times that). On Oxia the port answers (503) from the start (app.OpenedStore).
+WORKER_START_SILENT_S = 60.0
 # A worker's stop on SIGTERM waits up to 1 s for its admin port (admin/http.py SHUTDOWN_TIMEOUT_S), then up
 # to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
 # DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
@@ -409,19 +410,21 @@ class Supervisor:
         return self._forwarding
 
     def _kill_if_hung(self, worker: _Worker) -> None:
-        """Kill a worker whose admin port has been silent for WORKER_HUNG_S since it last answered, or for
-        WORKER_FIRST_ANSWER_S since it was started if it never answered: its restart follows."""
+        """Kill a worker whose admin port has been silent for WORKER_HUNG_S since it last answered once it was
+        ready, or, not ready yet, for WORKER_START_SILENT_S since it last answered or was started: its
+        restart follows."""
         proc, answered_at, started_at = worker.proc, worker.answered_at, worker.started_at
         if self._stopping.is_set() or proc is None or proc.returncode is not None or started_at is None:
             return
         now = asyncio.get_running_loop().time()
-        if answered_at is not None:
+        if worker.ready_at is not None and answered_at is not None:
             silent_s, bound_s = now - answered_at, WORKER_HUNG_S
         else:
-            silent_s, bound_s = now - started_at, WORKER_FIRST_ANSWER_S
+            silent_s, bound_s = now - (answered_at if answered_at is not None else started_at), WORKER_START_SILENT_S
         if silent_s >= bound_s:
             log.error("worker not answering; killing it", worker=worker.index, pid=proc.pid,
-                      silent_s=round(silent_s, 1), answered_since_start=answered_at is not None)
+                      silent_s=round(silent_s, 1), answered_since_start=answered_at is not None,
+                      was_ready=worker.ready_at is not None)
             worker.started_at = None  # once: its exit is awaited by _keep_running, which starts the next
             kill_worker(proc)
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, cast
 import structlog
 
 from tc_server.auth.certificates import ServerTlsContext
+from tc_server.client import ConnectionFailed
 from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.outgoing import OutgoingFrames
@@ -693,12 +694,24 @@ class ClientConnection(asyncio.Protocol):
         self._log = self._log.bind(proxy_to=target[:256])
         if peer:  # a plain client goes to the peer's plain URL (_peers), a TLS one to its TLS URL
             ssl_context = self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://") else None
+            broker_connect = connect_for_broker(connect, self._proxied)
         else:
             assert upstream is not None  # proxy_target named the URL
             # A plain upstream names its brokers' TLS URLs too, and a TLS client is carried to the one it
             # named: trusting the brokers' CA (--broker-client-tls-trust-certs), not the system's alone.
             ssl_context = upstream.ssl_context_for(self._proxy_for is not None, url, self._ctx.peer_ssl_context)
-        self._tasks.add(task := self._loop.create_task(self._open_relay(url, connect, ssl_context)))
+            # A TLS-certificate client goes to a broker as a Pulsar proxy's client (upstream.py). Never to a peer
+            # tc-server: that takes the proxy credentials as the proxy role's own unless its --proxy-roles lists
+            # it, and every certificate client relayed there acted as that one role (a review's).
+            try:
+                broker_connect = (upstream.proxy_connect(connect, self._proxy_for) if self._proxy_for is not None
+                                  else connect_for_broker(connect, self._proxied))
+            except ConnectionFailed as exc:  # the proxy credentials cannot be read (a token file gone)
+                self._log.warning("cannot proxy to the broker", error=str(exc))
+                self.send(Error(NO_REQUEST_ID, ServerError.ServiceNotReady, f"cannot proxy to {target}: {exc}"))
+                self.close()
+                return
+        self._tasks.add(task := self._loop.create_task(self._open_relay(url, broker_connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 
     def _peers(self) -> dict[str, str | None]:
@@ -715,7 +728,9 @@ class ClientConnection(asyncio.Protocol):
                 peers[host_port(tls)] = tls
         return peers
 
-    async def _open_relay(self, target: str, connect: Connect, ssl_context: ssl.SSLContext | None) -> None:
+    async def _open_relay(self, target: str, broker_connect: Connect, ssl_context: ssl.SSLContext | None) -> None:
+        """Connect to ``target``, hand it ``broker_connect`` (the client's CONNECT as that side should see it),
+        then relay bytes both ways."""
         upstream = self._ctx.upstream
         timeout_s = upstream.request_timeout_s if upstream is not None else 10.0
         try:
@@ -734,12 +749,8 @@ class ClientConnection(asyncio.Protocol):
         assert broker.transport is not None
         self._relay = broker  # PING/PONG now run end to end between client and broker
         self._ctx.metrics.proxied_connections.inc()
-        if self._proxy_for is not None and upstream is not None:
-            # A TLS-certificate client, relayed as a Pulsar proxy relays it. A broker's refresh challenge of the
-            # proxy credentials reaches the client, whose answer it refuses: the proxy token should not expire.
-            broker_connect = upstream.proxy_connect(connect, self._proxy_for)
-        else:
-            broker_connect = connect_for_broker(connect, self._proxied)
+        # A proxy's CONNECT (a TLS-certificate client's): a broker's refresh challenge of the proxy credentials
+        # reaches the client, whose answer it refuses, so the proxy token should not expire (docs/security.md).
         broker.transport.write(encode_command(broker_connect) + self._decoder.take_buffered())
         self._count_input()
         self._log.info("proxying to broker")

@@ -37,6 +37,7 @@ from tc_server.client import (
     RequestTimedOut,
     open_connection,
 )
+from tc_server.config import ConfigError
 from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.wire import (
@@ -297,7 +298,11 @@ class Upstream:
         the client's role and method; no original_auth_data (a certificate travels in no field)."""
         credentials = self.proxy_credentials
         assert credentials is not None, "proxies_for said no"
-        return replace(client_connect, auth_method_name=credentials.method, auth_data=credentials.auth_data(),
+        try:
+            auth_data = credentials.auth_data()  # a file: token, read again (rotated)
+        except ConfigError as exc:
+            raise ConnectionFailed("--upstream-proxy-auth-params", str(exc)) from None
+        return replace(client_connect, auth_method_name=credentials.method, auth_data=auth_data,
                        proxy_to_broker_url=None, original_principal=role, original_auth_method="tls",
                        original_auth_data=None)
 

@@ -70,9 +70,9 @@ def owed(server: TcServerProcess) -> list[str]:
 
 
 async def decided_while_the_broker_is_frozen(harness: Harness, broker: PulsarBroker, server: TcServerProcess,
-                                             tmp_path: Path, port: int, cleanup: list[Any]) -> tuple[int, int]:
-    """A txn with messages on the broker, its COMMIT sent to ``port`` and decided while the broker is stopped
-    (SIGSTOP; resumed by the caller), its delivery under way: (most, least)."""
+                                             tmp_path: Path, workers: int, cleanup: list[Any]) -> tuple[int, int]:
+    """A txn with messages on the broker, its COMMIT sent to the process that leads its coordinator and decided
+    while the broker is stopped (SIGSTOP; resumed by the caller), its delivery under way: (most, least)."""
     release = tmp_path / f"go-{uuid.uuid4().hex[:6]}"
     run = harness.spawn("txn-produce", service_url=server.url, topic=fresh_topic(broker), count=4, action="commit",
                         visible_wait_ms=500, receive_timeout_ms=60_000, pause_before_end=release)
@@ -82,12 +82,18 @@ async def decided_while_the_broker_is_frozen(harness: Harness, broker: PulsarBro
     most, least = produced["most"], produced["least"]
     assert broker.proc is not None
     os.kill(broker.proc.pid, signal.SIGSTOP)
-    client = await connect("127.0.0.1", port)
+    client = await connect("127.0.0.1", port_of(server, most, workers))
     client.send(EndTxn(client.next_request_id(), most, least, TxnAction.COMMIT))  # waits for the broker
     await asyncio.to_thread(wait_until, lambda: owed(server) == [f"({most},{least})"],
                             "the commit decided and waiting for its broker", 30)
     client.close()
     return most, least
+
+
+def port_of(server: TcServerProcess, most: int, workers: int) -> int:
+    """The client port of the process that leads coordinator ``most``: worker k of --workers N serves the
+    coordinators i % N == k on the service port + 1 + k (the service port itself goes to any worker)."""
+    return server.port if workers == 1 else server.port + 1 + most % workers
 
 
 async def end_txn_as_soon_as_served(port: int, most: int, least: int) -> object:
@@ -120,10 +126,9 @@ async def test_end_txn_retried_right_after_a_restart_waits_for_the_brokers(
     server = start_server(pulsar_broker, tmp_path, "--participant-wait-s", LONG_WAIT_S, "--workers", str(workers))
     cleanup.append(server)
     try:
-        # Worker k of --workers 2 serves coordinators i % 2 == k on the service port + 1 + k.
         most, least = await decided_while_the_broker_is_frozen(
-            java_harness, pulsar_broker, server, tmp_path, server.port, cleanup)
-        port = server.port if workers == 1 else server.port + 1 + most % workers
+            java_harness, pulsar_broker, server, tmp_path, workers, cleanup)
+        port = port_of(server, most, workers)
         if workers == 1:
             server.kill()
             server.start(wait=False)

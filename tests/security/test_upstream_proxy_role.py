@@ -8,17 +8,21 @@ tests/security/test_broker_auth.py runs the same against a real broker."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from dataclasses import replace
 
 import pytest
 
-from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
+from tc_server.app import start_app
+from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, TcClient, connect_command, open_connection
 from tc_server.config import ConfigError, Settings
+from tc_server.coordinator import leadership
 from tc_server.server.connection import NO_REQUEST_ID
+from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import Connect, Error, LookupResponse, LookupType, ServerError, decode_command, encode_command
 from tests.security.pki import TestCa, data_url, make_token
-from tests.security.support import WAIT_S, tls_client, token_auth
+from tests.security.support import WAIT_S, owner_of, tls_client, token_auth
 from tests.security.test_tls import TLS_AUTH, broker_context, client_context, tls_settings
 from tests.support.stand_in_broker import StandInBroker
 
@@ -151,3 +155,70 @@ async def test_a_broker_refusing_the_proxy_credentials_is_answered_naming_the_se
 def test_proxy_settings_that_cannot_work_are_refused_naming_the_setting(settings, message) -> None:
     with pytest.raises(ConfigError, match=message):
         replace(Settings(), **settings).validate()
+
+
+async def relayed_client(port: int, context: ssl.SSLContext, named: str) -> TcClient:
+    url = f"pulsar+ssl://localhost:{port}"
+    conn = await open_connection(url, replace(connect_command(TLS_AUTH), proxy_to_broker_url=named),
+                                 ssl_context=context, timeout_s=WAIT_S, factory=lambda: TcClient(url))
+    assert isinstance(conn, TcClient)
+    return conn
+
+
+async def test_a_certificate_client_relayed_to_a_peer_acts_as_itself_not_as_the_proxy_role(
+        tmp_path, monkeypatch) -> None:
+    # The proxy credentials are for brokers (their proxyRoles). A certificate client relayed to a peer tc-server
+    # instance (the v5 SDK reaches a coordinator led elsewhere that way) got them too, and a peer whose
+    # --proxy-roles does not list that role took the connection as the proxy role itself: every certificate
+    # client relayed so acted as that one role, and could end every other's txns (a review's). A relay to a
+    # peer carries the client's own CONNECT again, which the peer refuses without the certificate.
+    secret = os.urandom(32)
+    monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
+    ca = TestCa(tmp_path)
+    upstream = await StandInBroker().start()
+    server = ca.issue("localhost", "server", server=True)
+    proxy_token = make_token(secret, "HS256", "tc-proxy", expires_in_s=None)
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", tls_listen="127.0.0.1:0", coordinators=2,
+                        tls_cert_file=str(server.cert_file), tls_key_file=str(server.key_file),
+                        tls_trust_certs_file=str(ca.cert_file), broker_client_tls_trust_certs=str(ca.cert_file),
+                        authentication_providers="tls,token", token_secret_key=data_url(secret),
+                        upstream_url=upstream.url, upstream_proxy_auth_plugin="token",
+                        upstream_proxy_auth_params=f"token:{proxy_token}").validate()
+    backend = MemoryBackend()
+    a = await start_app(settings, store=MemoryStore(backend))
+    b = await start_app(settings, store=MemoryStore(backend))
+    clients: list[TcClient] = []
+    try:
+        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
+        for _ in range(int(WAIT_S / 0.05)):  # until the two instances share the coordinators
+            if b_url in a.coordinator.assignments().values() and a.coordinator.tls_url(b_url):
+                break
+            await asyncio.sleep(0.05)
+        b_tls = a.coordinator.tls_url(b_url)
+        assert b_tls is not None, "the instances never shared the coordinators"
+        tc_id = next(tc for tc, url in a.coordinator.assignments().items() if url == b_url)
+        assert a.tls_listener is not None
+        named = b_tls.split("//")[1]
+        try:
+            alice = await relayed_client(a.tls_listener.port, client_context(ca, ca.issue("alice", "alice")), named)
+        except (HandshakeRefused, ConnectionFailed):
+            return  # refused at the peer: safe (the client's certificate cannot be presented for it)
+        clients.append(alice)
+        opened = await asyncio.wait_for(alice.new_txn(tc_id=tc_id, ttl_ms=60_000), WAIT_S)
+        assert opened.error is None, opened
+        owner = await owner_of(a, tc_id, opened.least)
+        # Mallory, another certificate client relayed the same way, ends alice's txn.
+        mallory = await relayed_client(a.tls_listener.port, client_context(ca, ca.issue("mallory", "mallory")),
+                                       named)
+        clients.append(mallory)
+        ended = await asyncio.wait_for(mallory.end_txn(tc_id, opened.least, commit=False), WAIT_S)
+        assert owner == "alice" and ended.error is not None, (
+            f"alice's txn, opened through a relay to a peer instance, is owned by {owner!r}, and mallory's ABORT of it "
+            f"was answered {ended.error!r} (None: done): tc-server's upstream proxy credentials were sent to its peer, "
+            "which took both clients for the proxy role")
+    finally:
+        for client in clients:
+            client.close()
+        await b.stop()
+        await a.stop()
+        upstream.stop()

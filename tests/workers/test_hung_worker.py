@@ -64,7 +64,7 @@ def test_a_worker_that_hangs_before_it_ever_answers_is_replaced(tmp_path: Path) 
             assert time.monotonic() < deadline, "worker 1 was never started"
             time.sleep(0.005)
         os.kill(stopped, signal.SIGSTOP)
-        # Killed after supervisor.WORKER_FIRST_ANSWER_S (60 s) and restarted: the service gets ready.
+        # Killed after supervisor.WORKER_START_SILENT_S (60 s) and restarted: the service gets ready.
         server.wait_ready(timeout_s=180)
         assert not alive(stopped)
         killed = [line for line in json_objects(server.log_path.read_text().splitlines())
