@@ -159,10 +159,16 @@ def test_the_clock_follows_the_system_clock_and_keeps_to_elapsed_time_across_a_s
     system.wall += HOUR_MS * 1_000_000  # a step: time as it passed, and no more than CATCH_UP_RATE on top
     assert clock() == 1_000_002_000
     system.advance(1.0)
-    assert clock() == 1_000_003_100
-    system.wall -= HOUR_MS * 1_000_000 - 100_000_000  # stepped back to agree: followed again
+    assert clock() == 1_000_003_000  # seen at this reading: caught up from here on
     system.advance(1.0)
     assert clock() == 1_000_004_100
+    system.wall -= HOUR_MS * 1_000_000 - 100_000_000  # stepped back to agree with the clock as of this reading
+    system.advance(1.0)
+    assert clock() == 1_000_005_200  # it caught up 0.1 s more meanwhile, and comes back from here
+    for _ in range(30):
+        system.advance(0.1)
+        clock()
+    assert clock() == system.wall // 1_000_000
 
 
 @pytest.mark.parametrize("step_s", [120, -120])
@@ -180,3 +186,25 @@ def test_after_a_step_the_clock_catches_up_with_the_system_clock_at_a_bounded_ra
     steps = [later - earlier for earlier, later in zip(readings, readings[1:], strict=False)]
     assert all(90 <= step <= 110 for step in steps), "ran more than a tenth fast or slow, or backwards"
     assert clock() == system.wall // 1_000_000, "not caught up with the system clock"
+
+
+NS_PER_MS = 1_000_000
+
+
+def test_the_clock_never_runs_backwards_while_catching_up_with_a_backward_step() -> None:
+    # The catch-up was applied at each compare, for the time since the last: a reading just after a compare
+    # was up to 10 ms earlier than one just before it (a review's). It is continuous now.
+    system = SystemClocks()
+    clock = system.clock()
+    clock()
+    system.wall -= 60_000 * NS_PER_MS  # NTP steps the system clock a minute back
+    readings: list[int] = []
+    # Read often, as a busy coordinator does (twice per transaction): every 0.5 ms for a few seconds.
+    step_ns = NS_PER_MS // 2 + 7
+    for _ in range(10_000):
+        system.mono += step_ns
+        system.wall += step_ns
+        readings.append(clock())
+    went_back = [(i, a, b) for i, (a, b) in enumerate(zip(readings, readings[1:], strict=False)) if b < a]
+    assert not went_back, (f"the coordinator clock ran backwards {len(went_back)} times while catching up, "
+                           f"first at reading {went_back[0][0]}: {went_back[0][1]} -> {went_back[0][2]} ms")
