@@ -29,7 +29,7 @@ from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.health import Health
 from tc_server.metrics import Metrics
-from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError
+from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError, lease_clock
 
 log = structlog.get_logger("tc_server.coordinator")
 
@@ -188,13 +188,24 @@ class TransactionCoordinator:
         # leaders is stale. Said 1 from both, no instance said 0 while every coordinator refused its requests
         # (Oxia unreachable), and the alert on "no leader" could not fire.
         lapsed = {tc_id for tc_id, partition in self._partitions.items() if partition.lease_lapsed()}
+        # An instance that leads nothing has no partition lease: its member record's tells the same.
+        detached = bool(lapsed) or self._member_lapsed()
 
         def led(tc_id: int) -> bool:
             if tc_id in self._partitions:
                 return tc_id not in lapsed
-            return not lapsed and self._has_leader(tc_id)
+            return not detached and self._has_leader(tc_id)
 
         return [((cluster, str(tc_id)), 1.0 if led(tc_id) else 0.0) for tc_id in range(self.config.partitions)]
+
+    def _member_lapsed(self) -> bool:
+        """Whether the store session of this instance's member record may have lapsed (Oxia: no keep-alive
+        answered within the session timeout, or no session at all); never on the embedded and memory stores."""
+        try:
+            lease = self.store.ephemeral_lease(layout.member_path(self._election.instance_id))
+        except StoreError:  # no shard map: the store does not answer this instance
+            return True
+        return lease is not None and lease_clock() >= lease()
 
     def not_served(self) -> tuple[list[int], list[int]]:
         """The coordinators of this instance's share (a worker of --workers N: of its own) that make it not
