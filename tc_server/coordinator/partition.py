@@ -224,6 +224,9 @@ class CoordinatorPartition:
         # watermark computed from what is held here.
         self._recovered = False
         self._reminders: set[asyncio.Task[None]] = set()  # _remind_of_abort's, cancelled by stop()
+        # Decided txns an END_TXN delivered before recover_outbox was done (end_txn): the scan leaves them be,
+        # also once that delivery is over (its records, read by the scan before, deleted since).
+        self._delivered_early: set[int] = set()
         # The txns that left the open set before recovery was over (see _forget); emptied then.
         self._gone_while_recovering: set[int] = set()
         self._stopped = False
@@ -467,8 +470,9 @@ class CoordinatorPartition:
             if outbox is None and decision is Decision.ALREADY and not self._recovered:
                 # The outbox is not recovered yet (a restart, a take-over): this txn's participants may still
                 # be owed the decision. Delivered from its records now, as recover_outbox would (which then
-                # leaves it be), so the retry waits as the first END_TXN did; it answered at once, before any
-                # broker was told, and commit() returned with the messages not visible yet.
+                # leaves it be: _delivered_early), so the retry waits as the first END_TXN did; it answered at
+                # once, before any broker was told, and commit() returned with the messages not visible yet.
+                self._delivered_early.add(least)
                 return self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
             return outbox.done if outbox is not None else None
         return None
@@ -973,10 +977,12 @@ class CoordinatorPartition:
                 found[least].append((record.key, participant))
         redriven = 0
         for least, participants in sorted(found.items()):
-            if least in self._undelivered:
+            if least in self._undelivered or least in self._delivered_early:
                 continue
             key = layout.txn_key(self.tc_id, least)
             stored = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
+            if least in self._undelivered or least in self._delivered_early:
+                continue  # an END_TXN delivered it during that read (end_txn)
             if stored is None:
                 if not await self._read_participants(least):
                     continue  # delivered meanwhile (the previous leader's last acknowledgements)
@@ -1007,6 +1013,7 @@ class CoordinatorPartition:
             redriven += 1
         self._recovered = True
         self._gone_while_recovering.clear()
+        self._delivered_early.clear()
         if redriven:
             self._log.info("re-driving undelivered decisions", count=redriven)
         # Its own task, retried on its own: a failure here must not send the coordinator through the
