@@ -550,9 +550,11 @@ class ClientConnection(asyncio.Protocol):
         self._connect = connect
         self._proxied = result.proxied  # also what a relayed CONNECT keeps of it (connect_for_broker)
         upstream, session = self._ctx.upstream, result.session
-        if upstream is not None and session is not None and not result.proxied \
+        if upstream is not None and session is not None and result.principal \
                 and upstream.proxies_for(session.credentials.method):
-            self._proxy_for = session.role
+            # A certificate client, or a Pulsar proxy (--proxy-roles) with a certificate: for the client it
+            # names (result.principal), as that proxy would connect to the brokers itself.
+            self._proxy_for = result.principal
         target = connect.proxy_to_broker_url
         if target and host_port(target) not in self._ctx.own_addresses:
             self._carry_to(target, connect)

@@ -222,3 +222,33 @@ async def test_a_certificate_client_relayed_to_a_peer_acts_as_itself_not_as_the_
         await b.stop()
         await a.stop()
         upstream.stop()
+
+
+async def test_a_pulsar_proxy_with_a_certificate_has_its_clients_lookups_forwarded_as_tc_servers_proxy(
+        start, tmp_path) -> None:
+    # A Pulsar proxy (--proxy-roles) that authenticated with its certificate is a certificate client too: its
+    # clients' lookups went with the method name "tls" and no certificate, which brokers that require
+    # authentication refuse (a review's). They go as tc-server's proxy's now, for the client it names.
+    ca = TestCa(tmp_path)
+    owner = await StandInBroker().start()
+    upstream = await answering_with(owner.url).start()
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, tls_trust_certs_file=str(ca.cert_file)),
+                      authentication_providers="tls", proxy_roles="pulsar-proxy", upstream_url=upstream.url,
+                      upstream_proxy_auth_plugin="token", upstream_proxy_auth_params=f"token:{PROXY_TOKEN}")
+    assert app.tls_listener is not None
+    url = f"pulsar+ssl://localhost:{app.tls_listener.port}"
+    # A Pulsar proxy with a certificate of the cluster's CA, connecting for its client alice.
+    proxy = await open_connection(url, replace(connect_command(TLS_AUTH), original_principal="alice",
+                                               original_auth_method="token"),
+                                  ssl_context=client_context(ca, ca.issue("pulsar-proxy", "pulsar-proxy")),
+                                  timeout_s=WAIT_S, factory=lambda: TcClient(url))
+    assert isinstance(proxy, TcClient)
+    try:
+        await proxy.lookup(TOPIC)
+        seen = [(c.auth_method_name, c.auth_data, c.original_principal) for c in upstream.connects]
+        assert seen == [("token", PROXY_TOKEN.encode(), "alice")], seen
+    finally:
+        proxy.close()
+        owner.stop()
+        upstream.stop()
