@@ -461,6 +461,12 @@ class Settings:
         if self.upstream_proxy_auth_plugin.strip() and not self.upstream_urls:
             raise ConfigError("upstream_proxy_auth_plugin: does nothing without upstream_url (nothing is forwarded)",
                               "upstream_proxy_auth_plugin")
+        if broker_client_plugin_kind(self.upstream_proxy_auth_plugin, "upstream_proxy_auth_plugin") == "tls" \
+                and self.upstream_urls and not self.upstream_tls:
+            # Its certificate goes in a TLS handshake, and a pulsar:// upstream has none: every forwarded
+            # request of a certificate client would be refused.
+            raise ConfigError("upstream_proxy_auth_plugin: the TLS plugin needs a pulsar+ssl:// upstream_url (its "
+                              "certificate is presented in the TLS handshake)", "upstream_proxy_auth_plugin")
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))

@@ -151,6 +151,8 @@ async def test_a_broker_refusing_the_proxy_credentials_is_answered_naming_the_se
      "upstream_proxy_auth_plugin: does nothing without upstream_url"),
     (dict(upstream_proxy_auth_plugin="kerberos", upstream_url="pulsar://b:6650"),
      "upstream_proxy_auth_plugin: unknown plugin 'kerberos'"),
+    (dict(upstream_proxy_auth_plugin="tls", upstream_proxy_auth_params="tlsCertFile:/c,tlsKeyFile:/k",
+          upstream_url="pulsar://b:6650"), "upstream_proxy_auth_plugin: the TLS plugin needs a pulsar\\+ssl://"),
 ])
 def test_proxy_settings_that_cannot_work_are_refused_naming_the_setting(settings, message) -> None:
     with pytest.raises(ConfigError, match=message):
