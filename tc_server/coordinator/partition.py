@@ -104,6 +104,11 @@ class ParticipantSender(Protocol):
     async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
                          low_watermark: Callable[[], int]) -> None: ...
 
+    async def remind_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                            low_watermark: Callable[[], int]) -> bool:
+        """Tell it once more, one attempt (the ABORT reminder): whether the broker acknowledged."""
+        ...
+
 
 @dataclass
 class _Outbox:
@@ -942,10 +947,11 @@ class CoordinatorPartition:
         if sender is None or self._stopped:
             return
         watermark = functools.partial(self.low_watermark, least)
-        for participant in partitions:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sender.end_txn_on(participant, self.tc_id, least, False, watermark),
-                                       ABORT_REMINDER_BOUND_S)
+        # All at once, each one attempt within its bound: one after another, each retried to its bound, a broker
+        # gone meanwhile held back the reminder to the txn's other partitions by 30 s each (a review's).
+        await asyncio.gather(*(asyncio.wait_for(sender.remind_txn_on(participant, self.tc_id, least, False, watermark),
+                                                ABORT_REMINDER_BOUND_S) for participant in partitions),
+                             return_exceptions=True)
 
     async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
         return await read_participant_records(self._store, self.tc_id, least, self._log)

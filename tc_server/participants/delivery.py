@@ -121,18 +121,9 @@ class BrokerDelivery:
         while True:
             broker: str | None = None
             try:
-                # The deadlines bound the lookup and the request, not the wait for a slot under the
-                # gates: a queue of decisions is not a broker failure.
-                async with self._overall:
-                    broker = self._owners.get(participant.topic)
-                    if broker is None:  # a remembered owner needs no lookup
-                        broker = await self._owner(participant.topic)
-                # The broker's own gate first, and an overall slot only inside it: a delivery queued
-                # for a broker that does not answer must not hold a slot the others need.
-                async with self._broker_gate(broker), self._overall:
-                    with self._deadlines.bound(command):
-                        await self._send(broker, participant, most, least, committed, low_watermark())
+                await self._attempt(participant, most, least, committed, low_watermark, command)
             except (ClientError, TimeoutError) as exc:
+                broker = self._owners.get(participant.topic)  # known once its lookup succeeded
                 now = asyncio.get_running_loop().time()
                 if backoff is None:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
@@ -163,6 +154,42 @@ class BrokerDelivery:
                 continue
             self._acknowledged[command].inc()
             return
+
+    async def remind_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                            low_watermark: Callable[[], int]) -> bool:
+        """One attempt to tell the participant's broker a decision it acknowledged before (the ABORT reminder,
+        tc_server/coordinator/partition.py): True once acknowledged. A failure is counted, logged at info at
+        most once a second, and not retried: the decision was delivered, this is best effort."""
+        command = PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
+        try:
+            await self._attempt(participant, most, least, committed, low_watermark, command)
+        except (ClientError, TimeoutError) as exc:
+            self._owners.pop(participant.topic, None)
+            outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
+            self._requests.labels(command, outcome).inc()
+            if (left_out := self._log_limiter.allow(f"reminder:{command}:{outcome}")) is not None:
+                log.info(f"{command} sent again after its delivery failed; not retried", txn=f"({most},{least})",
+                         topic=participant.topic, error=str(exc) or type(exc).__name__,
+                         left_out_since_last_line=left_out)
+            return False
+        self._acknowledged[command].inc()
+        return True
+
+    async def _attempt(self, participant: Participant, most: int, least: int, committed: bool,
+                       low_watermark: Callable[[], int], command: str) -> None:
+        """Look the participant's broker up (unless known: _owners) and send it the decision once. Raises
+        ClientError or TimeoutError."""
+        # The deadlines bound the lookup and the request, not the wait for a slot under the
+        # gates: a queue of decisions is not a broker failure.
+        async with self._overall:
+            broker = self._owners.get(participant.topic)
+            if broker is None:  # a remembered owner needs no lookup
+                broker = await self._owner(participant.topic)
+        # The broker's own gate first, and an overall slot only inside it: a delivery queued
+        # for a broker that does not answer must not hold a slot the others need.
+        async with self._broker_gate(broker), self._overall:
+            with self._deadlines.bound(command):
+                await self._send(broker, participant, most, least, committed, low_watermark())
 
     def _broker_gate(self, broker: str) -> asyncio.Semaphore:
         gate = self._per_broker.get(broker)

@@ -521,9 +521,10 @@ class ClientConnection(asyncio.Protocol):
         forwardable = name in FORWARDED_COMMANDS and request_id is not None
         if upstream is not None and self._connect is not None and forwardable:
             if self._forwarding is None:
+                over_tls = self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
                                                      self._upstream_credentials_expired, proxied=self._proxied,
-                                                     proxy_for=self._proxy_for)
+                                                     proxy_for=self._proxy_for, client_tls=over_tls)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         self._log_repeated("command not served", command=name, request_id=request_id)

@@ -329,8 +329,9 @@ class ForwardingSession:
 
     def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None],
                  credentials_expired: Callable[[], None] | None = None, proxied: bool = False,
-                 proxy_for: str | None = None) -> None:
+                 proxy_for: str | None = None, client_tls: bool = False) -> None:
         self._upstream = upstream
+        self._client_tls = client_tls  # the client speaks TLS to tc-server: it reads lookup answers' TLS URLs
         # The role of a TLS-certificate client whose requests go as a Pulsar proxy's (Upstream.proxies_for):
         # the proxy credentials are tc-server's, so the client is never asked for fresh ones.
         self._proxy_for = proxy_for
@@ -401,6 +402,14 @@ class ForwardingSession:
         self._upstream.note_broker(answer.broker_service_url, answer.broker_service_url_tls)
         mode = self._upstream.connection_mode
         proxied = {"direct": False, "proxy": True}.get(mode, answer.proxy_through_service_url)
+        if not proxied and self._client_tls and not answer.broker_service_url_tls:
+            # --lookup-connections direct sends the client to the broker, over TLS, which this one does not speak:
+            # the Java client failed every producer and consumer with a NullPointerException on the missing URL.
+            return encode_command(LookupResponse(
+                cmd.request_id, LookupType.FAILED, error=ServerError.NotAllowedError,
+                message=f"broker {answer.broker_service_url} has no TLS URL, and --lookup-connections direct sends "
+                        "this TLS client to it: set --lookup-connections upstream or proxy on tc-server (it then "
+                        "carries the client's connection), or give the brokers a TLS port"))
         if proxied and answer.broker_service_url and not answer.broker_service_url_tls:
             # A broker without a TLS port, reached through this service URL: a client that speaks TLS to
             # tc-server reads the TLS URL alone, only to name the broker in proxy_to_broker_url (the Java

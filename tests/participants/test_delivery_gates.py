@@ -254,3 +254,23 @@ async def test_each_refused_topic_is_named_in_the_log() -> None:
                 stand_in.stop()
     refused = sorted(line["topic"] for line in lines if "refused by the broker" in line["event"])
     assert refused == topics
+
+
+async def test_a_reminder_is_one_attempt_counted_and_never_retried() -> None:
+    # The ABORT reminder (partition.py) tells a broker again what it acknowledged before: best effort. Through
+    # end_txn_on, a broker gone meanwhile was retried for the reminder's whole bound, with the warnings of an
+    # undelivered decision (a review's).
+    pool = StandInPool()
+    metrics = Metrics("reminder")
+    delivery = BrokerDelivery(["pulsar://upstream:6650"], pool, request_timeout_s=0.2,  # type: ignore[arg-type]
+                              max_in_flight=4, max_in_flight_per_broker=1, metrics=metrics)
+    delivery._owners["hanging"] = HANGING  # its lookup answered before
+    delivery._owners["healthy"] = HEALTHY
+    with structlog.testing.capture_logs() as logged:
+        assert await asyncio.wait_for(delivery.remind_txn_on(Participant("hanging"), 0, 1, False, lambda: -1), 5.0) \
+            is False
+        assert await asyncio.wait_for(delivery.remind_txn_on(Participant("healthy"), 0, 1, False, lambda: -1), 5.0)
+    assert pool.brokers[HANGING].request_ids == 1 and pool.brokers[HEALTHY].answered == 1
+    assert [entry["log_level"] for entry in logged] == ["info"], logged
+    requests = metrics.participant_requests
+    assert [requests.labels("END_TXN_ON_PARTITION", outcome).value for outcome in ("TimeoutError", "ok")] == [1, 1]

@@ -80,6 +80,11 @@ class RecordingSender:
                          low_watermark: Callable[[], int]) -> None:
         self.told.append(Told(participant, most, least, committed, low_watermark()))
 
+    async def remind_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                            low_watermark: Callable[[], int]) -> bool:
+        await self.end_txn_on(participant, most, least, committed, low_watermark)
+        return True
+
 
 @pytest.fixture(params=["memory", "embedded"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
@@ -223,6 +228,31 @@ async def test_an_abort_is_sent_to_its_partitions_once_more_after_a_while(
         told = sorted((t.least, t.participant.topic, t.committed) for t in sender.told)
         assert told == sorted([(txns[0], TOPIC, True), (txns[0], OTHER, True), (txns[1], TOPIC, False),
                                (txns[1], OTHER, False), (txns[1], TOPIC, False)])
+
+
+class GoneAfterDelivery(RecordingSender):
+    """Acknowledges every delivery; a reminder to OTHER's broker never comes back (the broker gone meanwhile)."""
+
+    async def remind_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
+                            low_watermark: Callable[[], int]) -> bool:
+        if participant.topic == OTHER:
+            await asyncio.Event().wait()
+        return await super().remind_txn_on(participant, most, least, committed, low_watermark)
+
+
+async def test_a_gone_broker_does_not_hold_back_the_reminder_to_the_other_partitions(
+        store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reminded one after another, each to its bound (30 s), a broker gone meanwhile held back the others', whose
+    # readers the reminder is there to unpin (a review's). They go at once now.
+    monkeypatch.setattr(partition_module, "ABORT_REMINDER_S", 0.05)
+    sender = GoneAfterDelivery()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        least = await partition.new_txn(60_000, None)
+        await partition.add_participants(least, None, [Participant(OTHER)])
+        await partition.add_participants(least, None, [Participant(TOPIC)])
+        await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
+        assert await eventually(lambda: [t.participant.topic for t in sender.told].count(TOPIC) == 2)
 
 
 async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:

@@ -433,3 +433,23 @@ async def test_a_tls_client_is_given_a_tls_address_for_a_broker_without_one_that
         client.close()
         owner.stop()
         upstream.stop()
+
+
+async def test_a_tls_client_sent_directly_to_a_broker_without_tls_is_told_why(start, ca):
+    # --lookup-connections direct: the client goes to the broker itself, over TLS, which this broker does not
+    # speak. The answer passed on had no TLS URL, and the Java client failed every producer and consumer with a
+    # NullPointerException (a review's); it is refused now, naming the setting.
+    broker = await StandInBroker(lambda lookup: LookupResponse(
+        lookup.request_id, LookupType.CONNECT, broker_service_url="pulsar://10.0.0.7:6650")).start()
+    server = ca.issue("localhost", "server", server=True)
+    app = await start(**tls_settings(ca, server, upstream_url=broker.url, lookup_connections="direct"))
+    assert app.tls_listener is not None
+    client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
+    try:
+        answer = await client.lookup("persistent://public/default/orders")
+        assert answer.response is LookupType.FAILED and answer.error is ServerError.NotAllowedError, answer
+        assert "pulsar://10.0.0.7:6650 has no TLS URL" in (answer.message or "")
+        assert "--lookup-connections" in (answer.message or "")
+    finally:
+        client.close()
+        broker.stop()
