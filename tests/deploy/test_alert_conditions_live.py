@@ -16,8 +16,7 @@ import yaml
 
 from tc_server.bench.process import descendants_of
 from tc_server.client import connect_coordinators
-from tests.deploy.live_prometheus import Prometheus
-from tests.deploy.test_alerts import RULES
+from tests.deploy.test_alerts import RULES, Prometheus
 from tests.support.server_process import started
 from tests.workers.helpers import COORDINATORS, async_wait_for, scrape, worker_pids, workers_server
 
@@ -53,7 +52,8 @@ async def test_a_store_failing_every_transaction_meets_a_critical_rule(tmp_path:
     stop = asyncio.Event()
     asker = None
     try:
-        prometheus = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{server.admin_port + i}" for i in range(3)])
+        (tmp_path / "prometheus").mkdir()
+        prometheus = Prometheus(tmp_path / "prometheus", *(server.admin_port + i for i in range(3)))
         await async_wait_for(lambda: len(prometheus.query('up{job="tc-server"} == 1')) == 3,
                              "Prometheus scrapes the supervisor and both workers")
         (writer,) = descendants_of(worker_pids(server)[1])
@@ -68,7 +68,7 @@ async def test_a_store_failing_every_transaction_meets_a_critical_rule(tmp_path:
         holding = {name: prometheus.query(expr) for name, expr in critical_rules().items()}
         assert holding["TcServerTransactionsRefused"], (
             f"coordinators 1 and 3 fail every request ({answers[-5:]}), yet no critical rule's condition holds: "
-            f"{sorted(holding)}; pending/firing now: {[a['labels']['alertname'] for a in prometheus.alerts()]}")
+            f"{sorted(holding)}; pending/firing now: {prometheus.alerts()}")
     finally:
         stop.set()
         if writer is not None:

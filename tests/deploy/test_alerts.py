@@ -156,15 +156,16 @@ def test_the_sidecar_post_renderer_adds_the_sidecar_and_the_rules() -> None:
 # --- a real Prometheus scraping a real tc-server ------------------------------------------------------
 
 class Prometheus:
-    """A Prometheus server on loopback with the rule file loaded, scraping one tc-server admin port."""
+    """A Prometheus server on loopback with the rule file loaded, scraping tc-server admin ports (a supervisor's
+    and its workers', or one)."""
 
-    def __init__(self, workdir: Path, admin_port: int) -> None:
+    def __init__(self, workdir: Path, *admin_ports: int) -> None:
         self.port = free_port()
         config = {
             "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": "tc-server",
-                                "static_configs": [{"targets": [f"127.0.0.1:{admin_port}"]}]}],
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in admin_ports]}]}],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log_path = workdir / "prometheus.log"
@@ -199,8 +200,12 @@ class Prometheus:
         return {alert["labels"]["alertname"]: alert["state"] for alert in self.api("alerts")["alerts"]}
 
     def value(self, query: str) -> float | None:
-        result = self.api("query", query=query)["result"]
+        result = self.query(query)
         return float(result[0]["value"][1]) if result else None
+
+    def query(self, query: str) -> list[dict[str, Any]]:
+        """The series ``query`` gives now (empty: none, or a condition that does not hold)."""
+        return list(self.api("query", query=query)["result"])
 
     def wait_for(self, check: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + WAIT_S

@@ -26,8 +26,9 @@ from tc_server.store.api import (
     lease_clock,
 )
 from tc_server.store.oxia import OxiaStore, connect
+from tc_server.store.oxia.notifications import INDEX_CHECK_PREFIX
 from tc_server.store.oxia.routing import HASH_SPACE_MAX, ShardInfo, ShardMap, key_hash
-from tc_server.store.oxia.store import INDEX_CHECK_PREFIX, children_range, is_child
+from tc_server.store.oxia.store import children_range, is_child
 from tc_server.store.oxia.write_stream import MAX_BATCHES_IN_FLIGHT
 from tests.oxia_standin import server as standin
 from tests.oxia_standin.server import StandinOxia, compare_with_slash

@@ -10,13 +10,16 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tc_server.app import App, start_app
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import ClientAuth, TcClient, connect_command, open_connection
+from tc_server.config import Settings
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader
+from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import Command, Connect, encode_command
 from tests.security.pki import make_token
 from tests.support.raw_frames import read_commands
@@ -89,3 +92,33 @@ def admin_json(server: TcServerProcess, path: str, token: str) -> tuple[int, Any
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+async def relayed(port: int, context: ssl.SSLContext, auth: ClientAuth, broker: str) -> TcClient:
+    """A connection to tc-server's TLS listener at ``port`` asking to be carried to ``broker`` (HOST:PORT), as the
+    Java client does after a lookup answered proxy_through_service_url: the client, once CONNECTED came back.
+    Raises ConnectionFailed, HandshakeRefused."""
+    url = f"pulsar+ssl://localhost:{port}"
+    conn = await open_connection(url, replace(connect_command(auth), proxy_to_broker_url=broker), ssl_context=context,
+                                 timeout_s=WAIT_S, factory=lambda: TcClient(url))
+    assert isinstance(conn, TcClient)
+    return conn
+
+
+async def sharing_instances(settings: Settings) -> tuple[App, App, str]:
+    """Two instances on one memory store with ``settings`` (a TLS listener among them), once they share the
+    coordinators: (a, b, b's TLS URL as a knows it). The caller stops both."""
+    backend = MemoryBackend()
+    a = await start_app(settings, store=MemoryStore(backend))
+    b = await start_app(settings, store=MemoryStore(backend))
+    b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
+    for _ in range(int(WAIT_S / 0.05)):
+        if b_url in a.coordinator.assignments().values() and a.coordinator.tls_url(b_url):
+            break
+        await asyncio.sleep(0.05)
+    b_tls = a.coordinator.tls_url(b_url)
+    if b_tls is None:
+        await b.stop()
+        await a.stop()
+        raise AssertionError("the two instances never shared the coordinators")
+    return a, b, b_tls

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from tc_server.app import start_app
 from tc_server.client import (
     ClientAuth,
     ConnectionFailed,
@@ -29,7 +28,6 @@ from tc_server.config import Settings
 from tc_server.coordinator import leadership
 from tc_server.server import connection as connection_module
 from tc_server.server.relay import open_relay
-from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import (
     Connect,
     Connected,
@@ -42,7 +40,7 @@ from tc_server.wire import (
     encode_command,
 )
 from tests.security.pki import TestCa, data_url, make_token
-from tests.security.support import WAIT_S, raw_connect, tls_client, token_auth
+from tests.security.support import WAIT_S, raw_connect, relayed, sharing_instances, tls_client, token_auth
 from tests.support.stand_in_broker import StandInBroker, connect_to
 
 TLS_AUTH = ClientAuth("tls", b"")  # what the Java client's AuthenticationTls sends in CONNECT
@@ -270,13 +268,10 @@ async def test_a_tls_client_is_carried_to_a_brokers_tls_url_behind_a_plain_upstr
     app = await start(**tls_settings(ca, server, upstream_url=upstream.url, lookup_connections="proxy",
                                      broker_client_tls_trust_certs=str(ca.cert_file)))
     assert app.tls_listener is not None
-    url = f"pulsar+ssl://localhost:{app.tls_listener.port}"
     client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
     try:
         assert (await client.lookup("persistent://public/default/orders")).proxy_through_service_url
-        relayed = await open_connection(url, replace(connect_command(), proxy_to_broker_url=f"localhost:{owner.port}"),
-                                        ssl_context=client_context(ca), timeout_s=WAIT_S, factory=lambda: TcClient(url))
-        relayed.close()
+        (await relayed(app.tls_listener.port, client_context(ca), ClientAuth(), f"localhost:{owner.port}")).close()
         assert len(owner.connects) == 1
     finally:
         client.close()
@@ -354,17 +349,9 @@ async def test_a_tls_client_is_relayed_to_a_peer_instance_over_tls_only(ca, secr
                         tls_cert_file=str(server.cert_file), tls_key_file=str(server.key_file),
                         broker_client_tls_trust_certs=str(ca.cert_file), authentication_providers="token",
                         token_secret_key=data_url(secret)).validate()
-    backend = MemoryBackend()
-    a = await start_app(settings, store=MemoryStore(backend))
-    b = await start_app(settings, store=MemoryStore(backend))
+    a, b, b_tls = await sharing_instances(settings)
     try:
         b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
-        for _ in range(int(WAIT_S / 0.05)):  # until the two instances share the coordinators
-            if b_url in a.coordinator.assignments().values() and a.coordinator.tls_url(b_url):
-                break
-            await asyncio.sleep(0.05)
-        b_tls = a.coordinator.tls_url(b_url)
-        assert b_tls is not None
         token = make_token(secret, "HS256", "alice").encode()
         assert a.tls_listener is not None
         for named in (b_url, b_tls):
@@ -419,15 +406,12 @@ async def test_a_tls_client_is_given_a_tls_address_for_a_broker_without_one_that
     server = ca.issue("localhost", "server", server=True)
     app = await start(**tls_settings(ca, server, upstream_url=upstream.url))
     assert app.tls_listener is not None
-    url = f"pulsar+ssl://localhost:{app.tls_listener.port}"
     client = await tls_client(app.tls_listener.port, client_context(ca), ClientAuth())
     try:
         answer = await client.lookup("persistent://public/default/orders")
         assert (answer.broker_service_url, answer.broker_service_url_tls, answer.proxy_through_service_url) == (
             owner.url, f"pulsar+ssl://127.0.0.1:{owner.port}", True)
-        relayed = await open_connection(url, replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner.port}"),
-                                        ssl_context=client_context(ca), timeout_s=WAIT_S, factory=lambda: TcClient(url))
-        relayed.close()
+        (await relayed(app.tls_listener.port, client_context(ca), ClientAuth(), f"127.0.0.1:{owner.port}")).close()
         assert len(owner.connects) == 1
     finally:
         client.close()

@@ -14,15 +14,13 @@ from dataclasses import replace
 
 import pytest
 
-from tc_server.app import start_app
 from tc_server.client import ClientAuth, ConnectionFailed, HandshakeRefused, TcClient, connect_command, open_connection
 from tc_server.config import ConfigError, Settings
 from tc_server.coordinator import leadership
 from tc_server.server.connection import NO_REQUEST_ID
-from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import Connect, Error, LookupResponse, LookupType, ServerError, decode_command, encode_command
 from tests.security.pki import TestCa, data_url, make_token
-from tests.security.support import WAIT_S, owner_of, tls_client, token_auth
+from tests.security.support import WAIT_S, owner_of, relayed, sharing_instances, tls_client, token_auth
 from tests.security.test_tls import TLS_AUTH, broker_context, client_context, tls_settings
 from tests.support.stand_in_broker import StandInBroker
 
@@ -42,12 +40,8 @@ def answering_with(url: str) -> StandInBroker:
 
 
 async def relay(port: int, context: ssl.SSLContext, auth: ClientAuth, broker: str) -> None:
-    """A connection asking tc-server to carry it to ``broker`` (HOST:PORT), as the Java client does after a
-    lookup answered proxy_through_service_url, closed once CONNECTED came back."""
-    url = f"pulsar+ssl://localhost:{port}"
-    conn = await open_connection(url, replace(connect_command(auth), proxy_to_broker_url=broker), ssl_context=context,
-                                 timeout_s=WAIT_S, factory=lambda: TcClient(url))
-    conn.close()
+    """A relayed connection (support.relayed), closed once CONNECTED came back."""
+    (await relayed(port, context, auth, broker)).close()
 
 
 async def test_a_certificate_clients_lookups_and_relays_go_as_a_proxys_and_a_token_clients_as_its_own(
@@ -159,14 +153,6 @@ def test_proxy_settings_that_cannot_work_are_refused_naming_the_setting(settings
         replace(Settings(), **settings).validate()
 
 
-async def relayed_client(port: int, context: ssl.SSLContext, named: str) -> TcClient:
-    url = f"pulsar+ssl://localhost:{port}"
-    conn = await open_connection(url, replace(connect_command(TLS_AUTH), proxy_to_broker_url=named),
-                                 ssl_context=context, timeout_s=WAIT_S, factory=lambda: TcClient(url))
-    assert isinstance(conn, TcClient)
-    return conn
-
-
 async def test_a_certificate_client_relayed_to_a_peer_acts_as_itself_not_as_the_proxy_role(
         tmp_path, monkeypatch) -> None:
     # The proxy credentials are for brokers (their proxyRoles). A certificate client relayed to a peer tc-server
@@ -186,23 +172,15 @@ async def test_a_certificate_client_relayed_to_a_peer_acts_as_itself_not_as_the_
                         authentication_providers="tls,token", token_secret_key=data_url(secret),
                         upstream_url=upstream.url, upstream_proxy_auth_plugin="token",
                         upstream_proxy_auth_params=f"token:{proxy_token}").validate()
-    backend = MemoryBackend()
-    a = await start_app(settings, store=MemoryStore(backend))
-    b = await start_app(settings, store=MemoryStore(backend))
+    a, b, b_tls = await sharing_instances(settings)
     clients: list[TcClient] = []
     try:
-        b_url = f"pulsar://127.0.0.1:{b.listeners[0].port}"
-        for _ in range(int(WAIT_S / 0.05)):  # until the two instances share the coordinators
-            if b_url in a.coordinator.assignments().values() and a.coordinator.tls_url(b_url):
-                break
-            await asyncio.sleep(0.05)
-        b_tls = a.coordinator.tls_url(b_url)
-        assert b_tls is not None, "the instances never shared the coordinators"
+        b_url = next(url for url in a.coordinator.assignments().values() if a.coordinator.tls_url(url) == b_tls)
         tc_id = next(tc for tc, url in a.coordinator.assignments().items() if url == b_url)
         assert a.tls_listener is not None
         named = b_tls.split("//")[1]
         try:
-            alice = await relayed_client(a.tls_listener.port, client_context(ca, ca.issue("alice", "alice")), named)
+            alice = await relayed(a.tls_listener.port, client_context(ca, ca.issue("alice", "alice")), TLS_AUTH, named)
         except (HandshakeRefused, ConnectionFailed):
             return  # refused at the peer: safe (the client's certificate cannot be presented for it)
         clients.append(alice)
@@ -210,8 +188,8 @@ async def test_a_certificate_client_relayed_to_a_peer_acts_as_itself_not_as_the_
         assert opened.error is None, opened
         owner = await owner_of(a, tc_id, opened.least)
         # Mallory, another certificate client relayed the same way, ends alice's txn.
-        mallory = await relayed_client(a.tls_listener.port, client_context(ca, ca.issue("mallory", "mallory")),
-                                       named)
+        mallory = await relayed(a.tls_listener.port, client_context(ca, ca.issue("mallory", "mallory")), TLS_AUTH,
+                                named)
         clients.append(mallory)
         ended = await asyncio.wait_for(mallory.end_txn(tc_id, opened.least, commit=False), WAIT_S)
         assert owner == "alice" and ended.error is not None, (

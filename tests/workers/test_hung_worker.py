@@ -57,6 +57,7 @@ def test_a_worker_that_hangs_before_it_ever_answers_is_replaced(tmp_path: Path) 
     # restart either), as only a worker that had been ready was ever taken for hung.
     server = workers_server(tmp_path)
     server.start(wait=False)
+    stopped: int | None = None
     try:
         assert server.proc is not None
         deadline = time.monotonic() + 30
@@ -72,3 +73,5 @@ def test_a_worker_that_hangs_before_it_ever_answers_is_replaced(tmp_path: Path) 
         assert [(line["pid"], line["answered_since_start"]) for line in killed] == [(stopped, False)], killed
     finally:
         server.kill()
+        if stopped is not None and alive(stopped):  # stopped before it asked to die with the supervisor
+            os.kill(stopped, signal.SIGKILL)
