@@ -452,17 +452,17 @@ class Settings:
         self._validate_advertised("advertised_url_tls", ("pulsar+ssl",))
         if self.advertised_url_tls and not self.tls_listen:
             raise ConfigError("advertised_url_tls: needs tls_listen", "advertised_url_tls")
+        kinds: dict[str, str] = {}
         for prefix in ("broker_client_auth", "upstream_proxy_auth"):
             plugin, params = f"{prefix}_plugin", f"{prefix}_params"
-            plugin_kind = broker_client_plugin_kind(getattr(self, plugin), plugin)  # an unknown plugin: ConfigError
-            if getattr(self, params).strip() and plugin_kind == "none":
+            kinds[prefix] = broker_client_plugin_kind(getattr(self, plugin), plugin)  # an unknown plugin: ConfigError
+            if getattr(self, params).strip() and kinds[prefix] == "none":
                 # Without a plugin they are never read, and the brokers are asked with no credentials at all.
                 raise ConfigError(f"{params}: needs {plugin} (token or tls), which says how to present them", params)
         if self.upstream_proxy_auth_plugin.strip() and not self.upstream_urls:
             raise ConfigError("upstream_proxy_auth_plugin: does nothing without upstream_url (nothing is forwarded)",
                               "upstream_proxy_auth_plugin")
-        if broker_client_plugin_kind(self.upstream_proxy_auth_plugin, "upstream_proxy_auth_plugin") == "tls" \
-                and self.upstream_urls and not self.upstream_tls:
+        if kinds["upstream_proxy_auth"] == "tls" and self.upstream_urls and not self.upstream_tls:
             # Its certificate goes in a TLS handshake, and a pulsar:// upstream has none: every forwarded
             # request of a certificate client would be refused.
             raise ConfigError("upstream_proxy_auth_plugin: the TLS plugin needs a pulsar+ssl:// upstream_url (its "

@@ -115,7 +115,7 @@ class BrokerDelivery:
     async def end_txn_on(self, participant: Participant, most: int, least: int, committed: bool,
                          low_watermark: Callable[[], int]) -> None:
         """Return once the broker owning the participant acknowledged the decision."""
-        command = PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
+        command = _command_of(participant)
         backoff: Backoff | None = None  # made at the first failure: most deliveries succeed at once
         failing_since = 0.0  # loop time of the first failure, once there is one
         while True:
@@ -129,7 +129,7 @@ class BrokerDelivery:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
                     failing_since = now
                 self._owners.pop(participant.topic, None)
-                outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
+                outcome = _outcome(exc)
                 self._requests.labels(command, outcome).inc()
                 where = {"txn": f"({most},{least})", "topic": participant.topic, "broker": broker,
                          "error": str(exc) or type(exc).__name__}
@@ -160,12 +160,12 @@ class BrokerDelivery:
         """One attempt to tell the participant's broker a decision it acknowledged before (the ABORT reminder,
         tc_server/coordinator/partition.py): True once acknowledged. A failure is counted, logged at info at
         most once a second, and not retried: the decision was delivered, this is best effort."""
-        command = PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
+        command = _command_of(participant)
         try:
             await self._attempt(participant, most, least, committed, low_watermark, command)
         except (ClientError, TimeoutError) as exc:
             self._owners.pop(participant.topic, None)
-            outcome = exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__
+            outcome = _outcome(exc)
             self._requests.labels(command, outcome).inc()
             if (left_out := self._log_limiter.allow(f"reminder:{command}:{outcome}")) is not None:
                 log.info(f"{command} sent again after its delivery failed; not retried", txn=f"({most},{least})",
@@ -304,3 +304,14 @@ class BrokerDelivery:
         failure = error_of(answer)
         if failure is not None:
             raise BrokerError(broker, failure[0], failure[1])
+
+
+def _command_of(participant: Participant) -> str:
+    """The command that tells ``participant`` a decision (a partition's, or a subscription's)."""
+    return PARTITION_COMMAND if participant.subscription is None else SUBSCRIPTION_COMMAND
+
+
+def _outcome(exc: ClientError | TimeoutError) -> str:
+    """A failed attempt's outcome label of tc_server_participant_requests_total: the broker's error, or the
+    failure's kind."""
+    return exc.error.name if isinstance(exc, BrokerError | HandshakeRefused) else type(exc).__name__

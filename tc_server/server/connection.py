@@ -521,10 +521,9 @@ class ClientConnection(asyncio.Protocol):
         forwardable = name in FORWARDED_COMMANDS and request_id is not None
         if upstream is not None and self._connect is not None and forwardable:
             if self._forwarding is None:
-                over_tls = self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
                                                      self._upstream_credentials_expired, proxied=self._proxied,
-                                                     proxy_for=self._proxy_for, client_tls=over_tls)
+                                                     proxy_for=self._proxy_for, client_tls=self._over_tls())
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         self._log_repeated("command not served", command=name, request_id=request_id)
@@ -695,9 +694,9 @@ class ClientConnection(asyncio.Protocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
         self._log = self._log.bind(proxy_to=target[:256])
+        broker_connect = connect_for_broker(connect, self._proxied)
         if peer:  # a plain client goes to the peer's plain URL (_peers), a TLS one to its TLS URL
             ssl_context = self._ctx.peer_ssl_context if url.startswith("pulsar+ssl://") else None
-            broker_connect = connect_for_broker(connect, self._proxied)
         else:
             assert upstream is not None  # proxy_target named the URL
             # A plain upstream names its brokers' TLS URLs too, and a TLS client is carried to the one it
@@ -707,8 +706,8 @@ class ClientConnection(asyncio.Protocol):
             # tc-server: that takes the proxy credentials as the proxy role's own unless its --proxy-roles lists
             # it, and every certificate client relayed there acted as that one role (a review's).
             try:
-                broker_connect = (upstream.proxy_connect(connect, self._proxy_for) if self._proxy_for is not None
-                                  else connect_for_broker(connect, self._proxied))
+                if self._proxy_for is not None:
+                    broker_connect = upstream.proxy_connect(connect, self._proxy_for)
             except ConnectionFailed as exc:  # the proxy credentials cannot be read (a token file gone)
                 self._log.warning("cannot proxy to the broker", error=str(exc))
                 self.send(Error(NO_REQUEST_ID, ServerError.ServiceNotReady, f"cannot proxy to {target}: {exc}"))
@@ -717,12 +716,16 @@ class ClientConnection(asyncio.Protocol):
         self._tasks.add(task := self._loop.create_task(self._open_relay(url, broker_connect, ssl_context)))
         task.add_done_callback(self._tasks.discard)
 
+    def _over_tls(self) -> bool:
+        """Whether the client speaks TLS to tc-server (came to the pulsar+ssl:// listener)."""
+        return self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
+
     def _peers(self) -> dict[str, str | None]:
         """HOST:PORT of each peer tc-server instance (its plain and its TLS address) -> the URL to relay to.
         A client that came over TLS is relayed over TLS or not at all (None: the peer has no TLS URL):
         its credentials crossed a plain connection to the peer when it named the peer's plain address."""
         coordinator = self._ctx.dispatcher.coordinator
-        over_tls = self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
+        over_tls = self._over_tls()
         peers: dict[str, str | None] = {}
         for url in coordinator.assignments().values():
             tls = coordinator.tls_url(url)

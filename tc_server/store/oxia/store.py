@@ -123,7 +123,9 @@ class OxiaStore(StoreWrites):
         self._index_gets: bool | None = None  # whether the server answers gets on an index (_check_index_gets)
         self._index_check: asyncio.Future[None] | None = None  # that check, under way or failed
         self._writers: dict[int, ShardWriter] = {}
-        self._closing: set[asyncio.Task[None]] = set()  # writers of shards whose leader moved
+        # Background tasks held until done (the loop holds tasks only weakly): the closes of writers of shards whose
+        # leader moved, the index check's delete.
+        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def _start(self) -> None:
