@@ -56,6 +56,12 @@ MAX_CONNECTIONS_PER_ADDRESS = 32
 # within the request timeout or far sooner; a client that sends its headers and never the body it
 # announced must not hold up the stop of the whole process.
 SHUTDOWN_TIMEOUT_S = 1.0
+# The paths of a Pulsar client's HTTP lookups (a service URL of http:// or https://: partitioned metadata,
+# topic lookups, namespaces' topics, schemas). tc-server answers lookups on its Pulsar protocol port only, so
+# such a client fails with a bare "Not Found"; the 404 says what to give it instead, for whoever reads it.
+HTTP_LOOKUP_PREFIXES = ("/lookup/", "/admin/v2/")
+HTTP_LOOKUP_HINT = ("tc-server answers lookups on its Pulsar protocol port only: give clients its pulsar:// "
+                    "(or pulsar+ssl://) URL as their service URL, not this HTTP address")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -266,6 +272,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
             reason = f"{request.method} is not allowed on {request.path[:200]}; use {allowed or 'another method'}"
         elif exc.status == 404:
             reason = f"no such endpoint: {request.method} {request.path[:200]}"
+            if request.path.startswith(HTTP_LOOKUP_PREFIXES):
+                reason = f"{reason}; {HTTP_LOOKUP_HINT}"
         else:
             reason = exc.reason
         response = json_response(exc.status, {"reason": reason})

@@ -136,6 +136,19 @@ async def test_a_wrong_method_is_named_as_such_not_as_a_missing_endpoint(app):
     assert doc["reason"] == "GET is not allowed on /admin/v3/transactions/abort/1/0; use POST", doc
 
 
+async def test_a_clients_http_lookup_is_told_to_use_the_pulsar_url(app):
+    # A Java client given tc-server's admin address as an http:// service URL asks these paths first (the
+    # coordinators' partitions, then a topic lookup) and failed with "Not found: Not Found"; the 404 now says
+    # what to give it, for whoever looks at the port with curl.
+    for path in ("/admin/v2/persistent/pulsar/system/transaction_coordinator_assign/partitions",
+                 "/lookup/v2/topic/persistent/public/default/orders"):
+        status, doc = await get(app, path)
+        assert status == 404, doc
+        assert doc["reason"] == (f"no such endpoint: GET {path}; tc-server answers lookups on its Pulsar protocol "
+                                 "port only: give clients its pulsar:// (or pulsar+ssl://) URL as their service "
+                                 "URL, not this HTTP address"), doc
+
+
 async def test_metadata_lists_pulsar_5_participants_from_their_op_records(app, client):
     # A Pulsar 5 participant records each write and ack as an op record (PIP-473): transactionMetadata lists
     # their segments as a broker's coordinator lists its participants.
