@@ -11,7 +11,7 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # --- builder: a virtualenv holding tc-server and its runtime dependencies, nothing else -------------
 FROM ${PYTHON_IMAGE} AS builder
 WORKDIR /src
-# .dockerignore admits only what a build needs (pyproject.toml, uv.lock, uv-requirements.txt, README.md,
+# .dockerignore admits only what a build needs (pyproject.toml, uv.lock, uv-requirements.txt, README.md, LICENSE,
 # tc_server/, deploy/install.sh).
 COPY . .
 # The same script `make image-check` runs outside Docker: uv (pinned by hash in uv-requirements.txt)

@@ -45,15 +45,31 @@ class _StdlibLines(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler configure_logging puts on the root logger (told from others, so it is there once)."""
 
 
+class _NamedLines(structlog.PrintLogger):
+    """A PrintLogger that keeps the name its module asked for (``structlog.get_logger("tc_server.delivery")``),
+    so that every line says which part of tc-server wrote it, as the libraries' lines do (``logger``)."""
+
+    def __init__(self, file: TextIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+def _add_module_name(logger: Any, method_name: str, event_dict: Any) -> Any:
+    event_dict.setdefault("logger", getattr(logger, "name", "tc_server"))
+    return event_dict
+
+
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     """``fmt``: ``json``, ``console`` or ``auto`` (console when stderr is a TTY)."""
     use_console = resolved_format(fmt) == "console"
+    lines = cast(TextIO, LinesOrNothing(sys.stderr))
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_module_name,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -61,7 +77,7 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         # What PrintLogger uses of a file is write() and flush().
-        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, LinesOrNothing(sys.stderr))),
+        logger_factory=lambda *args: _NamedLines(lines, str(args[0]) if args else "tc_server"),
         cache_logger_on_first_use=True,
     )
     # The libraries' own logging (asyncio's "Task exception was never retrieved", aiohttp's, grpc's) in the

@@ -86,3 +86,13 @@ def test_the_patterns_catch_what_they_are_for() -> None:
         assert not OUTSIDE_REFERENCES.search(fine), fine
     assert DOC_PATH.findall("see docs/semantics.md §2 and ./docs/x.md") == ["semantics.md"]
     assert DOC_LINK.findall("[s](semantics.md#x) and [u](https://a/b.md)") == ["semantics.md"]
+
+
+def test_the_readme_module_table_lists_every_package() -> None:
+    # It had left out client/, auth/ and participants/, and named bench/ as the home of the wire-level client.
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("## Architecture (one screen)")
+    table = readme[start:readme.index("## Configuration", start)]
+    packages = sorted(p.name for p in (REPO / "tc_server").iterdir()
+                      if (p / "__init__.py").exists() and not p.name.startswith("_"))
+    assert not [p for p in packages if f"`tc_server/{p}/`" not in table], table

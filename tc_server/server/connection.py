@@ -455,7 +455,7 @@ class ClientConnection(asyncio.Protocol):
     # Each handler takes the decoded command and its BaseCommand bytes; what has no route here is
     # forwarded to the upstream broker (or refused without one): see _forward_or_refuse.
     def _on_txn_request(self, cmd: Any, frame: bytes) -> None:
-        self._start(self._ctx.dispatcher.transaction(cmd, self._principal, self._superuser), cmd)
+        self._start(self._ctx.dispatcher.transaction(cmd, self._principal, self._superuser, self._log), cmd)
 
     def _on_ping(self, cmd: Any, frame: bytes) -> None:
         self.send(Pong())

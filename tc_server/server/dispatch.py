@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import structlog
 
@@ -158,8 +159,10 @@ class Dispatcher:
 
     # -- transaction requests (awaited; many in flight per connection) -------------------------
 
-    async def transaction(self, cmd: TxnRequest, principal: str | None, superuser: bool = False) -> TxnResponse:
-        """Serve one txn request, as ``principal`` (a superuser acts on any txn); never raises. The
+    async def transaction(self, cmd: TxnRequest, principal: str | None, superuser: bool = False,
+                          conn_log: Any = log) -> TxnResponse:
+        """Serve one txn request, as ``principal`` (a superuser acts on any txn); never raises. A failure is
+        logged to ``conn_log``, the connection's logger (its peer, role and client bound). The
         response always carries txnid_most_bits = tcId, errors included: the Java client routes
         responses by it and closes the connection on an unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
@@ -186,7 +189,7 @@ class Dispatcher:
             # At most one line per command and error per second: a client can fail requests at will
             # (issue 15, log amplification); tc_server_request_errors_total counts every one.
             if (left_out := self._log_limiter.allow(f"{name}:{error.name}")) is not None:
-                log.info("request failed", command=name, request_id=cmd.request_id, txn=f"({most},{least})",
+                conn_log.info("request failed", command=name, request_id=cmd.request_id, txn=f"({most},{least})",
                          error=error.name, message=message, left_out_since_last_line=left_out)
             # A fact for /readyz (tc_server/health.py), and a deadline passed is one too: a store whose
             # writes never complete (a stalled disk, a hung writer process) raises nothing, requests just

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,6 +104,14 @@ def test_every_alert_has_a_severity_and_its_runbook_section() -> None:
         assert rule["annotations"]["runbook"] == f"docs/alerts.md#{name.lower()}", name
         assert name in headings, f"docs/alerts.md has no '### {name}' section"
     assert headings == {rule["alert"] for rule in rules()}, "docs/alerts.md describes alerts that do not exist"
+
+
+def test_the_readme_counts_the_rules_there_are() -> None:
+    # The README said 14 rules, and its list left out the critical TcServerTransactionsRefused (a review).
+    readme = (ROOT / "README.md").read_text()
+    stated = re.search(r"alerts\.yml` \((\d+) rules:", readme)
+    assert stated is not None, "README no longer states how many alert rules there are"
+    assert int(stated[1]) == len(rules())
 
 
 def test_the_prometheus_rule_holds_the_same_groups() -> None:

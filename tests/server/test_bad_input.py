@@ -110,7 +110,7 @@ async def test_a_bug_while_serving_a_txn_request_is_answered_on_a_connection_tha
     dispatcher = app.context.dispatcher
     serve = dispatcher.transaction
 
-    async def broken_once(cmd, principal, superuser):
+    async def broken_once(cmd, principal, superuser, conn_log):
         monkeypatch.setattr(dispatcher, "transaction", serve)
         raise RuntimeError("a bug")
 
@@ -131,7 +131,7 @@ async def test_a_txn_request_whose_serving_is_cancelled_from_elsewhere_is_answer
     dispatcher = app.context.dispatcher
     serve = dispatcher.transaction
 
-    async def cancelled_once(cmd, principal, superuser):
+    async def cancelled_once(cmd, principal, superuser, conn_log):
         monkeypatch.setattr(dispatcher, "transaction", serve)
         raise asyncio.CancelledError
 
