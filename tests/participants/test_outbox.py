@@ -31,6 +31,7 @@ from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoor
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, NotAllowed, TransactionNotFound
 from tc_server.coordinator.layout import Participant, TxnHeader, TxnState
 from tc_server.coordinator.partition import (
+    MAX_PARTICIPANT_NAME_BYTES,
     MAX_PARTICIPANTS_PER_ADD,
     TIMEOUT_RETRY_MS,
     UNKNOWN_WATERMARK,
@@ -458,6 +459,23 @@ async def test_an_add_naming_too_many_participants_is_refused_before_anything_is
         assert await records(store, 0, least) == {}
         await p.add_participants(least, None, many[:MAX_PARTICIPANTS_PER_ADD])  # the most one request may name
         assert len(await records(store, 0, least)) == MAX_PARTICIPANTS_PER_ADD
+
+
+async def test_a_name_longer_than_the_limit_is_refused_before_anything_is_written(store: MetadataStore) -> None:
+    # Each participant is held in memory until delivered: 3,000 topics of 20 KB in one txn took RSS from 61 to
+    # 307 MiB of a real process (a review of hostile input).
+    async with led(store) as tc:
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        longest = "persistent://public/default/" + "t" * (MAX_PARTICIPANT_NAME_BYTES - 28)
+        for bad in (Participant(longest + "t"), Participant(TOPIC, "s" * (MAX_PARTICIPANT_NAME_BYTES + 1)),
+                    Participant(longest[:-1] + "é")):  # bytes, not characters
+            with pytest.raises(NotAllowed, match=f"bytes; at most {MAX_PARTICIPANT_NAME_BYTES}"):
+                await p.add_participants(least, None, [Participant(OTHER), bad])
+        assert await records(store, 0, least) == {}
+        at_the_limit = [Participant(longest), Participant(TOPIC, "s" * MAX_PARTICIPANT_NAME_BYTES)]
+        await p.add_participants(least, None, at_the_limit)
+        assert len(await records(store, 0, least)) == 2
 
 
 async def test_a_txn_past_its_participant_limit_is_refused_new_ones_and_still_commits_what_it_has(
