@@ -167,8 +167,11 @@ class ServerContext:
         # Requests each connection may have in flight: an equal share of the server-wide bound, so that
         # one flooding connection cannot take it all and starve the others (issue 15: a flooder made a
         # well-behaved client fail 5 of 81 requests), and never above MAX_IN_FLIGHT. Kept up to date as
-        # connections come and go, not computed twice per request (~1.5 % of the event loop, profiled).
-        self.in_flight_share = max(1, min(MAX_IN_FLIGHT, self.max_in_flight // max(1, len(self.connections))))
+        # connections come and go, not computed twice per request (~1.5 % of the event loop, profiled). A
+        # lone connection gets half, not all: the other half is there for whoever connects next (a review: one
+        # connection's 4,096 END_TXNs, each waiting --participant-wait-s for an unreachable participant, held
+        # the whole bound, and a client that connected then was served nothing for as long).
+        self.in_flight_share = max(1, min(MAX_IN_FLIGHT, self.max_in_flight // max(2, len(self.connections))))
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address`` in, or say which limit refuses it."""
@@ -358,7 +361,10 @@ class ClientConnection(asyncio.Protocol):
         # this read are already in the decoder. They wait there until reading resumes.
         try:
             while not self._closing and not self._flow.paused:
-                if self._ctx.in_flight >= self._ctx.max_in_flight:
+                # A connection still in its handshake is read whatever the bound: a CONNECT takes no slot, and
+                # paused it went unanswered until its keep-alive closed it for sending no CONNECT (a review:
+                # 4,200 END_TXNs waiting for their participants on one connection kept every new client out).
+                if self._ctx.in_flight >= self._ctx.max_in_flight and self._connected:
                     self._pause_reading("server-busy")
                     self._ctx.paused.add(self)
                     return

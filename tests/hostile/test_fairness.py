@@ -67,3 +67,47 @@ async def test_a_flooding_connection_cannot_take_the_whole_bound(settings: Setti
         polite.close()
     finally:
         await app.stop()
+
+
+async def test_a_client_that_connects_after_the_flood_is_handshaken_and_served(settings: Settings) -> None:
+    # Found by a review with a real process: one connection's 4,200 END_TXNs, each waiting --participant-wait-s
+    # for a participant no broker knows, held the whole bound (a connection alone had all of it as its share),
+    # and a client that connected then was not even read: its CONNECT went unanswered until the keep-alive
+    # closed it for sending none. A connection alone now gets half, and a handshake is read whatever the bound.
+    store = GatedStore()
+    app = await start_app(replace(settings, max_requests_in_flight=BOUND), store=store)
+    try:
+        context = app.context
+
+        async def until_in_flight(count: int) -> None:
+            for _ in range(500):  # bounded
+                if context.in_flight >= count:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # and nothing more is read
+            assert context.in_flight == count
+
+        first = await connect("127.0.0.1", app.listeners[0].port)
+        store.gate.clear()
+        flood = [asyncio.ensure_future(first.new_txn(tc_id=i % 16)) for i in range(200)]
+        await until_in_flight(BOUND // 2)  # half: the rest is there for whoever connects next
+        polite = await asyncio.wait_for(connect("127.0.0.1", app.listeners[0].port), ANSWER_BOUND_S)
+        request = asyncio.ensure_future(polite.new_txn(tc_id=3))
+        await until_in_flight(BOUND // 2 + 1)
+        # More flooders take the rest of the bound (each its share): a client connecting now is handshaken all
+        # the same.
+        flooders = [first]
+        while context.in_flight < BOUND and len(flooders) < 4:
+            flooders.append(await connect("127.0.0.1", app.listeners[0].port))
+            flood += [asyncio.ensure_future(flooders[-1].new_txn(tc_id=i % 16)) for i in range(200)]
+            await asyncio.sleep(0.2)
+        await until_in_flight(BOUND)
+        late = await asyncio.wait_for(connect("127.0.0.1", app.listeners[0].port), ANSWER_BOUND_S)
+        store.gate.set()
+        assert (await asyncio.wait_for(request, ANSWER_BOUND_S)).error is None
+        assert (await asyncio.wait_for(late.new_txn(tc_id=5), ANSWER_BOUND_S)).error is None
+        assert all(a.error is None for a in await asyncio.wait_for(asyncio.gather(*flood), ANSWER_BOUND_S))
+        for client in (*flooders, polite, late):
+            client.close()
+    finally:
+        await app.stop()

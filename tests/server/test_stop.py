@@ -109,12 +109,13 @@ async def test_a_request_the_store_holds_is_answered_before_the_stop_closes_it(
 
 async def test_requests_received_but_not_started_are_answered_by_the_stop(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The server is at its bound of requests in flight (4): four more wait unread in the decoder. Before,
+    # The connection is at its share of requests in flight (4, half of the server's 8 for a connection alone):
+    # four more wait unread in the decoder. Before,
     # the stop closed the connection without a word for them (the Java client then waits out its 30 s
     # operation timeout for each); now they are answered at once, retryably.
     monkeypatch.setattr(app_module, "DRAIN_MAX_S", 1.0)
     store = GatedStore()
-    app = await start_app(replace(settings, max_requests_in_flight=4), store=store)
+    app = await start_app(replace(settings, max_requests_in_flight=8), store=store)
     client = await connect("127.0.0.1", app.listeners[0].port)
     try:
         store.gate.clear()
