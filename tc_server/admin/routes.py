@@ -546,7 +546,7 @@ class AdminRoutes:
         doc: dict[str, object] = {"txnId": txn_id(most, least), "participants": []}
         header = await self._tc.store.get(layout.header_path(most, least), partition_key=layout.txn_key(most, least))
         if header is None:
-            doc["status"] = None  # no header: delivered as ABORTED (docs/participants.md)
+            doc["status"] = None  # no header: the decision is unknown, held until dropped (docs/participants.md)
             return doc
         try:
             parsed = TxnHeader.from_json(header.value)

@@ -123,6 +123,9 @@ class _Outbox:
     state: TxnState
     done: asyncio.Future[None]
     tasks: set[asyncio.Task[bool]] = field(default_factory=set)
+    # Held with participant records and no header (recover_outbox): its decision is unknown, and only an
+    # operator's drops release it.
+    headerless: bool = False
 
 
 @functools.lru_cache(maxsize=ENCODED_PARTICIPANTS)
@@ -619,12 +622,14 @@ class CoordinatorPartition:
         # leader's CAS whose answer it lost is then counted by no one: rarer, and never twice.)
         await self._decided(least, header, timed_out=timed_out, counted=least in self._unsure)
 
-    def _hold_undeliverable(self, least: int) -> None:
+    def _hold_undeliverable(self, least: int, headerless: bool = False) -> None:
         """Keep a txn whose decision cannot be read in the outbox, undelivered: it holds the low
         watermark (its brokers must not abort what may be a commit) and shows in the admin's
-        "undelivered" until an operator repairs the header and the coordinator is led again."""
+        "undelivered" until an operator repairs the header and the coordinator is led again, or, for a
+        ``headerless`` one, drops its participants (drop_participant)."""
         if least not in self._undelivered:
-            self._undelivered[least] = _Outbox(self._clock(), TxnState.OPEN, asyncio.get_running_loop().create_future())
+            self._undelivered[least] = _Outbox(self._clock(), TxnState.OPEN, asyncio.get_running_loop().create_future(),
+                                               headerless=headerless)
             heapq.heappush(self._undelivered_ids, least)
 
     def _check_still_leading(self, least: int, what: str) -> None:
@@ -1001,12 +1006,17 @@ class CoordinatorPartition:
             if stored is None:
                 if not await self._read_participants(least):
                     continue  # delivered meanwhile (the previous leader's last acknowledgements)
-                # GC never deletes a header with participant records, so this is damage: a
-                # participant without a header is ABORTED for PIP-473's participants too.
-                self._log.warning("participant records without a header; delivering ABORTED",
-                                  txn=f"({self.tc_id},{least})")
-                self._start_delivery(least, TxnState.ABORTED, participants, self._clock())
-                redriven += 1
+                # tc-server's GC never deletes a header with participant records, but a Pulsar 5 broker's
+                # coordinator sharing the store does: its GC looks at op records only, and deletes a decided
+                # header past its retention while this instance was away (a review, with a real 5.0.0-M1
+                # broker). The decision is unknown here: told ABORTED, a committed txn's messages were lost.
+                # Held instead, holding the low watermark, until an operator drops its participants.
+                self._log.error("participant records without a header: the decision was deleted by another "
+                                "coordinator's garbage collection (a Pulsar 5 broker's?) and is unknown here; its "
+                                "participants are not told and hold the low watermark until an operator drops "
+                                "them (docs/participants.md)", txn=f"({self.tc_id},{least})",
+                                participants=len(participants))
+                self._hold_undeliverable(least, headerless=True)
                 continue
             try:
                 header = TxnHeader.from_json(stored.value)
@@ -1137,7 +1147,7 @@ class CoordinatorPartition:
         outbox = self._undelivered.get(least)
         if self._stopped:
             raise CoordinatorNotFound(f"transaction coordinator {self.tc_id} is not led by this instance")
-        if outbox is None or not outbox.state.terminal:
+        if outbox is None or not (outbox.state.terminal or outbox.headerless):
             # Not terminal: held because its header is unreadable (_hold_undeliverable). Delivering the
             # others would tell them a decision nobody can read.
             raise InvalidTxnStatus(f"transaction {txn} has no decision waiting for its participants here")
@@ -1161,11 +1171,15 @@ class CoordinatorPartition:
             left = await self._read_participants(least)
             self._log.warning("participant dropped by an operator: its broker is never told the decision",
                               txn=txn, topic=participant.topic, subscription=participant.subscription,
-                              decision=outbox.state.value,
+                              decision="unknown" if outbox.headerless else outbox.state.value,
                               participants_left=len(left))
         finally:
             if self._undelivered.get(least) is outbox:
-                self._start_delivery(least, outbox.state, left, outbox.decided_ms)
+                if not outbox.headerless:
+                    self._start_delivery(least, outbox.state, left, outbox.decided_ms)
+                elif left == []:  # no decision to tell: held until the last participant is dropped
+                    del self._undelivered[least]
+                    outbox.done.set_result(None)
         self._check_still_leading(least, "participant drop")
         return len(left)
 
