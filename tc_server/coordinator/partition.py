@@ -550,7 +550,8 @@ class CoordinatorPartition:
                 # the system clock was stepped back, a peer's on Oxia) was otherwise ended "before" it began,
                 # which the audit reports as an illegal header.
                 ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms,
-                                  now if now >= header.created_ms else header.created_ms, header.owner)
+                                  now if now >= header.created_ms else header.created_ms, header.owner,
+                                  header.created_text)
                 try:
                     await self._store.put(
                         path,

@@ -333,14 +333,15 @@ async def test_records_written_by_pulsars_coordinator_are_served() -> None:
     assert set(tc.partition(0).open_txns()) == {1, 2}
     # Ids go on past Pulsar's sequence record, from the clock's floor (coordinator/ids.py).
     assert await tc.partition(0).new_txn(1000, None) == id_floor(clock())
-    # The overdue one is aborted; the one in time is committed; both headers are Pulsar's form now.
+    # The overdue one is aborted; the one in time is committed; both headers are Pulsar's form now, with the
+    # createdAt Pulsar stored (nanoseconds), as its own coordinator keeps it when it ends a txn.
     assert await tc.abort_expired_now() == 1
     with pytest.raises(InvalidTxnStatus, match="ABORTED"):
         await tc.partition(0).end_txn(1, commit=True, principal=None)
     await tc.partition(0).end_txn(2, commit=True, principal=None)
     record = await store.get("/txn/id/0_2", partition_key="0_2")
     assert record is not None
-    assert record.value == (b'{"state":"COMMITTED","timeout":3600.000000000,"createdAt":1795447209.230000000,'
+    assert record.value == (b'{"state":"COMMITTED","timeout":3600.000000000,"createdAt":1795447209.230663502,'
                             b'"finalizedAt":1795447270.230000000}')
     committed = [r.key async for r in store.scan_index(
         "idx:txn-by-final-state", "/txn/id/COMMITTED:", "/txn/id/COMMITTED:~")]
