@@ -31,6 +31,11 @@ log = structlog.get_logger(__name__)
 
 # Long enough for a client across a slow link; a client that stalls holds its socket no longer.
 HANDSHAKE_TIMEOUT_S = 10.0
+# When the bound of handshakes in all is reached, a new connection (from an address under its own bound) takes
+# the slot of the oldest handshake under way this long: clients that stall their handshakes (each holds ~53 KB)
+# then keep others out only by opening sockets faster than this, where they held every slot for the whole
+# timeout. A handshake completes in milliseconds, a few hundred across a slow link.
+GIVE_UP_AFTER_S = 2.0
 # accept() failing for want of descriptors or memory: try again after this rather than spin (asyncio's
 # own server waits a second too).
 ACCEPT_RETRY_S = 1.0
@@ -51,7 +56,9 @@ class TlsServer(asyncio.AbstractServer):
         self._context = context
         self.budget = budget
         self._timeout_s = handshake_timeout_s
-        self._handshakes: set[asyncio.Task[None]] = set()
+        # Under way, in the order they began: when (loop time) and from where. Whoever takes one out (its end, or
+        # a newer connection taking its slot) gives its slot back.
+        self._handshakes: dict[asyncio.Task[None], tuple[float, str]] = {}
         for sock in sockets:
             sock.listen(backlog)
             sock.setblocking(False)
@@ -95,16 +102,26 @@ class TlsServer(asyncio.AbstractServer):
                         await asyncio.sleep(ACCEPT_RETRY_S)
                     continue  # otherwise a connection that went before it was accepted (ECONNABORTED)
                 address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+                if self.budget.full_for_others_than(address):
+                    self._give_up_oldest()
                 if not self.budget.admit(address):
                     conn.close()
                     continue
                 if conn.family in (socket.AF_INET, socket.AF_INET6):
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as create_server's transports
                 handshake = self._loop.create_task(self._handshake(conn, address))
-                self._handshakes.add(handshake)
-                handshake.add_done_callback(self._handshakes.discard)
+                self._handshakes[handshake] = (self._loop.time(), address)
         finally:
             sock.close()
+
+    def _give_up_oldest(self) -> None:
+        """Give the oldest handshake's slot to a new connection, if it has been under way GIVE_UP_AFTER_S."""
+        oldest = next(iter(self._handshakes), None)
+        if oldest is None or self._loop.time() - self._handshakes[oldest][0] < GIVE_UP_AFTER_S:
+            return
+        _, address = self._handshakes.pop(oldest)
+        self.budget.release(address)
+        oldest.cancel()
 
     async def _handshake(self, conn: socket.socket, address: str) -> None:
         try:
@@ -115,5 +132,10 @@ class TlsServer(asyncio.AbstractServer):
             # no protocol sees it (the refused certificate is the client's to report).
             log.debug("TLS handshake failed", peer=address, error=repr(exc))
             conn.close()
+        except asyncio.CancelledError:  # its slot given to a newer connection, or the server closing
+            conn.close()
+            raise
         finally:
-            self.budget.release(address)
+            task = asyncio.current_task()
+            if task is not None and self._handshakes.pop(task, None) is not None:
+                self.budget.release(address)

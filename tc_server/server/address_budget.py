@@ -27,6 +27,10 @@ class AddressBudget:
         self.count += 1
         return True
 
+    def full_for_others_than(self, address: str) -> bool:
+        """Whether the bound in all is reached while ``address`` is under its own."""
+        return self.count >= self.total and self.by_address.get(address, 0) < self.per_address
+
     def release(self, address: str) -> None:
         self.count -= 1
         left = self.by_address[address] - 1

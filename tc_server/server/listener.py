@@ -20,6 +20,12 @@ from tc_server.server.sockets import bound_socket
 
 log = structlog.get_logger("tc_server.listener")
 
+# TLS handshakes under way at once, in all and from one client address (never more than the connection limits):
+# each held for at most tls_accept.HANDSHAKE_TIMEOUT_S, so 512 keep up with thousands of clients reconnecting
+# at once, and hold ~27 MB at most.
+MAX_TLS_HANDSHAKES = 512
+MAX_TLS_HANDSHAKES_PER_ADDRESS = 128
+
 
 class PulsarListener:
     """Bound first (the advertised URL needs the port before the coordinator campaigns), started with the
@@ -54,9 +60,12 @@ class PulsarListener:
                                                     backlog=1024)
         else:
             # A connection counts against --max-connections[-per-address] once its handshake is done; the
-            # handshakes under way have a bound of their own, the same size (tls_accept.py).
-            handshakes = AddressBudget(context.max_connections, context.max_connections_per_address,
-                                         lambda address: context.refused_at_accept("max_tls_handshakes", address))
+            # handshakes under way have a bound of their own (tls_accept.py), smaller: one under way holds
+            # ~53 KB (OpenSSL's buffers), a done connection ~35 KB, a plain one ~4 KB, and 4,000 stalled
+            # handshakes took a process from 61 to 272 MiB (a review; the manifests allow 256 MiB).
+            handshakes = AddressBudget(min(context.max_connections, MAX_TLS_HANDSHAKES),
+                                       min(context.max_connections_per_address, MAX_TLS_HANDSHAKES_PER_ADDRESS),
+                                       lambda address: context.refused_at_accept("max_tls_handshakes", address))
             self._server = TlsServer([self._socket], lambda: ClientConnection(context), self._ssl, handshakes,
                                      backlog=1024)
         log.info("listening", address=f"{self._host}:{self.port}", tls=self._ssl is not None)
