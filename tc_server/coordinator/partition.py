@@ -355,11 +355,16 @@ class CoordinatorPartition:
             raise NotAllowed(
                 f"transaction timeout {ttl_ms} ms is above the maximum of {self._config.max_timeout_ms} ms"
             )
-        if 0 < self._config.max_active_txns <= len(self._open):
+        # Decided txns whose participants were not all told count too, as in Pulsar's coordinator (a txn stays
+        # in its map, COMMITTING or ABORTING, until its brokers acknowledged): each holds ~6 KB here, and a client
+        # naming a topic no broker knows in every txn grew them without bound (a review: 30,000, +164 MiB).
+        if 0 < self._config.max_active_txns <= len(self._open) + len(self._undelivered):
             # Pulsar's broker leaves such a NEW_TXN unanswered so the client does not retry it
             # (apache/pulsar#15133); an answer that is not retried says the same and names the limit.
-            raise NotAllowed(f"transaction coordinator {self.tc_id} has {len(self._open)} open transactions, "
-                             f"its limit (--max-active-transactions-per-coordinator); end some first")
+            raise NotAllowed(f"transaction coordinator {self.tc_id} has {len(self._open)} open transactions and "
+                             f"{len(self._undelivered)} decided ones its brokers have not all acknowledged, its limit "
+                             "(--max-active-transactions-per-coordinator); end some first, or see "
+                             "/admin/v3/transactions/undelivered")
         self._principals.check(owner)
         least = self._ids.take()
         if least is None:

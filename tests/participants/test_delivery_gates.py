@@ -231,15 +231,16 @@ class RefusingBroker(SocketStandIn):
         await super()._on_frame(frame, writer)
 
 
-async def test_each_refused_topic_is_named_in_the_log() -> None:
-    # Refused topics retry in step, every 30 s; with one log line a second per command and error, only
-    # the first topic of each round was ever named, the others only counted as left out.
+async def test_refusals_of_many_topics_are_one_line_per_broker_pointing_at_the_listing() -> None:
+    # A line per refused topic (each topic's own key) let a client that names a new topic no broker knows in
+    # every txn write a line per txn, again every 30 s, for good: 9,220 lines for 30,000 txns (a review). One
+    # line a second per broker and error now; every refused participant is in the admin's listing.
     broker = await RefusingBroker().start()
     upstream = await SocketStandIn(connect_to(broker.url)).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
                               max_in_flight_per_broker=10, metrics=Metrics("refusals_named"))
-    topics = [f"persistent://t/n/topic-{n}" for n in range(3)]
+    topics = [f"persistent://t/n/topic-{n}" for n in range(20)]
     with structlog.testing.capture_logs() as lines:
         owed = [asyncio.create_task(delivery.end_txn_on(Participant(topic), 0, 1, True, lambda: -1))
                 for topic in topics]
@@ -252,8 +253,9 @@ async def test_each_refused_topic_is_named_in_the_log() -> None:
             await pool.close()
             for stand_in in (upstream, broker):
                 stand_in.stop()
-    refused = sorted(line["topic"] for line in lines if "refused by the broker" in line["event"])
-    assert refused == topics
+    refused = [line for line in lines if "refused by the broker" in line["event"]]
+    assert len(refused) == 1, refused
+    assert refused[0]["topic"] in topics and "/admin/v3/transactions/undelivered" in refused[0]["event"]
 
 
 async def test_a_reminder_is_one_attempt_counted_and_never_retried() -> None:
