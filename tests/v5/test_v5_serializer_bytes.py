@@ -9,11 +9,10 @@ JDK, as the rest of tests/v5: missing, the test fails naming them."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from tc_server.coordinator.layout import TcLeader, TxnHeader, TxnState, enc, event_json
-from tests.v5.broker5 import BROKER5_LIB, find_java21
+from tests.v5.java_oracle import run_java
 
 OWNERS = ["app-1", "a\u007fb", "a\u2028b", "a/b<c>&'", "\u00e9\u4e2d", "a\U0001F600b", "a\ud800b",
           "c\u0000\u0001\u001f\b\f\n\r\t\"\\", "x\u0080\u009fy", "\ufeff\ufffe\uffff"]
@@ -51,16 +50,8 @@ def python_lines() -> list[str]:
 
 
 def test_writers_match_pulsar5_serializer_byte_for_byte(tmp_path: Path) -> None:
-    assert Path(BROKER5_LIB).exists(), f"no Pulsar 5 broker jars in {BROKER5_LIB}: run make pulsar-broker5"
-    java = find_java21()
-    javac = str(Path(java).with_name("javac"))
-    (tmp_path / "V5Bytes.java").write_text(JAVA % {"owners": ", ".join(JAVA_OWNERS),
-                                                   "millis": ", ".join(f"{m}L" for m in MILLIS)})
-    classpath = f"{BROKER5_LIB}/*"
-    subprocess.run([javac, "-cp", classpath, "V5Bytes.java"], cwd=tmp_path, check=True, timeout=120)
-    run = subprocess.run([java, "-cp", f"{classpath}:{tmp_path}", "V5Bytes"], cwd=tmp_path, check=True,
-                         capture_output=True, text=True, timeout=120)
-    java_lines = run.stdout.split("\n")[:-1]
+    java_lines = run_java(tmp_path, "V5Bytes", JAVA % {"owners": ", ".join(JAVA_OWNERS),
+                                                      "millis": ", ".join(f"{m}L" for m in MILLIS)})
     ours = python_lines()
     assert len(java_lines) == len(ours)
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(ours, java_lines, strict=True)) if a != b]
