@@ -485,7 +485,8 @@ class AdminRoutes:
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
         docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
-        decision, when it was decided, and the participants still to be told. One page in txn id order
+        decision, when it was decided, and its participants, those whose brokers acknowledged already marked
+        ``"acknowledged": true`` where this instance leads the coordinator. One page in txn id order
         (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed first on the first page."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")
@@ -510,9 +511,13 @@ class AdminRoutes:
                         unreadable.append({"txnId": None, "participants": [{"key": record.key,
                                                                              "unreadable": str(exc)}]})
                     continue
-                entry = {"topic": participant.topic}
+                entry: dict[str, object] = {"topic": participant.topic}
                 if participant.subscription is not None:
                     entry["subscription"] = participant.subscription
+                if self._tc.leads(txn[0]) and record.key in self._tc.partition(txn[0]).told(txn[1]):
+                    # Its broker acknowledged; the record stays until every participant's has (a review on two
+                    # brokers: the listing named the broker that had answered as well as the one that had not).
+                    entry["acknowledged"] = True
                 doc = chosen.get(txn)
                 if doc is None:
                     if txn == left_out or (len(heap) > limit and txn > (-heap[0][0], -heap[0][1])):

@@ -126,6 +126,9 @@ class _Outbox:
     # Held with participant records and no header (recover_outbox): its decision is unknown, and only an
     # operator's drops release it.
     headerless: bool = False
+    # Record paths of the participants whose brokers acknowledged while others had not (the records stay until
+    # all have, deleted in one batch): the admin's listing marks them. Only for txns of several participants.
+    told: set[str] = field(default_factory=set)
 
 
 @functools.lru_cache(maxsize=ENCODED_PARTICIPANTS)
@@ -937,11 +940,18 @@ class CoordinatorPartition:
         if len(participants) == 1:  # the common case (one produced message): no group, no extra task
             await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, watermark)
         else:
+            outbox = self._undelivered.get(least)
+            told = outbox.told if outbox is not None else set()
+
+            async def tell(path: str, participant: Participant) -> None:
+                await sender.end_txn_on(participant, self.tc_id, least, committed, watermark)
+                told.add(path)
+
             # A group, not gather(): should one fail (a bug; broker and store failures are retried
             # inside), the others are cancelled rather than left running untracked past a stop().
             async with asyncio.TaskGroup() as group:
-                for _, participant in participants:
-                    group.create_task(sender.end_txn_on(participant, self.tc_id, least, committed, watermark))
+                for path, participant in participants:
+                    group.create_task(tell(path, participant))
         # Every broker acknowledged: END_TXN may answer now, without waiting for the records' deletion
         # (bookkeeping only: a record left by a crash here is delivered again, which brokers ignore).
         # The txn stays in the outbox, holding the low watermark, until its records are gone.
@@ -1192,6 +1202,11 @@ class CoordinatorPartition:
     def undelivered(self) -> dict[int, int]:
         """least -> decision time (ms) of each decided txn still in the outbox here."""
         return {least: outbox.decided_ms for least, outbox in self._undelivered.items()}
+
+    def told(self, least: int) -> set[str]:
+        """Record paths of the participants of an undelivered txn whose brokers acknowledged already."""
+        outbox = self._undelivered.get(least)
+        return set(outbox.told) if outbox is not None else set()
 
     def _oldest_undelivered_s(self) -> float:
         if not self._undelivered:

@@ -43,9 +43,11 @@ from tc_server.metrics import Metrics
 from tc_server.store import open_store
 from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableError, WriteResult
 from tc_server.store.memory import MemoryStore
-from tc_server.wire import AddPartitionToTxn, ServerError
+from tc_server.wire import AddPartitionToTxn, ServerError, decode_command, encode_command
+from tc_server.wire.commands import EndTxnOnPartition, EndTxnOnPartitionResponse
 from tests.coordinator.test_partition import FakeClock, eventually
 from tests.support.gated_store import GatedStore
+from tests.support.stand_in_broker import StandInBroker, connect_to
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
@@ -436,6 +438,54 @@ async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp
     finally:
         client.close()
         await app.stop()
+
+
+class HalfAnsweringBroker(StandInBroker):
+    """Owns every topic; acknowledges END_TXN_ON_PARTITION for TOPIC, never answers it for OTHER (a broker hung)."""
+
+    async def start(self) -> StandInBroker:
+        await super().start()
+        self.answer = connect_to(self.url)
+        return self
+
+    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
+        command = decode_command(frame)
+        if isinstance(command, EndTxnOnPartition):
+            if command.topic == TOPIC:
+                writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most,
+                                                                      command.least)))
+            return
+        await super()._on_frame(frame, writer)
+
+
+async def test_the_listing_marks_the_participants_whose_brokers_acknowledged(tmp_path: Path) -> None:
+    # The records stay until every participant's broker acknowledged, and the listing is read from them: on two
+    # real brokers, one stopped, it named the broker that had answered as well as the one that had not (a review).
+    broker = await HalfAnsweringBroker(None).start()
+    settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
+                        log_format="json", data_dir=str(tmp_path / "data"), participant_wait_s=0,
+                        upstream_url=broker.url)
+    app = await start_app(settings)
+    client = await connect("127.0.0.1", app.listener.port if app.listener else 0)
+    try:
+        opened = await client.new_txn(tc_id=0)
+        for topic in (TOPIC, OTHER):
+            assert (await client.add_partition(0, opened.least, topic)).error is None
+        assert (await client.end_txn(0, opened.least, commit=True)).error is None
+        base = f"http://127.0.0.1:{app.admin.port}/admin/v3/transactions/undelivered"
+        participants: list[dict[str, Any]] = []
+        for _ in range(200):  # until TOPIC's broker has acknowledged (bounded)
+            status, listed = await asyncio.to_thread(http_json, base)
+            assert status == 200 and len(listed) == 1, listed
+            participants = sorted(listed[0]["participants"], key=lambda entry: entry["topic"])
+            if any(entry.get("acknowledged") for entry in participants):
+                break
+            await asyncio.sleep(0.05)
+        assert participants == [{"topic": TOPIC, "acknowledged": True}, {"topic": OTHER}]  # t-partition-0, -1
+    finally:
+        client.close()
+        await app.stop()
+        broker.stop()
 
 
 async def test_empty_names_are_refused_before_anything_is_written(store: MetadataStore) -> None:
