@@ -383,6 +383,9 @@ class ClientConnection(asyncio.Protocol):
                 self._on_frame(frame)
         except FrameError as exc:
             self._warn_any_client_can("bad frame; closing", error=str(exc))
+            # Said before the close (request id -1: no request of the frame could be read), so that the client's
+            # log names why: a frame over --max-frame-size was a bare disconnect (a review).
+            self.send(Error(NO_REQUEST_ID, ServerError.UnknownError, f"bad frame: {exc}"))
             self.close()
         finally:
             self._count_input()
@@ -406,8 +409,8 @@ class ClientConnection(asyncio.Protocol):
             cmd = decode_command(frame)
         except MalformedCommand as exc:
             self._warn_any_client_can("malformed command; closing", reason=exc.reason, request_id=exc.request_id)
-            if exc.request_id is not None:
-                self.send(Error(exc.request_id, ServerError.UnknownError, f"malformed command: {exc.reason}"))
+            self.send(Error(NO_REQUEST_ID if exc.request_id is None else exc.request_id, ServerError.UnknownError,
+                            f"malformed command: {exc.reason}"))
             self.close()
             return
         # Any inbound command proves the peer alive (PulsarHandler clears its waiting flag the same way).

@@ -150,3 +150,18 @@ async def test_txn_ids_at_the_extremes_get_specific_codes(server: ServerProcess)
     assert by_id[17].error is ServerError.NotAllowedError and "3600000" in (by_id[17].message or "")
     assert by_id[-1].error is None
     await assert_still_served(server)
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(struct.pack(">I", 5 * 1024 * 1024), id="frame-over-the-limit"),
+    pytest.param(_frame(pb.BaseCommand(type=pb.BaseCommand.NEW_TXN)), id="type-without-its-sub-message"),
+])
+async def test_input_closed_on_is_named_first(server: ServerProcess, data: bytes) -> None:
+    # A frame over --max-frame-size, or a command whose request id cannot be read, was a bare disconnect: the
+    # client's log could not say why (a review). An ERROR for request id -1 says it before the close.
+    got, closed = await send_and_read(server.port, data)
+    errors = [c for c in got if isinstance(c, Error)]
+    assert closed and len(errors) == 1, got
+    assert errors[0].error is ServerError.UnknownError
+    assert (errors[0].message or "").startswith(("bad frame: ", "malformed command: ")), errors
+    await assert_still_served(server)
