@@ -131,18 +131,21 @@ def refusal_in(line: bytes) -> str | None:
 # to see that it happens and to whom. Here, not in server/, because the store and the participants log
 # through it too.
 LOG_LIMIT_INTERVAL_S = 10.0
+# Kinds a limiter remembers before it forgets those it no longer holds back.
+MAX_LIMITED_KINDS = 10_000
 
 
 class LogLimiter:
     """Decides whether a log line of one kind (``key``) may be written now."""
 
-    __slots__ = ("_clock", "_interval_s", "_next_at", "_suppressed")
+    __slots__ = ("_clock", "_forget_at", "_interval_s", "_next_at", "_suppressed")
 
     def __init__(self, interval_s: float = LOG_LIMIT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._interval_s = interval_s
         self._clock = clock
         self._next_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
+        self._forget_at = MAX_LIMITED_KINDS  # kinds remembered when _forget_quiet runs next
 
     def allow(self, key: str) -> int | None:
         """None: leave this line out. Otherwise write it, with the returned number of lines of the same
@@ -151,8 +154,17 @@ class LogLimiter:
         if now < self._next_at.get(key, 0.0):
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
             return None
+        if len(self._next_at) >= self._forget_at:
+            self._forget_quiet(now)
         self._next_at[key] = now + self._interval_s
         return self._suppressed.pop(key, 0)
+
+    def _forget_quiet(self, now: float) -> None:
+        # Kinds whose interval is over and that have nothing left out are as good as new: forgotten, so that
+        # kinds a client can vary (a path, a topic) do not grow the limiter without end.
+        self._next_at = {key: at for key, at in self._next_at.items() if at > now or key in self._suppressed}
+        # Not again before the kinds kept have doubled: a pass over them per line would cost O(kinds) each.
+        self._forget_at = max(MAX_LIMITED_KINDS, 2 * len(self._next_at))
 
     def left_out(self) -> dict[str, int]:
         """The lines left out since each kind's last line, now counted nowhere else (a stop says them: the
