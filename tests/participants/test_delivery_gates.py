@@ -18,9 +18,9 @@ from tc_server.client import ConnectionPool, connect_command
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
 from tc_server.participants.delivery import BrokerDelivery
-from tc_server.wire import EndTxnOnPartition, EndTxnOnPartitionResponse, ServerError, decode_command, encode_command
+from tc_server.wire import EndTxnOnPartitionResponse, ServerError
 from tests.support.stand_in_broker import StandInBroker as SocketStandIn
-from tests.support.stand_in_broker import connect_to
+from tests.support.stand_in_broker import acknowledge, connect_to
 
 HANGING = "pulsar://hanging:6650"
 HEALTHY = "pulsar://healthy:6650"
@@ -74,19 +74,9 @@ async def test_deliveries_queued_for_a_hanging_broker_do_not_hold_the_others_bac
         await asyncio.gather(*queued, return_exceptions=True)
 
 
-class OwnerBroker(SocketStandIn):
-    """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once (``end_txns`` counts them)."""
-
-    end_txns = 0
-
-    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
-        command = decode_command(frame)
-        if isinstance(command, EndTxnOnPartition):
-            self.end_txns += 1
-            writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most,
-                                                                  command.least, None, None)))
-            return
-        await super()._on_frame(frame, writer)
+def owner_broker() -> SocketStandIn:
+    """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once (``end_txns`` holds them)."""
+    return SocketStandIn(end_txn_answer=acknowledge)
 
 
 async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_the_next() -> None:
@@ -94,7 +84,7 @@ async def test_a_first_upstream_that_does_not_answer_lookups_is_passed_over_for_
     # connection. A broker that takes connections and answers PING but no LOOKUP (it lost its metadata
     # session) held every delivery whose owner was not known yet, for good.
     hung = await SocketStandIn(answer=lambda lookup: None).start()
-    owner = OwnerBroker()
+    owner = owner_broker()
     await owner.start()
     answering = await SocketStandIn(connect_to(owner.url)).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
@@ -118,7 +108,7 @@ async def test_deliveries_to_one_topic_share_one_lookup_while_its_broker_is_down
     # outage lasted. Deliveries to one topic now wait for one lookup between them.
     down = f"pulsar://127.0.0.1:{free_port()}"  # nothing listens there: connecting is refused at once
     upstream = await SocketStandIn(connect_to(down)).start()
-    owner = OwnerBroker()
+    owner = owner_broker()
     await owner.start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=2.0, max_in_flight=1000,
@@ -133,7 +123,7 @@ async def test_deliveries_to_one_topic_share_one_lookup_while_its_broker_is_down
         assert 1 <= lookups_while_down <= 20, lookups_while_down  # before: ~100 per retry round
         upstream.answer = connect_to(owner.url)  # the topic moved to a broker that is up
         await asyncio.wait_for(asyncio.gather(*owed), 30)
-        assert owner.end_txns == 100
+        assert len(owner.end_txns) == 100
     finally:
         for task in owed:
             task.cancel()
@@ -174,9 +164,9 @@ async def test_a_lookup_no_delivery_waits_for_any_more_ends_with_them() -> None:
 
 
 @contextlib.asynccontextmanager
-async def lookups_taking_a_while(name: str) -> AsyncIterator[tuple[OwnerBroker, SocketStandIn, BrokerDelivery]]:
+async def lookups_taking_a_while(name: str) -> AsyncIterator[tuple[SocketStandIn, SocketStandIn, BrokerDelivery]]:
     """A broker that acknowledges, an upstream whose lookups name it after 0.3 s, and a delivery through them."""
-    owner = OwnerBroker()
+    owner = owner_broker()
     await owner.start()
     upstream = await SocketStandIn(connect_to(owner.url), lookup_delay_s=0.3).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
@@ -198,7 +188,7 @@ async def test_a_delivery_cancelled_while_it_waits_leaves_the_lookup_to_the_othe
         cancelled.cancel()
         await asyncio.wait_for(waiting, 10)
         assert cancelled.cancelled()
-        assert len(upstream.lookup_frames) == 1 and owner.end_txns == 1
+        assert len(upstream.lookup_frames) == 1 and len(owner.end_txns) == 1
 
 
 async def test_a_delivery_whose_lookup_is_cancelled_under_it_retries() -> None:
@@ -212,30 +202,24 @@ async def test_a_delivery_whose_lookup_is_cancelled_under_it_retries() -> None:
             (lookup,) = lookups_under_way()
             lookup.cancel()
             await asyncio.wait_for(owed, 10)
-            assert len(upstream.lookup_frames) == 2 and owner.end_txns == 1
+            assert len(upstream.lookup_frames) == 2 and len(owner.end_txns) == 1
         finally:
             owed.cancel()
 
 
-class RefusingBroker(SocketStandIn):
+def refusing_broker() -> SocketStandIn:
     """A broker on a real socket that refuses every END_TXN_ON_PARTITION, as one whose authorization does not
     take tc-server's role answers (TransactionNotFound, not retryable)."""
-
-    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
-        command = decode_command(frame)
-        if isinstance(command, EndTxnOnPartition):
-            writer.write(encode_command(EndTxnOnPartitionResponse(
-                command.request_id, command.most, command.least, ServerError.TransactionNotFound,
-                "tc-server is not a super user")))
-            return
-        await super()._on_frame(frame, writer)
+    return SocketStandIn(end_txn_answer=lambda command: EndTxnOnPartitionResponse(
+        command.request_id, command.most, command.least, ServerError.TransactionNotFound,
+        "tc-server is not a super user"))
 
 
 async def test_refusals_of_many_topics_are_one_line_per_broker_pointing_at_the_listing() -> None:
     # A line per refused topic (each topic's own key) let a client that names a new topic no broker knows in
     # every txn write a line per txn, again every 30 s, for good: 9,220 lines for 30,000 txns (a review). One
     # line a second per broker and error now; every refused participant is in the admin's listing.
-    broker = await RefusingBroker().start()
+    broker = await refusing_broker().start()
     upstream = await SocketStandIn(connect_to(broker.url)).start()
     pool = ConnectionPool(connect_command(), timeout_s=1.0)
     delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,

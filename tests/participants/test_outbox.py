@@ -43,11 +43,10 @@ from tc_server.metrics import Metrics
 from tc_server.store import open_store
 from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableError, WriteResult
 from tc_server.store.memory import MemoryStore
-from tc_server.wire import AddPartitionToTxn, ServerError, decode_command, encode_command
-from tc_server.wire.commands import EndTxnOnPartition, EndTxnOnPartitionResponse
+from tc_server.wire import AddPartitionToTxn, ServerError
 from tests.coordinator.test_partition import FakeClock, eventually
 from tests.support.gated_store import GatedStore
-from tests.support.stand_in_broker import StandInBroker, connect_to
+from tests.support.stand_in_broker import StandInBroker, acknowledge
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
@@ -440,28 +439,12 @@ async def test_end_txn_without_upstream_answers_at_once_and_keeps_the_outbox(tmp
         await app.stop()
 
 
-class HalfAnsweringBroker(StandInBroker):
-    """Owns every topic; acknowledges END_TXN_ON_PARTITION for TOPIC, never answers it for OTHER (a broker hung)."""
-
-    async def start(self) -> StandInBroker:
-        await super().start()
-        self.answer = connect_to(self.url)
-        return self
-
-    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
-        command = decode_command(frame)
-        if isinstance(command, EndTxnOnPartition):
-            if command.topic == TOPIC:
-                writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most,
-                                                                      command.least)))
-            return
-        await super()._on_frame(frame, writer)
-
-
 async def test_the_listing_marks_the_participants_whose_brokers_acknowledged(tmp_path: Path) -> None:
     # The records stay until every participant's broker acknowledged, and the listing is read from them: on two
     # real brokers, one stopped, it named the broker that had answered as well as the one that had not (a review).
-    broker = await HalfAnsweringBroker(None).start()
+    # Owns every topic; acknowledges for TOPIC, never answers for OTHER (a broker hung).
+    broker = await StandInBroker(owns_every_topic=True, end_txn_answer=lambda command: (
+        acknowledge(command) if command.topic == TOPIC else None)).start()
     settings = Settings(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", store="memory", coordinators=2,
                         log_format="json", data_dir=str(tmp_path / "data"), participant_wait_s=0,
                         upstream_url=broker.url)

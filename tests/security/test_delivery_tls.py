@@ -14,7 +14,7 @@ import pytest
 
 from tc_server.client import connect
 from tc_server.wire import LookupResponse, LookupType
-from tests.participants.test_delivery_gates import OwnerBroker
+from tests.participants.test_delivery_gates import owner_broker
 from tests.security.pki import TestCa
 from tests.support.stand_in_broker import StandInBroker
 
@@ -34,7 +34,7 @@ def broker_context(ca: TestCa) -> ssl.SSLContext:
 
 
 async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tls_field(start, ca):
-    plain_owner = OwnerBroker()  # a broker's plain port: whatever reaches it crossed the network in the clear
+    plain_owner = owner_broker()  # a broker's plain port: whatever reaches it crossed the network in the clear
     await plain_owner.start()
     tls = StandInBroker(ssl_context=broker_context(ca))
     # The owner's LOOKUP answer names a pulsar:// URL in its TLS field (a misconfigured advertised listener).
@@ -64,7 +64,7 @@ async def test_decisions_reach_plain_brokers_when_trust_certs_is_set(start, tmp_
     # --broker-client-tls-trust-certs set for peer relays over TLS, the brokers plain: the broker pool had the
     # credentials' TLS context, and since connections opened with one refuse plain URLs (Endpoint.with_tls),
     # no decision reached the brokers. The pool has it only with a TLS upstream now.
-    owner = OwnerBroker()
+    owner = owner_broker()
     await owner.start()
     owner.answer = lambda c: LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=owner.url)
     ca = TestCa(tmp_path)
@@ -80,7 +80,7 @@ async def test_decisions_reach_plain_brokers_when_trust_certs_is_set(start, tmp_
             if owner.end_txns:
                 break
             await asyncio.sleep(0.1)
-        assert owner.end_txns == 1
+        assert len(owner.end_txns) == 1
     finally:
         client.close()
         owner.stop()

@@ -22,9 +22,16 @@ from tc_server.wire import (
     decode_command,
     encode_command,
 )
+from tc_server.wire.commands import EndTxnOnPartition, EndTxnOnPartitionResponse
 
 LookupAnswer = Callable[[Lookup], LookupResponse | None]
 MetadataAnswer = Callable[[PartitionedMetadata], PartitionedMetadataResponse | None]
+EndTxnAnswer = Callable[[EndTxnOnPartition], EndTxnOnPartitionResponse | None]
+
+
+def acknowledge(command: EndTxnOnPartition) -> EndTxnOnPartitionResponse:
+    """An END_TXN_ON_PARTITION's success, as a broker answers it."""
+    return EndTxnOnPartitionResponse(command.request_id, command.most, command.least)
 
 
 class StandInBroker:
@@ -34,12 +41,18 @@ class StandInBroker:
     credentials it carried), ``lookup_frames`` every LOOKUP's BaseCommand bytes as they arrived.
     ``answers = False``: after CONNECTED it answers nothing (a hung broker); ``reads = False``: after
     CONNECTED it reads nothing either (a broker whose process stopped). ``ssl_context``: it speaks TLS,
-    and ``url`` is its pulsar+ssl:// URL (``localhost``, the name test certificates carry)."""
+    and ``url`` is its pulsar+ssl:// URL (``localhost``, the name test certificates carry). ``owns_every_topic``:
+    every LOOKUP names this stand-in. ``end_txn_answer``: each END_TXN_ON_PARTITION, kept in ``end_txns``, is
+    answered ``end_txn_answer(command)`` (None: never; e.g. :func:`acknowledge`)."""
 
     def __init__(self, answer: LookupAnswer | None = None, *, connect_delay_s: float = 0.0,
                  lookup_delay_s: float = 0.0, answers: bool = True, reads: bool = True,
-                 ssl_context: ssl.SSLContext | None = None, metadata_answer: MetadataAnswer | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, metadata_answer: MetadataAnswer | None = None,
+                 owns_every_topic: bool = False, end_txn_answer: EndTxnAnswer | None = None) -> None:
         self.answer = answer
+        self.owns_every_topic = owns_every_topic
+        self.end_txn_answer = end_txn_answer
+        self.end_txns: list[EndTxnOnPartition] = []
         self.metadata_answer = metadata_answer
         self.ssl_context = ssl_context
         self.connects: list[Connect] = []
@@ -62,6 +75,8 @@ class StandInBroker:
     async def start(self) -> StandInBroker:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.owns_every_topic:
+            self.answer = connect_to(self.url)
         return self
 
     def stop(self) -> None:
@@ -103,6 +118,10 @@ class StandInBroker:
             answer = self.answer(command) if self.answer is not None else None
             if answer is not None:
                 writer.write(encode_command(answer))
+        elif isinstance(command, EndTxnOnPartition) and self.end_txn_answer is not None:
+            self.end_txns.append(command)
+            if (ended := self.end_txn_answer(command)) is not None:
+                writer.write(encode_command(ended))
         elif isinstance(command, PartitionedMetadata) and self.metadata_answer is not None:
             metadata = self.metadata_answer(command)
             if metadata is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,47 +28,14 @@ from tc_server.bench.pulsar_broker import BrokerStartError
 from tc_server.client import connect
 from tc_server.coordinator import layout
 from tc_server.store.oxia import connect as connect_oxia
-from tc_server.wire import decode_command, encode_command
-from tc_server.wire.commands import EndTxnOnPartition, EndTxnOnPartitionResponse
-from tests.support.oxia_standin import StandinStartError, standin_oxia_process
 from tests.support.pulsar_broker import discard
 from tests.support.server_process import ServerProcess, started
-from tests.support.stand_in_broker import StandInBroker, connect_to
+from tests.support.stand_in_broker import StandInBroker, acknowledge
 from tests.v5.broker5 import MAKE_COMMAND, Pulsar5Broker
 
 pytestmark = pytest.mark.timeout(600)
 
 TOPIC = "persistent://public/default/gc-partition-0"
-
-
-@pytest.fixture
-def oxia_address(tmp_path: Path) -> Iterator[str]:
-    try:
-        with standin_oxia_process(tmp_path / "standin.log", shards=1) as address:
-            yield address
-    except StandinStartError as exc:
-        pytest.fail(str(exc))
-
-
-class RecordingBroker(StandInBroker):
-    """A 4.x broker stand-in that owns every topic and acknowledges END_TXN_ON_PARTITION, recording it."""
-
-    def __init__(self) -> None:
-        super().__init__(None)
-        self.told: list[EndTxnOnPartition] = []
-
-    async def start(self) -> StandInBroker:
-        await super().start()
-        self.answer = connect_to(self.url)
-        return self
-
-    async def _on_frame(self, frame: bytes, writer: asyncio.StreamWriter) -> None:
-        command = decode_command(frame)
-        if isinstance(command, EndTxnOnPartition):
-            self.told.append(command)
-            writer.write(encode_command(EndTxnOnPartitionResponse(command.request_id, command.most, command.least)))
-            return
-        await super()._on_frame(frame, writer)
 
 
 async def _assignments(port: int) -> dict[int, str | None]:
@@ -91,7 +57,7 @@ async def test_a_header_the_brokers_gc_deleted_holds_its_txn_and_tells_no_abort(
         "transactionCoordinatorScalableTopicsGcRetentionSeconds": "1",
     })
     store = await connect_oxia(oxia_address, request_timeout_s=10.0)
-    legacy: RecordingBroker | None = None
+    legacy: StandInBroker | None = None
     try:
         client = await connect("127.0.0.1", server.port)
         created = await client.new_txn(0, 120_000)
@@ -119,7 +85,7 @@ async def test_a_header_the_brokers_gc_deleted_holds_its_txn_and_tells_no_abort(
         assert gone, "the broker's GC did not delete the header (scenario not reached)"
 
         await asyncio.to_thread(discard, broker)  # the broker goes; tc-server leads again
-        legacy = RecordingBroker()
+        legacy = StandInBroker(owns_every_topic=True, end_txn_answer=acknowledge)
         await legacy.start()  # the persistent:// topic's (4.x-style) broker, reachable now
         server.extra_args += ["--upstream-url", legacy.url]
         await asyncio.to_thread(server.start)
@@ -139,7 +105,7 @@ async def test_a_header_the_brokers_gc_deleted_holds_its_txn_and_tells_no_abort(
         assert [doc["txnId"] for doc in undelivered] == [f"(0,{least})"], undelivered
         assert undelivered[0]["status"] is None  # its decision is unknown here
         await asyncio.sleep(2)  # and nothing is told meanwhile
-        told = [(t.topic, t.action.name) for t in legacy.told if (t.most, t.least) == (0, least)]
+        told = [(t.topic, t.action.name) for t in legacy.end_txns if (t.most, t.least) == (0, least)]
         assert told == [], f"the commit of (0,{least}), answered success to the client, was told {told}"
         held = [json.loads(line) for line in server.log_path.read_text(errors="replace").splitlines()
                 if "participant records without a header" in line]

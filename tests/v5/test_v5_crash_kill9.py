@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,21 +31,11 @@ from tc_server.coordinator.layout import OpKind, TxnHeader, TxnOp, TxnState
 from tc_server.store.oxia import connect as connect_oxia
 from tc_server.wire import TxnAction
 from tc_server.wire.commands import EndTxn, NewTxn, TcClientConnect
-from tests.support.oxia_standin import StandinStartError, standin_oxia_process
 from tests.support.server_process import ServerProcess, started
 
 pytestmark = pytest.mark.timeout(400)
 
 TXNS = 120
-
-
-@pytest.fixture
-def oxia_address(tmp_path: Path) -> Iterator[str]:
-    try:
-        with standin_oxia_process(tmp_path / "standin.log", shards=1) as address:
-            yield address
-    except StandinStartError as exc:
-        pytest.fail(str(exc))
 
 
 async def _events_of(store, segment: str) -> set[tuple[str, str]]:
