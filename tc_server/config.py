@@ -195,6 +195,11 @@ class Settings:
     # broker; 0: no limit). A txn on a 100-partition topic acked on a 100-partition subscription
     # names 200.
     max_participants_per_transaction: int = 10_000
+    # Decided txns whose participants' brokers have not all acknowledged, across the coordinators this instance
+    # leads, before NEW_TXN is refused (0: no limit). Each holds ~6 KB until they have: 10,000 is ~60 MB, and
+    # the per-coordinator cap alone allowed 160,000 (a broker refusing every decision, e.g. tc-server's role not
+    # authorized there, or a client naming topics no broker knows, grew them at the commit rate).
+    max_undelivered_decisions: int = 10_000
     keepalive_s: float = 30.0
     max_message_size: int = 5_242_880
     request_timeout_s: float = 10.0
@@ -329,6 +334,8 @@ class Settings:
               "max_open_transactions_per_principal", "must be between 0 (no limit) and 100000000")
         check(0 <= self.max_participants_per_transaction <= MAX_REQUESTS_IN_FLIGHT * 100,
               "max_participants_per_transaction", "must be between 0 (no limit) and 100000000")
+        check(0 <= self.max_undelivered_decisions <= MAX_REQUESTS_IN_FLIGHT * 100,
+              "max_undelivered_decisions", "must be between 0 (no limit) and 100000000")
         check(1 <= self.id_block_size <= MAX_ID_BLOCK_SIZE, "id_block_size",
               f"must be between 1 and {MAX_ID_BLOCK_SIZE}")
         check(0 < self.max_message_size <= MAX_MESSAGE_SIZE, "max_message_size",

@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import json
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 from typing import TypeVar
 from urllib.parse import urlencode
 
@@ -501,6 +502,8 @@ class AdminRoutes:
         chosen: dict[tuple[int, int], dict[str, object]] = {}
         left_out: tuple[int, int] | None = None  # the last txn found still OPEN (its other records follow)
         unreadable: list[dict[str, object]] = []
+        # Per txn, the participants its leader here knows were told (read once per txn, not per record).
+        told_of: dict[tuple[int, int], AbstractSet[str]] = {}
         async with self._listing_scans:
             async for record in self._yielding(self._participant_records(coordinator_id, after)):
                 try:
@@ -514,7 +517,10 @@ class AdminRoutes:
                 entry: dict[str, object] = {"topic": participant.topic}
                 if participant.subscription is not None:
                     entry["subscription"] = participant.subscription
-                if self._tc.leads(txn[0]) and record.key in self._tc.partition(txn[0]).told(txn[1]):
+                told = told_of.get(txn)
+                if told is None:
+                    told = told_of[txn] = self._tc.partition(txn[0]).told(txn[1]) if self._tc.leads(txn[0]) else set()
+                if record.key in told:
                     # Its broker acknowledged; the record stays until every participant's has (a review on two
                     # brokers: the listing named the broker that had answered as well as the one that had not).
                     entry["acknowledged"] = True

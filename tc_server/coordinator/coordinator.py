@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sized
 from dataclasses import dataclass, field
 
 import structlog
@@ -85,6 +85,8 @@ class TransactionCoordinator:
         self._partitions: dict[int, CoordinatorPartition] = {}
         # Open txns per principal across the partitions led here (--max-open-transactions-per-principal).
         self.open_by_principal = OpenByPrincipal(config.partition.max_open_txns_per_principal)
+        # The outbox of each partition led here, counted together against --max-undelivered-decisions.
+        self.outboxes: list[Sized] = []
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost,
             advertised_url_tls=config.advertised_url_tls, campaign=config.campaign,
@@ -313,7 +315,8 @@ class TransactionCoordinator:
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
-            open_by_principal=self.open_by_principal, lease=self.store.ephemeral_lease(layout.leader_path(tc_id)),
+            open_by_principal=self.open_by_principal, outboxes=self.outboxes,
+            lease=self.store.ephemeral_lease(layout.leader_path(tc_id)),
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:

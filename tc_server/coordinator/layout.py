@@ -473,9 +473,10 @@ class TxnHeader:
     timeout_ms: int
     finalized_ms: int | None = None
     owner: str | None = None
-    # ``createdAt`` as stored, when read from a record: written back unchanged, as Pulsar's coordinator keeps it
-    # when it ends a txn. Its Instant has nanoseconds (1795447209.230663502), which created_ms floors (a review:
-    # ending a txn Pulsar created rewrote it as 1795447209.230000000). Not part of the value's equality.
+    # ``createdAt`` as stored, when read from a record and finer than created_ms: written back unchanged, as
+    # Pulsar's coordinator keeps it when it ends a txn. Its Instant has nanoseconds (1795447209.230663502), which
+    # created_ms floors (a review: ending a txn Pulsar created rewrote it as 1795447209.230000000). Not part of
+    # the value's equality.
     created_text: str | None = field(default=None, compare=False)
 
     @property
@@ -511,8 +512,10 @@ class TxnHeader:
             doc = load_json_object(raw)
             created, timeout, finalized = parse_header_times(doc)
             stored = doc.get("createdAt")
+            # Kept only when it says more than created_ms (Pulsar's nanoseconds): tc-server's own are whole ms.
+            kept = str(stored) if isinstance(stored, int | Decimal) and not isinstance(stored, bool) else None
             return cls(TxnState(_required_str(doc, "state")), created, timeout, finalized, _str_field(doc, "owner"),
-                       str(stored) if isinstance(stored, int | Decimal) and not isinstance(stored, bool) else None)
+                       kept if kept != seconds_text(created) else None)
         except ValueError as exc:
             raise MalformedRecord(f"malformed txn header: {exc}") from exc
 

@@ -13,7 +13,8 @@ import contextlib
 import functools
 import heapq
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -151,6 +152,8 @@ class PartitionConfig:
     # Participants (topics and subscriptions of today's brokers) recorded for one txn by this leader
     # before its ADD is refused; 0: none.
     max_participants_per_txn: int = 0
+    # Undelivered decisions across the instance's partitions (the outboxes passed in) before NEW_TXN is refused.
+    max_undelivered: int = 0
 
 
 class CoordinatorPartition:
@@ -165,6 +168,7 @@ class CoordinatorPartition:
         sender: ParticipantSender | None = None,
         open_by_principal: OpenByPrincipal | None = None,
         lease: Callable[[], float] | None = None,
+        outboxes: list[Sized] | None = None,
     ) -> None:
         self.tc_id = tc_id
         # Until when (lease_clock()) this instance surely still holds the leader record, on a store
@@ -232,6 +236,9 @@ class CoordinatorPartition:
         # Decided txns whose participants have not all acknowledged: the outbox in memory. They hold
         # the low watermark down until every broker acknowledged.
         self._undelivered: dict[int, _Outbox] = {}
+        # Every led partition's outbox (this one's included while it leads), counted by NEW_TXN.
+        self._outboxes = outboxes if outboxes is not None else []
+        self._outboxes.append(self._undelivered)
         # Heaps of the ids in _open and _undelivered, stale entries skipped and dropped lazily: the
         # low watermark is asked once per END_TXN_ON_* and must not scan every open txn each time.
         self._open_ids: list[int] = []
@@ -306,6 +313,8 @@ class CoordinatorPartition:
                                   "next leader writes them", txns=sorted(self._unpublished)[:20],
                                   count=len(self._unpublished))
         # Deliveries stop with leadership; the records stay and the next leader re-drives them.
+        # By identity: list.remove() compares dicts by content, and took another partition's empty outbox.
+        self._outboxes[:] = [outbox for outbox in self._outboxes if outbox is not self._undelivered]
         await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
         await _cancel_all(list(self._reminders))
         for outbox in self._undelivered.values():
@@ -361,6 +370,10 @@ class CoordinatorPartition:
         # Decided txns whose participants were not all told count too, as in Pulsar's coordinator (a txn stays
         # in its map, COMMITTING or ABORTING, until its brokers acknowledged): each holds ~6 KB here, and a client
         # naming a topic no broker knows in every txn grew them without bound (a review: 30,000, +164 MiB).
+        if 0 < self._config.max_undelivered <= (undelivered := sum(map(len, self._outboxes))):
+            raise NotAllowed(f"this instance holds {undelivered} decided transactions whose brokers have not all "
+                             "acknowledged, its limit (--max-undelivered-decisions); see "
+                             "/admin/v3/transactions/undelivered and the brokers it names")
         if 0 < self._config.max_active_txns <= len(self._open) + len(self._undelivered):
             # Pulsar's broker leaves such a NEW_TXN unanswered so the client does not retry it
             # (apache/pulsar#15133); an answer that is not retried says the same and names the limit.
@@ -557,9 +570,11 @@ class CoordinatorPartition:
                 # stamped before its creation: a header created by a clock ahead of this one (a restart after
                 # the system clock was stepped back, a peer's on Oxia) was otherwise ended "before" it began,
                 # which the audit reports as an illegal header.
+                # A createdAt kept as stored may lie within its millisecond (Pulsar's nanoseconds): the earliest
+                # end then is the next millisecond, or the end was written before the beginning (a review).
+                earliest = header.created_ms if header.created_text is None else header.created_ms + 1
                 ended = TxnHeader(target_state(decision), header.created_ms, header.timeout_ms,
-                                  now if now >= header.created_ms else header.created_ms, header.owner,
-                                  header.created_text)
+                                  now if now >= earliest else earliest, header.owner, header.created_text)
                 try:
                     await self._store.put(
                         path,
@@ -1203,10 +1218,11 @@ class CoordinatorPartition:
         """least -> decision time (ms) of each decided txn still in the outbox here."""
         return {least: outbox.decided_ms for least, outbox in self._undelivered.items()}
 
-    def told(self, least: int) -> set[str]:
-        """Record paths of the participants of an undelivered txn whose brokers acknowledged already."""
+    def told(self, least: int) -> AbstractSet[str]:
+        """Record paths of the participants of an undelivered txn whose brokers acknowledged already (the live
+        set: read it, do not keep it)."""
         outbox = self._undelivered.get(least)
-        return set(outbox.told) if outbox is not None else set()
+        return outbox.told if outbox is not None else frozenset()
 
     def _oldest_undelivered_s(self) -> float:
         if not self._undelivered:

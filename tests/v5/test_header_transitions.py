@@ -59,7 +59,7 @@ async def _pulsar_open_header(store: MemoryStore, owner: str | None = None) -> b
 async def _coordinator(store: MemoryStore, clock: FakeClock) -> TransactionCoordinator:
     config = CoordinatorConfig(partitions=4, partition=PartitionConfig(id_block_size=10), timeout_sweep=False,
                                gc_retention_s=900)
-    tc = TransactionCoordinator(store, config, Metrics("review"), clock)
+    tc = TransactionCoordinator(store, config, Metrics("v5"), clock)
     await tc.start()
     await tc.wait_recovered()
     return tc
@@ -127,6 +127,22 @@ async def test_commit_after_deadline_keeps_pulsars_created_at_bytes() -> None:
         record = await store.get(layout.header_path(TC, LEAST), partition_key=layout.txn_key(TC, LEAST))
         assert record is not None
         assert record.value == _expected_terminal("ABORTED", clock.now)
+    finally:
+        await tc.stop()
+        await store.close()
+
+
+async def test_a_clamped_end_is_not_before_the_kept_created_at() -> None:
+    # The end is never stamped before the creation (a clock behind the creator's, or the same millisecond): it
+    # was clamped to createdAt floored to the millisecond, while createdAt is written back with its nanoseconds,
+    # so the header said finalizedAt 1795447209.230000000 < createdAt 1795447209.230663502 (a review).
+    store = MemoryStore()
+    await _pulsar_open_header(store)
+    tc = await _coordinator(store, FakeClock(CREATED_MS - 500))  # the clamp's case: a clock behind the creator's
+    try:
+        await tc.partition(TC).end_txn(LEAST, True, None)
+        record = await store.get(layout.header_path(TC, LEAST), partition_key=layout.txn_key(TC, LEAST))
+        assert record is not None and record.value == _expected_terminal("COMMITTED", CREATED_MS + 1)
     finally:
         await tc.stop()
         await store.close()

@@ -1,0 +1,71 @@
+"""Undelivered decisions are bounded across the instance (--max-undelivered-decisions), against a real
+``tc-server run`` process (embedded store) with its default limits and a stand-in broker on a real socket that
+knows no topic."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from pathlib import Path
+
+import pytest
+
+from tc_server.bench.process import rss_bytes_of
+from tc_server.client import connect
+from tc_server.wire import Lookup, LookupResponse, LookupType, ServerError
+from tests.support.server_process import ServerProcess, started
+from tests.support.stand_in_broker import StandInBroker
+
+MIB = 1 << 20
+K8S_LIMIT = 256 * MIB  # deploy/kubernetes manifests' memory limit
+COMMITS = 30_000  # +171 MiB when only each coordinator's count was bounded
+WORKERS = 64
+
+
+@pytest.mark.timeout(400)
+async def test_commits_to_unknown_topics_spread_over_the_coordinators_are_bounded(tmp_path: Path) -> None:
+    """Bounded per coordinator only (10,000 by default), 160,000 undelivered decisions of ~6 KB were allowed,
+    and 30,000 commits naming a topic no broker knows, spread over the 16 coordinators as the Java client spreads
+    its txns, grew RSS by 171 MiB with none refused (a review). Past --max-undelivered-decisions NEW_TXN is
+    refused, naming it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4_000)), hard))
+
+    def refuse(lookup: Lookup) -> LookupResponse:
+        return LookupResponse(lookup.request_id, LookupType.FAILED, error=ServerError.TopicNotFound,
+                              message="no such topic")
+
+    broker = await StandInBroker(refuse).start()
+    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0"))
+    client = await connect("127.0.0.1", server.port)
+    refused = 0
+    refusal: str | None = None
+    try:
+        assert server.proc is not None
+        before = rss_bytes_of(server.proc.pid)
+        counter = iter(range(COMMITS))
+
+        async def work() -> None:
+            nonlocal refused, refusal
+            for n in counter:
+                opened = await client.new_txn(tc_id=n % 16)
+                if opened.error is not None:
+                    assert opened.error is ServerError.NotAllowedError, opened
+                    refused += 1
+                    refusal = opened.message
+                    continue
+                ghost = f"persistent://ghost/ns/t-{n}"
+                assert (await client.add_partition(opened.most, opened.least, ghost)).error is None
+                assert (await client.end_txn(opened.most, opened.least, commit=True)).error is None
+
+        await asyncio.gather(*(work() for _ in range(WORKERS)))
+        await asyncio.sleep(2)
+        grown = rss_bytes_of(server.proc.pid) - before
+        assert refused > 0 and "--max-undelivered-decisions" in (refusal or ""), (refused, refusal)
+        assert grown < K8S_LIMIT // 4, (
+            f"{COMMITS} commits naming a topic no broker knows, over 16 coordinators: RSS grew by "
+            f"{grown / MIB:.0f} MiB (the manifests allow {K8S_LIMIT // MIB} MiB in all)")
+    finally:
+        client.close()
+        server.kill()
+        broker.stop()
