@@ -122,8 +122,12 @@ class Dispatcher:
             )
         url = self.coordinator.leader_url(tc_id)
         if url is None:
+            # MetadataError, not ServiceNotReady, on which the Java client closes the whole connection
+            # (ClientCnx.checkServerError): the coordinator handlers Ready on it reconnected, and each failure
+            # doubled a handler's backoff, up to 60 s, in the moments of a hand-over (a review of rolling
+            # restarts). Forwarded lookups are answered the same way (upstream.py).
             return LookupResponse(
-                cmd.request_id, LookupType.FAILED, error=ServerError.ServiceNotReady,
+                cmd.request_id, LookupType.FAILED, error=ServerError.MetadataError,
                 message=f"transaction coordinator {tc_id} has no leader yet; retry",
             )
         return LookupResponse(cmd.request_id, LookupType.CONNECT, broker_service_url=url,
