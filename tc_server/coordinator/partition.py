@@ -1210,7 +1210,8 @@ class CoordinatorPartition:
                     self._start_delivery(least, outbox.state, left, outbox.decided_ms)
                 elif left == []:  # no decision to tell: held until the last participant is dropped
                     del self._undelivered[least]
-                    outbox.done.set_result(None)
+                    if not outbox.done.done():  # a stop() meanwhile answered it
+                        outbox.done.set_result(None)
         self._check_still_leading(least, "participant drop")
         return len(left)
 
