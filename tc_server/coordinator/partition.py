@@ -128,8 +128,9 @@ class _Outbox:
     # operator's drops release it.
     headerless: bool = False
     # Record paths of the participants whose brokers acknowledged while others had not (the records stay until
-    # all have, deleted in one batch): the admin's listing marks them. Only for txns of several participants.
-    told: set[str] = field(default_factory=set)
+    # all have, deleted in one batch): the admin's listing marks them. Only for txns of several participants,
+    # made for those alone (most txns have one, and an empty set per decision is work on the hot path).
+    told: set[str] | None = None
 
 
 @functools.lru_cache(maxsize=ENCODED_PARTICIPANTS)
@@ -956,7 +957,11 @@ class CoordinatorPartition:
             await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, watermark)
         else:
             outbox = self._undelivered.get(least)
-            told = outbox.told if outbox is not None else set()
+            told: set[str] = set()
+            if outbox is not None:
+                if outbox.told is None:
+                    outbox.told = told
+                told = outbox.told
 
             async def tell(path: str, participant: Participant) -> None:
                 await sender.end_txn_on(participant, self.tc_id, least, committed, watermark)
@@ -1223,7 +1228,7 @@ class CoordinatorPartition:
         """Record paths of the participants of an undelivered txn whose brokers acknowledged already (the live
         set: read it, do not keep it)."""
         outbox = self._undelivered.get(least)
-        return outbox.told if outbox is not None else frozenset()
+        return outbox.told if outbox is not None and outbox.told is not None else frozenset()
 
     def _oldest_undelivered_s(self) -> float:
         if not self._undelivered:
