@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import functools
 import heapq
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Sized
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence, Sized
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -247,7 +247,12 @@ class CoordinatorPartition:
         # True once recovery adopted the open txns and re-drove the outbox: only then is the low
         # watermark computed from what is held here.
         self._recovered = False
-        self._reminders: set[asyncio.Task[None]] = set()  # _remind_of_abort's, cancelled by stop()
+        # ABORT reminders not yet due, oldest first: (when, least, its partitions). One task waits for them all
+        # (_remind_of_aborts); a task per aborted txn sleeping ABORT_REMINDER_S held ~1.8 KB each, 20 s of the
+        # abort rate (an entry here is ~0.2 KB).
+        self._abort_reminders: deque[tuple[float, int, list[Participant]]] = deque()
+        self._reminding: asyncio.Task[None] | None = None
+        self._reminders: set[asyncio.Task[None]] = set()  # that task and its sends' tasks, cancelled by stop()
         # Decided txns an END_TXN delivered before recover_outbox was done (end_txn): the scan leaves them be,
         # also once that delivery is over (its records, read by the scan before, deleted since).
         self._delivered_early: set[int] = set()
@@ -318,6 +323,7 @@ class CoordinatorPartition:
         self._outboxes[:] = [outbox for outbox in self._outboxes if outbox is not self._undelivered]
         await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
         await _cancel_all(list(self._reminders))
+        self._abort_reminders.clear()
         for outbox in self._undelivered.values():
             if not outbox.done.done():
                 outbox.done.set_result(None)  # END_TXN waiting here answers now: the decision is durable
@@ -984,24 +990,50 @@ class CoordinatorPartition:
         if not committed:
             partitions = [participant for _, participant in participants if participant.subscription is None]
             if partitions and not self._stopped:
-                reminder = asyncio.create_task(self._remind_of_abort(least, partitions),
-                                               name=f"abort-reminder-({self.tc_id},{least})")
-                self._reminders.add(reminder)
-                reminder.add_done_callback(self._reminders.discard)
+                due = asyncio.get_running_loop().time() + ABORT_REMINDER_S
+                self._abort_reminders.append((due, least, partitions))
+                if self._reminding is None:
+                    self._reminding = self._track_reminder(self._remind_of_aborts(), f"abort-reminders-{self.tc_id}")
         return True
 
-    async def _remind_of_abort(self, least: int, partitions: list[Participant]) -> None:
-        """ABORT_REMINDER_S after an ABORT was delivered, send it to its partitions again (see there)."""
-        await asyncio.sleep(ABORT_REMINDER_S)
+    def _track_reminder(self, reminder: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(reminder, name=name)
+        self._reminders.add(task)
+        task.add_done_callback(self._reminders.discard)
+        return task
+
+    async def _remind_of_aborts(self) -> None:
+        """ABORT_REMINDER_S after each ABORT was delivered, send it to its partitions again (see there): wait for
+        the oldest entry of _abort_reminders, send every entry due by then, until none is left."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._abort_reminders:
+                wait = self._abort_reminders[0][0] - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                now = loop.time()
+                due: list[tuple[int, list[Participant]]] = []
+                while self._abort_reminders and self._abort_reminders[0][0] <= now:
+                    _, least, partitions = self._abort_reminders.popleft()
+                    due.append((least, partitions))
+                # Sent beside this loop: a reminder waits up to ABORT_REMINDER_BOUND_S for its broker, and must
+                # not hold back the ones due after it.
+                self._track_reminder(self._remind_of(due), f"abort-reminder-({self.tc_id},{due[0][0]})")
+        finally:
+            self._reminding = None
+
+    async def _remind_of(self, due: list[tuple[int, list[Participant]]]) -> None:
         sender = self._sender
         if sender is None or self._stopped:
             return
-        watermark = functools.partial(self.low_watermark, least)
         # All at once, each one attempt within its bound: one after another, each retried to its bound, a broker
         # gone meanwhile held back the reminder to the txn's other partitions by 30 s each (a review's).
-        await asyncio.gather(*(asyncio.wait_for(sender.remind_txn_on(participant, self.tc_id, least, False, watermark),
-                                                ABORT_REMINDER_BOUND_S) for participant in partitions),
-                             return_exceptions=True)
+        await asyncio.gather(*(
+            asyncio.wait_for(sender.remind_txn_on(participant, self.tc_id, least, False,
+                                                  functools.partial(self.low_watermark, least)),
+                             ABORT_REMINDER_BOUND_S)
+            for least, partitions in due for participant in partitions), return_exceptions=True)
 
     async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
         return await read_participant_records(self._store, self.tc_id, least, self._log)

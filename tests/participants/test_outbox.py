@@ -232,6 +232,39 @@ async def test_an_abort_is_sent_to_its_partitions_once_more_after_a_while(
                                (txns[1], OTHER, False), (txns[1], TOPIC, False)])
 
 
+async def test_aborts_waiting_for_their_reminder_share_one_task(store: MetadataStore) -> None:
+    # Each aborted txn with a partition had its own task sleeping ABORT_REMINDER_S (~1.8 KB each, 20 s of the
+    # abort rate in memory); they wait in one queue behind one task now, and each is still reminded once.
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        for _ in range(40):
+            least = await partition.new_txn(60_000, None)
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
+        assert await eventually(lambda: len(sender.told) == 40)
+        waiting = [task for task in asyncio.all_tasks() if task.get_name().startswith("abort-remind")]
+        assert [task.get_name() for task in waiting] == ["abort-reminders-0"]
+
+
+async def test_reminders_due_at_different_times_are_each_sent_once(
+        store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition_module, "ABORT_REMINDER_S", 0.1)
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        aborted = []
+        for _ in range(3):
+            least = await partition.new_txn(60_000, None)
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
+            aborted.append(least)
+            await asyncio.sleep(0.04)
+        assert await eventually(lambda: len(sender.told) == 6)
+        await asyncio.sleep(0.3)
+        assert sorted(t.least for t in sender.told) == sorted(aborted * 2)
+
+
 class GoneAfterDelivery(RecordingSender):
     """Acknowledges every delivery; a reminder to OTHER's broker never comes back (the broker gone meanwhile)."""
 
