@@ -33,7 +33,7 @@ from tc_server import __version__
 disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 0.26 leaves it unannotated
 
 # Seconds. Pulsar's execution-latency buckets (10 ms .. 3000 s, TransactionAggregator), and on to a day: the
-# default --max-txn-timeout-ms is an hour, and a txn that ran past 3000 s was only in +Inf, so the
+# default --max-txn-timeout-ms is a day, and a txn that ran past 3000 s was only in +Inf, so the
 # dashboard's quantiles of long transactions stopped at 3000 s.
 TXN_LATENCY_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 15, 30, 60, 300, 1500, 3000, 3600, 7200, 21600, 86400)
 # Up to a minute: a request runs up to --request-timeout-s (10 s) and END_TXN waits for its participants up to

@@ -144,7 +144,7 @@ def _encoded(participant: Participant) -> tuple[str, bytes]:
 @dataclass(frozen=True, slots=True)
 class PartitionConfig:
     default_timeout_ms: int = 60_000
-    max_timeout_ms: int = 3_600_000
+    max_timeout_ms: int = 86_400_000  # --max-txn-timeout-ms (config.py)
     id_block_size: int = 1000
     # Open txns tracked here before NEW_TXN is refused (Pulsar's maxActiveTransactionsPerCoordinator); 0: none.
     max_active_txns: int = 0
@@ -501,10 +501,17 @@ class CoordinatorPartition:
         under way, its future (done once every broker acknowledged); None when there is nothing to wait for."""
         request = Request.COMMIT if commit else Request.ABORT
         decision, header = await self._apply(least, request, principal, superuser)
+        # A COMMIT of a txn that was aborted (by its timeout, now or before, or by an ABORT) is answered as
+        # Pulsar's coordinator answers it, TransactionNotFound, not InvalidTxnStatus: Flink's Pulsar sink
+        # (PulsarCommitter) takes InvalidTxnStatus for "already committed" and goes on without the
+        # checkpoint's output, where TransactionNotFound on a first attempt fails the job (a review's).
         if decision is Decision.EXPIRE:
-            raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) timed out and was aborted")
+            raise TransactionNotFound(f"cannot commit transaction ({self.tc_id},{least}): it timed out and was "
+                                      "aborted")
         if decision is Decision.CONFLICT:
             self._cas_reject.inc()
+            if commit:
+                raise TransactionNotFound(f"cannot commit transaction ({self.tc_id},{least}): it was aborted")
             raise InvalidTxnStatus(
                 f"cannot {request.value} transaction ({self.tc_id},{least}): it is already {header.state.value}"
             )

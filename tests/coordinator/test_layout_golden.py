@@ -16,7 +16,7 @@ import pytest
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import InvalidTxnStatus
+from tc_server.coordinator.errors import TransactionNotFound
 from tc_server.coordinator.events import publish_decision
 from tc_server.coordinator.ids import id_floor
 from tc_server.coordinator.layout import OpKind, TcLeader, TxnHeader, TxnOp, TxnState
@@ -336,7 +336,7 @@ async def test_records_written_by_pulsars_coordinator_are_served() -> None:
     # The overdue one is aborted; the one in time is committed; both headers are Pulsar's form now, with the
     # createdAt Pulsar stored (nanoseconds), as its own coordinator keeps it when it ends a txn.
     assert await tc.abort_expired_now() == 1
-    with pytest.raises(InvalidTxnStatus, match="ABORTED"):
+    with pytest.raises(TransactionNotFound, match="aborted"):
         await tc.partition(0).end_txn(1, commit=True, principal=None)
     await tc.partition(0).end_txn(2, commit=True, principal=None)
     record = await store.get("/txn/id/0_2", partition_key="0_2")

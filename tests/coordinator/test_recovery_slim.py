@@ -75,7 +75,7 @@ async def test_recovered_open_txns_are_served_and_time_out_as_before() -> None:
         # Past the long deadline, a commit of a recovered txn finds it expired and aborts it.
         clock.now += LONG_MS
         most, least = opened[("bob", LONG_MS)][7]
-        with pytest.raises(InvalidTxnStatus, match="timed out"):
+        with pytest.raises(TransactionNotFound, match="timed out"):
             await second.partition(most).end_txn(least, commit=True, principal="bob")
         assert (await header(store, most, least)).state is TxnState.ABORTED
     finally:

@@ -140,6 +140,6 @@ def test_request_latency_buckets_reach_past_what_the_settings_let_a_request_take
 
 
 def test_execution_latency_buckets_reach_the_default_longest_transaction() -> None:
-    # The top bucket was 3000 s (Pulsar's) while the default --max-txn-timeout-ms lets a txn run an hour: the
+    # The top bucket was 3000 s (Pulsar's) while the default --max-txn-timeout-ms lets a txn run a day: the
     # execution-latency quantiles of long transactions stopped at 3000 s.
     assert TXN_LATENCY_BUCKETS[-1] >= Settings().max_txn_timeout_ms / 1000

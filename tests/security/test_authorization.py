@@ -55,7 +55,7 @@ async def test_a_superuser_may_add_to_and_end_any_txn(start, secret):
         assert (await admin.end_txn(aborted.most, aborted.least, commit=False)).error is None
         # The owner sees the superuser's decision: a retried abort succeeds, a commit does not.
         assert (await alice.end_txn(aborted.most, aborted.least, commit=False)).error is None
-        assert (await alice.end_txn(aborted.most, aborted.least, commit=True)).error is ServerError.InvalidTxnStatus
+        assert (await alice.end_txn(aborted.most, aborted.least, commit=True)).error is ServerError.TransactionNotFound
     finally:
         alice.close()
         admin.close()

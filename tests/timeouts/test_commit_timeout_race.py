@@ -1,7 +1,8 @@
 """END_TXN COMMIT racing the timeout sweep on a real tc-server process (embedded store), with the store's
 writer process stopped (SIGSTOP) across the deadlines so that some decisions' outcomes are unknown when their
 requests run out of time. Whatever happened, the answer a client finally got must be the stored decision:
-success => COMMITTED, InvalidTxnStatus => ABORTED, and asking again answers the same."""
+success => COMMITTED, TransactionNotFound ("aborted", as Pulsar answers a commit of an aborted txn) => ABORTED,
+and asking again answers the same."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ async def test_the_final_answer_to_a_commit_at_the_deadline_is_the_stored_decisi
             code, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/{o.most}/{o.least}")
             status = doc.get("status") if code == 200 else code
             again = await client.end_txn(o.most, o.least, commit=True)
-            expected = {None: "COMMITTED", ServerError.InvalidTxnStatus: "ABORTED"}.get(error)
+            expected = {None: "COMMITTED", ServerError.TransactionNotFound: "ABORTED"}.get(error)
             if status != expected or again.error is not error:
                 wrong.append(((o.most, o.least), error, message, status, again.error, again.message))
         assert not wrong, (len(wrong), wrong[:5])

@@ -23,7 +23,7 @@ import pytest
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
-from tc_server.coordinator.errors import InvalidTxnStatus
+from tc_server.coordinator.errors import TransactionNotFound
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
 from tc_server.store.api import EXPECT_ABSENT
@@ -122,7 +122,7 @@ async def test_commit_after_deadline_keeps_pulsars_created_at_bytes() -> None:
     tc = await _coordinator(store, clock)
     try:
         clock.now = CREATED_MS + TIMEOUT_MS + 5
-        with pytest.raises(InvalidTxnStatus):
+        with pytest.raises(TransactionNotFound, match="timed out"):
             await tc.partition(TC).end_txn(LEAST, True, None)
         record = await store.get(layout.header_path(TC, LEAST), partition_key=layout.txn_key(TC, LEAST))
         assert record is not None
