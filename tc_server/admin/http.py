@@ -4,7 +4,9 @@ is who may call what (docs/security.md):
 - ``/healthz`` and ``/readyz`` are always open (kubelet probes carry no credentials);
 - ``/metrics`` is open unless ``--authenticate-metrics-endpoint``, then any authenticated role;
 - everything else (``/admin/v3/transactions/...``) needs a superuser role, as ``pulsar-admin
-  transactions`` does against a broker: no or bad credentials → 401, another role → 403.
+  transactions`` does against a broker: no or bad credentials → 401, another role → 403. A proxy role
+  (``--proxy-roles``) acts for the client it names in ``X-Original-Principal`` (as a Pulsar proxy forwards
+  HTTP): none named → 401; both must be superusers, else 403.
 
 With authentication off everything is open, as on a broker without authentication. Credentials are
 an ``Authorization: Bearer <token>`` header or, over HTTPS, a client certificate (the ``tls`` method).
@@ -250,12 +252,31 @@ class AdminServer:
                 log.info("admin request refused: not authenticated", path=request.path[:200], reason=str(exc),
                          left_out_since_last_line=left_out)
             return _unauthorized(str(exc))
-        if request.path != METRICS_PATH and not self._auth.is_superuser(identity.role):
-            if (left_out := self._refusals_log.allow("not a superuser")) is not None:
-                log.info("admin request refused: not a superuser", path=request.path[:200], role=identity.role,
-                         left_out_since_last_line=left_out)
-            return json_response(403, {"reason": f"role {identity.role!r} is not a superuser"})
+        if request.path == METRICS_PATH:
+            return await handler(request)
+        if self._auth.is_proxy_role(identity.role):
+            # A Pulsar proxy forwarding its clients' admin calls acts for the client it names, as on the Pulsar
+            # port: both must be superusers (Pulsar's validateSuperUserAccess). A proxy role that is a
+            # superuser itself let any client of that proxy list and abort every txn (a review's).
+            original = request.headers.get(ORIGINAL_PRINCIPAL_HEADER, "").strip()
+            if not original or self._auth.is_proxy_role(original):
+                return self._refused(request, "proxy names no client", 401, identity.role,
+                                     f"role {identity.role!r} is a proxy role (--proxy-roles): it must name the "
+                                     f"client it acts for, not a proxy role, in {ORIGINAL_PRINCIPAL_HEADER}")
+            if not (self._auth.is_superuser(identity.role) and self._auth.is_superuser(original)):
+                return self._refused(request, "not a superuser", 403, identity.role,
+                                     f"proxy role {identity.role!r} acting for {original[:64]!r}: both must be "
+                                     "superusers")
+        elif not self._auth.is_superuser(identity.role):
+            return self._refused(request, "not a superuser", 403, identity.role,
+                                 f"role {identity.role!r} is not a superuser")
         return await handler(request)
+
+    def _refused(self, request: web.Request, why: str, status: int, role: str, reason: str) -> web.Response:
+        if (left_out := self._refusals_log.allow(why)) is not None:
+            log.info(f"admin request refused: {why}", path=request.path[:200], role=role, reason=reason,
+                     left_out_since_last_line=left_out)
+        return _unauthorized(reason) if status == 401 else json_response(status, {"reason": reason})
 
 
 @web.middleware
@@ -293,6 +314,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 _STORE_ERRORS = LogLimiter(interval_s=1.0)
+# The header a Pulsar proxy names its client in when it forwards an HTTP call (Pulsar's AuthenticationFilter).
+ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 
 
 def _unauthorized(reason: str) -> web.Response:

@@ -12,7 +12,8 @@ reads the one store, worker 0 lists every coordinator's txns itself. What a work
 coordinators it leads.
 
 Credentials: the supervisor's own admin server checks them first (a superuser, as a worker does); the
-``Authorization`` header is then passed on for the worker to check again. A client certificate cannot be
+``Authorization`` header (and a proxy's ``X-Original-Principal``) is then passed on for the worker to check
+again. A client certificate cannot be
 passed on: with ``--authentication-providers`` ``tls`` only, ask the worker's port itself (README, *Several
 cores*). Over HTTPS (``--admin-tls``) the worker must present the very certificate the supervisor serves
 (the same files), so a header is never sent to another process that took a worker's port while it restarted.
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from aiohttp import web
 
+from tc_server.admin.http import ORIGINAL_PRINCIPAL_HEADER
 from tc_server.admin.routes import NEXT_HEADER, PREFIX, json_response, page_parameters, paged, parse_txn_id
 from tc_server.auth.certificates import first_certificate_der
 from tc_server.config import Settings
@@ -38,6 +40,7 @@ FORWARD_TIMEOUT_S = 60.0
 # The headers of a worker's answer that mean something to the client; the rest (Date, Server, lengths) the
 # supervisor's own server sets.
 _PASSED_ON = ("Content-Type", NEXT_HEADER, "Link", "Location", "Allow", "WWW-Authenticate")
+_CHECKED_AGAIN = ("Authorization", ORIGINAL_PRINCIPAL_HEADER)
 # Paths naming one txn: its ``most`` is its coordinator.
 _ONE_TXN = re.compile(r"(?:transactionMetadata|abortTransaction|abort|undelivered)/([^/]+)/[^/]+(?:/drop)?")
 _DIGITS = re.compile(r"[0-9]{1,19}")
@@ -137,7 +140,8 @@ class WorkersAdmin:
     async def _ask(self, k: int, request: web.Request) -> tuple[int, bytes, dict[str, str]] | web.Response:
         """Worker ``k``'s answer to ``request`` (status, body, the headers passed on), or the 503 saying it
         did not answer."""
-        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+        # The credentials, and the client a proxy role acts for (http.py), for the worker to check again.
+        headers = {name: request.headers[name] for name in _CHECKED_AGAIN if name in request.headers}
         url = self._urls[k] + str(request.rel_url)
         for last_try in (False, True):
             try:

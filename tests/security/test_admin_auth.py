@@ -17,11 +17,13 @@ from tests.security.support import token_auth
 from tests.support.server_process import ServerProcess, started
 
 
-def call(url: str, method: str = "GET", token: str | None = None,
-         context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+def call(url: str, method: str = "GET", token: str | None = None, context: ssl.SSLContext | None = None,
+         original_principal: str | None = None) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
+    if original_principal is not None:
+        request.add_header("X-Original-Principal", original_principal)  # as a Pulsar proxy forwards a call
     try:
         with urllib.request.urlopen(request, timeout=10, context=context) as response:  # noqa: S310 - loopback
             return response.status, dict(response.headers), response.read()
@@ -30,11 +32,12 @@ def call(url: str, method: str = "GET", token: str | None = None,
 
 
 async def admin(app, path: str, method: str = "GET", token: str | None = None,
-                context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
+                context: ssl.SSLContext | None = None,
+                original_principal: str | None = None) -> tuple[int, dict[str, str], Any]:
     scheme = "https" if context is not None else "http"
     host = "localhost" if context is not None else "127.0.0.1"
     status, headers, body = await asyncio.to_thread(call, f"{scheme}://{host}:{app.admin.port}{path}", method,
-                                                    token, context)
+                                                    token, context, original_principal)
     return status, headers, json.loads(body) if headers.get("Content-Type", "").startswith("application/json") \
         else body
 
@@ -69,6 +72,34 @@ async def test_admin_needs_a_superuser_token(start, secret):
     assert status == 200 and doc["owner"] == "alice" and doc["status"] == "OPEN"
     status, _, doc = await admin(app, abort, "POST", token=superuser)
     assert status == 200 and doc["status"] == "ABORTED"
+
+
+async def test_a_proxy_role_acts_for_the_client_it_names(start, secret):
+    # A Pulsar proxy forwarding an admin call names its client in X-Original-Principal. The admin port took
+    # the proxy's own role: a proxy role that is a superuser let every client of the proxy read and abort
+    # every txn (a review's). Now both must be superusers, as on the Pulsar port and in Pulsar's
+    # validateSuperUserAccess, and a proxy role naming no client (or a proxy role) is refused.
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      proxy_roles="proxy", superuser_roles="ops, proxy")
+    alice = await connect("127.0.0.1", app.listener.port, auth=token_auth(make_token(secret, "HS256", "alice")))
+    txn = await alice.new_txn(tc_id=1, ttl_ms=60_000)
+    alice.close()
+    metadata = f"/admin/v3/transactions/transactionMetadata/{txn.most}/{txn.least}"
+    abort = f"/admin/v3/transactions/abort/{txn.most}/{txn.least}"
+    proxy = make_token(secret, "HS256", "proxy")
+
+    status, _, doc = await admin(app, abort, "POST", token=proxy, original_principal="bob")
+    assert status == 403 and "both must be superusers" in doc["reason"], doc
+    status, _, _ = await admin(app, metadata, token=proxy, original_principal="bob")
+    assert status == 403
+    for named in (None, " ", "proxy"):
+        status, headers, doc = await admin(app, "/admin/v3/transactions/coordinatorStats", token=proxy,
+                                           original_principal=named)
+        assert status == 401 and "X-Original-Principal" in doc["reason"], (named, doc)
+    status, _, doc = await admin(app, metadata, token=proxy, original_principal="ops")
+    assert status == 200 and doc["status"] == "OPEN", doc
+    status, _, doc = await admin(app, abort, "POST", token=proxy, original_principal="ops")
+    assert status == 200 and doc["status"] == "ABORTED", doc
 
 
 async def test_probes_and_metrics_are_open_unless_configured(start, secret):
