@@ -71,7 +71,7 @@ async def state_after(store, least, seconds: float) -> TxnState:
 
 async def test_a_forward_clock_step_does_not_abort_a_txn_long_before_its_ttl():
     # NTP steps the clock 2 minutes forward half a second into a txn of 60 s: the sweep (200 ms) aborts it
-    # at once, and the client's COMMIT 59 s before its TTL gets "timed out" (InvalidTxnStatus).
+    # at once, and the client's COMMIT 59 s before its TTL gets "timed out" (TransactionNotFound).
     store, clock = MemoryStore(), SteppedClock()
     async with leading(store, clock) as tc:
         least = await tc.partition(0).new_txn(60_000, None)

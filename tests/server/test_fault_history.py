@@ -5,7 +5,7 @@ lives on and starts another). Afterwards the store must agree with the history:
 
 - no txn id was handed out twice, and after each restart every coordinator's new ids are greater;
 - every acknowledged commit is COMMITTED and every acknowledged abort ABORTED;
-- a commit refused as InvalidTxnStatus ended ABORTED (it had timed out);
+- a commit refused as TransactionNotFound ("aborted", as Pulsar answers it) ended ABORTED (it had timed out);
 - every txn whose END_TXN outcome is unknown, or that was left open, ends in one terminal state,
   and stays in it;
 - nothing is left OPEN once every deadline has passed.
@@ -154,7 +154,7 @@ async def test_history_survives_repeated_sigkill(tmp_path, kill):
             assert state in ("COMMITTED", "ABORTED"), (t, state)
             if t.outcome == "ok":
                 assert state == ("COMMITTED" if t.end == "commit" else "ABORTED"), (t, state)
-            elif t.outcome == ServerError.InvalidTxnStatus.name:
+            elif t.outcome == ServerError.TransactionNotFound.name:
                 assert t.end == "commit" and state == "ABORTED", (t, state)
             elif t.outcome not in ("unknown", "none"):
                 # Only the store being down during a restart may answer otherwise.
