@@ -131,6 +131,9 @@ class _Outbox:
     # all have, deleted in one batch): the admin's listing marks them. Only for txns of several participants,
     # made for those alone (most txns have one, and an empty set per decision is work on the hot path).
     told: set[str] | None = None
+    # Whose decision it is, counted toward that principal's --max-open-transactions-per-principal until its
+    # brokers all acknowledged (principals.py); None when unknown (no authentication, or recovered from records).
+    owner: str | None = None
 
 
 @functools.lru_cache(maxsize=ENCODED_PARTICIPANTS)
@@ -333,6 +336,10 @@ class CoordinatorPartition:
         for owner in self._owners.values():
             self._principals.remove(owner)
         self._owners.clear()
+        for outbox in self._undelivered.values():
+            if outbox.owner is not None:
+                self._principals.remove_undelivered(outbox.owner)
+                outbox.owner = None
         await self._ids.close()
 
     @property
@@ -377,7 +384,10 @@ class CoordinatorPartition:
         # Decided txns whose participants were not all told count too, as in Pulsar's coordinator (a txn stays
         # in its map, COMMITTING or ABORTING, until its brokers acknowledged): each holds ~6 KB here, and a client
         # naming a topic no broker knows in every txn grew them without bound (a review: 30,000, +164 MiB).
-        if 0 < self._config.max_undelivered <= (undelivered := sum(map(len, self._outboxes))):
+        if 0 < self._config.max_undelivered <= (undelivered := sum(map(len, self._outboxes))) and (
+                owner is None or self._principals.owes(owner)):
+            # Only those who owe some are refused: a principal's own undelivered decisions are bounded by its
+            # limit (principals.py), and one role's must not deny the others new txns (a review's).
             raise NotAllowed(f"this instance holds {undelivered} decided transactions whose brokers have not all "
                              "acknowledged, its limit (--max-undelivered-decisions); see "
                              "/admin/v3/transactions/undelivered and the brokers it names")
@@ -915,7 +925,10 @@ class CoordinatorPartition:
             stepped_down.set_result(None)
             return stepped_down
         if outbox is None:
-            outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future())
+            outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future(),
+                             owner=self._owners.get(least))  # still open: _decided holds before it forgets
+            if outbox.owner is not None:
+                self._principals.add_undelivered(outbox.owner)
             self._undelivered[least] = outbox
             heapq.heappush(self._undelivered_ids, least)
         task = asyncio.create_task(self._deliver(least, state, participants, outbox.done),
@@ -942,8 +955,14 @@ class CoordinatorPartition:
         if not outbox.done.done():
             outbox.done.set_result(None)
         if task.result() and not outbox.tasks and self._undelivered.get(least) is outbox:
-            del self._undelivered[least]
+            self._delivered(least, outbox)
             self._delivery_latency.observe(max(0, self._clock() - outbox.decided_ms) / 1000)
+
+    def _delivered(self, least: int, outbox: _Outbox) -> None:
+        """The outbox entry leaves: every participant acknowledged (or was dropped)."""
+        del self._undelivered[least]
+        if outbox.owner is not None:
+            self._principals.remove_undelivered(outbox.owner)
 
     async def _deliver(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,
                        acknowledged: asyncio.Future[None]) -> bool:
@@ -1253,7 +1272,7 @@ class CoordinatorPartition:
                 if not outbox.headerless:
                     self._start_delivery(least, outbox.state, left, outbox.decided_ms)
                 elif left == []:  # no decision to tell: held until the last participant is dropped
-                    del self._undelivered[least]
+                    self._delivered(least, outbox)
                     if not outbox.done.done():  # a stop() meanwhile answered it
                         outbox.done.set_result(None)
         self._check_still_leading(least, "participant drop")

@@ -1,6 +1,6 @@
-"""Undelivered decisions are bounded across the instance (--max-undelivered-decisions), against a real
-``tc-server run`` process (embedded store) with its default limits and a stand-in broker on a real socket that
-knows no topic."""
+"""Undelivered decisions are bounded across the instance (--max-undelivered-decisions) and per principal
+(--max-open-transactions-per-principal), against a real ``tc-server run`` process (embedded store) and a
+stand-in broker on a real socket that knows no topic."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 
 from tc_server.bench.process import rss_bytes_of
-from tc_server.client import connect
+from tc_server.client import TcClient, connect
 from tc_server.wire import Lookup, LookupResponse, LookupType, ServerError
+from tests.security.support import Keys, token_auth
 from tests.support.server_process import ServerProcess, started
 from tests.support.stand_in_broker import StandInBroker
 
 MIB = 1 << 20
+
+
+def refuse(lookup: Lookup) -> LookupResponse:
+    return LookupResponse(lookup.request_id, LookupType.FAILED, error=ServerError.TopicNotFound,
+                          message="no such topic")
 K8S_LIMIT = 256 * MIB  # deploy/kubernetes manifests' memory limit
 COMMITS = 30_000  # +171 MiB when only each coordinator's count was bounded
 WORKERS = 64
@@ -30,10 +36,6 @@ async def test_commits_to_unknown_topics_spread_over_the_coordinators_are_bounde
     refused, naming it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4_000)), hard))
-
-    def refuse(lookup: Lookup) -> LookupResponse:
-        return LookupResponse(lookup.request_id, LookupType.FAILED, error=ServerError.TopicNotFound,
-                              message="no such topic")
 
     broker = await StandInBroker(refuse).start()
     server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0"))
@@ -67,5 +69,49 @@ async def test_commits_to_unknown_topics_spread_over_the_coordinators_are_bounde
             f"{grown / MIB:.0f} MiB (the manifests allow {K8S_LIMIT // MIB} MiB in all)")
     finally:
         client.close()
+        server.kill()
+        broker.stop()
+
+
+async def test_one_roles_undelivered_decisions_deny_no_other_role_new_txns(tmp_path: Path) -> None:
+    """A role with a valid token but no rights at the brokers commits txns naming topics no broker serves: each
+    decision stays undelivered (until a superuser drops it). They counted toward no limit of the role's own, so
+    a role or two filled --max-undelivered-decisions and every other role's NEW_TXN was refused (a review's,
+    against a real 4.2.4 broker with authorization; its own coordinator keeps serving other roles). Now a
+    role's undelivered decisions count toward its --max-open-transactions-per-principal, and the server-wide
+    bound refuses only the roles that owe some."""
+    keys = Keys()
+    key_file = tmp_path / "secret.key"
+    key_file.write_bytes(keys.secret)
+    broker = await StandInBroker(refuse).start()
+    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0",
+                                   "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
+                                   "--max-open-transactions-per-principal", "4", "--max-undelivered-decisions", "6"))
+    mallory, eve, alice = [await connect("127.0.0.1", server.port, auth=token_auth(keys.token(role)))
+                           for role in ("mallory", "eve", "alice")]
+
+    async def commit_to_a_ghost(client: TcClient, n: int) -> tuple[ServerError | None, str | None]:
+        opened = await client.new_txn(tc_id=n % 16)
+        if opened.error is not None:
+            return opened.error, opened.message
+        assert (await client.add_partition(opened.most, opened.least, f"persistent://ghost/ns/t-{n}")).error is None
+        assert (await client.end_txn(opened.most, opened.least, commit=True)).error is None
+        return None, None
+
+    try:
+        assert [await commit_to_a_ghost(mallory, n) for n in range(4)] == [(None, None)] * 4
+        error, message = await commit_to_a_ghost(mallory, 4)
+        assert error is ServerError.NotAllowedError and "--max-open-transactions-per-principal" in (message or "")
+        assert "4 decided ones" in (message or ""), message
+        assert [await commit_to_a_ghost(eve, n) for n in range(2)] == [(None, None)] * 2
+        error, message = await commit_to_a_ghost(eve, 2)  # 6 undelivered: eve owes some
+        assert error is ServerError.NotAllowedError and "--max-undelivered-decisions" in (message or ""), message
+        # alice owes none: served, and her own txn ends as any other.
+        opened = await alice.new_txn(tc_id=3)
+        assert opened.error is None, opened
+        assert (await alice.end_txn(opened.most, opened.least, commit=True)).error is None
+    finally:
+        for client in (mallory, eve, alice):
+            client.close()
         server.kill()
         broker.stop()
