@@ -53,13 +53,15 @@ HELP = {
                                                "NotAllowedError (broker.conf maxActiveTransactionsPerCoordinator; "
                                                "0: no limit)",
     "max_open_transactions_per_principal": "open transactions of one authenticated role across the coordinators "
-                                           "this instance leads before its NEW_TXN is answered NotAllowedError "
+                                           "this instance leads, with its decided ones whose brokers have not "
+                                           "all acknowledged, before its NEW_TXN is answered NotAllowedError "
                                            "(0: no limit; without authentication there is no role and no limit). "
                                            "Default 5000: half of one coordinator's default cap, so one role cannot "
                                            "fill a coordinator and starve the others there",
     "max_undelivered_decisions": "decided transactions whose brokers have not all acknowledged, across the "
                                  "coordinators this instance leads, before NEW_TXN is answered NotAllowedError "
-                                 "(each holds ~6 KB until they have; 0: no limit)",
+                                 "to the roles that owe some (all, without authentication; each holds ~6 KB "
+                                 "until they have; 0: no limit)",
     "max_participants_per_transaction": "topics and subscriptions one transaction may name (ADD_PARTITION_TO_TXN, "
                                         "ADD_SUBSCRIPTION_TO_TXN) before its next ADD naming a new one is answered "
                                         "NotAllowedError (0: no limit)",
