@@ -917,18 +917,19 @@ class CoordinatorPartition:
         self._start_delivery(least, ended.state, participants, ended.finalized_ms or self._clock())
 
     def _start_delivery(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,
-                        decided_ms: int) -> asyncio.Future[None]:
-        """Deliver ``state`` to the participants (None: read their records from the store)."""
+                        decided_ms: int, owner: str | None = None) -> asyncio.Future[None]:
+        """Deliver ``state`` to the participants (None: read their records from the store). ``owner``: the
+        txn's, when it is no longer open here (recovered from its header)."""
         outbox = self._undelivered.get(least)
         if self._stopped:  # stepped down meanwhile: the next leader re-drives the records
             stepped_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             stepped_down.set_result(None)
             return stepped_down
         if outbox is None:
-            outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future(),
-                             owner=self._owners.get(least))  # still open: _decided holds before it forgets
-            if outbox.owner is not None:
-                self._principals.add_undelivered(outbox.owner)
+            outbox = _Outbox(decided_ms, state, asyncio.get_running_loop().create_future())
+            # Still open when just decided: _decided holds before it forgets.
+            if (owner := self._owners.get(least, owner)) is not None:
+                outbox.owner = self._principals.add_undelivered(owner)
             self._undelivered[least] = outbox
             heapq.heappush(self._undelivered_ids, least)
         task = asyncio.create_task(self._deliver(least, state, participants, outbox.done),
@@ -1128,7 +1129,8 @@ class CoordinatorPartition:
                 # stepped down before its brokers acknowledged): deliver it now, not at its deadline.
                 await self._adopt_decision(least, header)
             else:
-                self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock())
+                self._start_delivery(least, header.state, participants, header.finalized_ms or self._clock(),
+                                     header.owner)
             redriven += 1
         self._recovered = True
         self._gone_while_recovering.clear()

@@ -57,8 +57,11 @@ class OpenByPrincipal:
     def remove(self, principal: str) -> None:
         _take_one(self._counts, principal)
 
-    def add_undelivered(self, principal: str) -> None:
+    def add_undelivered(self, principal: str) -> str:
+        """Count one more undelivered decision; returns the principal interned (see add)."""
+        principal = sys.intern(principal)
         self._undelivered[principal] = self._undelivered.get(principal, 0) + 1
+        return principal
 
     def remove_undelivered(self, principal: str) -> None:
         _take_one(self._undelivered, principal)
