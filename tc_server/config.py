@@ -592,6 +592,8 @@ def load_settings(
             raise ConfigError(f"config file {path}: not UTF-8 (byte {exc.start}), as TOML must be") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        except RecursionError:  # tomllib on arrays or tables nested thousands deep (a review's)
+            raise ConfigError(f"config file {path}: nested too deeply to be a tc-server configuration") from None
         for key, raw in doc.items():
             name = key.replace("-", "_")
             if name not in SETTING_NAMES:  # the file is run's too, which refuses it: a typo wherever it is read

@@ -153,7 +153,9 @@ def check_worker_count(settings: Settings) -> None:
     try:
         _check_worker_count(settings, Path(settings.data_dir))
     except OSError as exc:
-        raise ConfigError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from exc
+        # The file named, not only the data directory: "--data-dir X: Is a directory" of X/workers (a review's).
+        where = "" if exc.filename in (None, settings.data_dir) else f"{exc.filename}: "
+        raise ConfigError(f"--data-dir {settings.data_dir}: {where}{exc.strerror or exc}") from exc
 
 
 def _stores_made(directory: Path) -> set[int]:
@@ -184,7 +186,10 @@ def _check_worker_count(settings: Settings, directory: Path) -> None:
     made = _stores_made(directory)
     stored: int | None = None
     if record.exists():
-        text = record.read_text().strip()
+        try:
+            text = record.read_text().strip()
+        except UnicodeDecodeError:
+            text = record.read_bytes()[:40].decode("ascii", "backslashreplace")  # named below, not a traceback
         if not (text.isascii() and text.isdigit() and len(text) <= 4):
             found = f"; the stores there are of --workers {', '.join(map(str, sorted(made)))}" if made else ""
             raise WorkerCountMismatch(f"{record} does not hold a number of workers (got {text[:40]!r}){found}: "

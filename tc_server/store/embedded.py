@@ -876,6 +876,8 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         setup = sqlite3.connect(path, isolation_level=None)
         opened.append(setup)
         _require_known_layout(setup, path)  # before anything writes to the file
+        # Another program's database (a mistyped --data-dir) is refused, not given this store's tables (a review's).
+        _require_store_tables(setup, path, empty_ok=True)
         _require_wal(setup, path)
         setup.execute("PRAGMA synchronous=FULL")
         setup.execute("PRAGMA busy_timeout=5000")
@@ -998,11 +1000,12 @@ def _require_known_layout(conn: sqlite3.Connection, path: Path) -> None:
             f"layouts up to {FILE_LAYOUT}: run the tc-server version that wrote it (or a later one)")
 
 
-def _require_store_tables(conn: sqlite3.Connection, path: Path) -> None:
+def _require_store_tables(conn: sqlite3.Connection, path: Path, empty_ok: bool = False) -> None:
     """Refuse (StoreUnavailableError) an SQLite file without this store's tables: open(read_only=True) cannot
-    create them, and another database's file is no empty store."""
+    create them, and another database's file is no empty store (``empty_ok``: a file without any table is
+    one, where a read-write open creates them)."""
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not {"records", "index_entries", "meta"} <= tables:
+    if not {"records", "index_entries", "meta"} <= tables and (tables or not empty_ok):
         raise StoreUnavailableError(f"embedded store: {path} is no tc-server store (its tables: {sorted(tables)})")
 
 

@@ -3,7 +3,9 @@ exit code 2 and no traceback (issue 15, "Settings without bounds"). Real process
 
 from __future__ import annotations
 
+import hashlib
 import resource
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -130,3 +132,50 @@ def test_a_low_soft_descriptor_limit_is_raised_to_fit_max_connections(tmp_path: 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_workers_record_that_is_not_text_is_one_line_naming_it(tmp_path: Path) -> None:
+    """`<data-dir>/workers` holding bytes that are not UTF-8 (a damaged disk block, a stray binary) gave a
+    20-line traceback ending in UnicodeDecodeError, exit code 1, no file named (a review's). Now the one line
+    the same file with text in it gives ("<data-dir>/workers does not hold a number of workers ...")."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "workers").write_bytes(b"\xff\xfe2\n")
+    done = run("--store", "embedded", "--data-dir", str(data), "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(data / "workers"))
+
+
+def test_a_workers_record_that_is_a_directory_is_named(tmp_path: Path) -> None:
+    """`<data-dir>/workers` is a directory: the line said "--data-dir <dir>: Is a directory", false of the
+    data directory (a review's); it names <data-dir>/workers now."""
+    data = tmp_path / "data"
+    (data / "workers").mkdir(parents=True)
+    done = run("--store", "embedded", "--data-dir", str(data), "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(data / "workers"))
+
+
+def test_an_sqlite_file_of_another_program_is_refused_and_left_unchanged(tmp_path: Path) -> None:
+    """`<data-dir>/tc-server.sqlite3` is another program's database (a table `people` with a row; a mistyped
+    --data-dir, a restored backup of the wrong volume). tc-server started, created its own tables in that file
+    and set its user_version (a review's): the other program's file changed, and nothing said so. Refused now
+    in one line naming the file, as the read-only open (export) refuses it, the file unchanged."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = data / "tc-server.sqlite3"
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT); "
+                       "INSERT INTO people VALUES (1, 'ada');")
+    conn.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    done = run("--store", "embedded", "--data-dir", str(data), "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(db))
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_a_deeply_nested_config_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A --config file holding `a = [[[[...` 3,000 levels deep (a damaged or generated file) gave a traceback
+    hundreds of lines long ending in RecursionError, exit code 1 (a review's); one line naming it now."""
+    config = tmp_path / "tc-server.toml"
+    config.write_text("a = " + "[" * 3000 + "\n")
+    done = run("--config", str(config), "--store", "memory", "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert_one_line(done, str(config))
