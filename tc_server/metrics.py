@@ -302,6 +302,9 @@ class Metrics:
         # Read by app.py with --tls-listen or --admin-tls only.
         self.tls_certificate_expiry = tls_certificate_expiry(r)
         self.connections = Gauge("tc_server_connections", "Open client connections", registry=r)
+        self.unreadable_overdue_headers = Gauge(
+            "tc_server_unreadable_overdue_headers", "OPEN transaction headers past their deadline, of coordinators led "
+            "here, that cannot be read (damaged records no timeout can abort; each key is logged once)", registry=r)
         self.connections_refused = Counter(
             "tc_server_connections_refused", "Client connections closed because a limit was reached "
             "(max_connections, max_connections_per_address, max_tls_handshakes, max_buffered_input)", ["reason"],

@@ -241,6 +241,9 @@ class AdminRoutes:
         if (write_problem := self._tc.store.write_problem()) is not None:
             problems.append(write_problem)
         leaderless, held_elsewhere = self._tc.not_served()
+        if unreadable := self._tc.unreadable_leader_records():
+            problems.append(f"leader records that cannot be read: {', '.join(unreadable)} (another writer's? their "
+                            "coordinators have no leader until each is deleted or replaced)")
         if leaderless:
             problems.append(f"transaction coordinators {leaderless} have no leader yet")
         if held_elsewhere:
@@ -331,7 +334,8 @@ class AdminRoutes:
             else:
                 acked.setdefault(topic, {}).setdefault(subscription, {})
 
-        for _, participant in await read_participant_records(self._tc.store, most, least, log):
+        readable, _ = await read_participant_records(self._tc.store, most, least, log)  # unreadable: logged there
+        for _, participant in readable:
             add(participant.topic, participant.subscription)
         ops = await events.participants(self._tc.store, self._metrics, most, least)
         for segment in ops.segments:
@@ -443,15 +447,28 @@ class AdminRoutes:
     async def drop_participant(self, request: web.Request) -> web.Response:
         """Forget one participant of a decided txn that can never be told (docs/participants.md, "A
         participant that can never be told"): ``?topic=``, and ``&subscription=`` for an
-        acknowledgement's. Its broker never learns the decision."""
+        acknowledgement's, or ``?key=`` for a record that cannot be read (as the listing names it). Its broker
+        never learns the decision."""
         most, least = number(request.match_info["most"], "most"), number(request.match_info["least"], "least")
         if (missing := self._not_here(request, most)) is not None:
             return missing
-        topic, subscription = request.query.get("topic"), request.query.get("subscription")
-        if not topic:
+        topic, subscription, key = (request.query.get(name) for name in ("topic", "subscription", "key"))
+        participant: layout.Participant | str
+        if key and not topic:
+            try:
+                named = layout.parse_participant_path(key)
+            except ValueError:
+                named = None
+            if named != (most, least):
+                raise web.HTTPBadRequest(reason=f"{key[:200]!r} is no participant record key of transaction "
+                                                f"({most},{least})")
+            participant = key
+        elif topic and not key:
+            participant = layout.Participant(topic, subscription)
+        else:
             raise web.HTTPBadRequest(reason="name the participant: ?topic=T, with &subscription=S for an "
-                                            "acknowledgement's (as 'undelivered' lists it)")
-        participant = layout.Participant(topic, subscription)
+                                            "acknowledgement's, or ?key=K for a record that cannot be read (as "
+                                            "'undelivered' lists them)")
         try:
             left = await self._tc.partition(most).drop_participant(least, participant)
         except CoordinatorNotFound as exc:
@@ -462,8 +479,9 @@ class AdminRoutes:
             return json_response(409, {"reason": str(exc)})
         except StoreCorrupted as exc:
             return self._damaged(most, least, exc)
-        return json_response(200, {"txnId": txn_id(most, least), "dropped": {"topic": topic, **(
-            {"subscription": subscription} if subscription is not None else {})}, "participantsLeft": left})
+        dropped = {"key": participant} if isinstance(participant, str) else {"topic": participant.topic, **(
+            {"subscription": subscription} if subscription is not None else {})}
+        return json_response(200, {"txnId": txn_id(most, least), "dropped": dropped, "participantsLeft": left})
 
     async def served_by_brokers(self, request: web.Request) -> web.Response:
         name = request.path[len(PREFIX) + 1:].partition("/")[0]
@@ -508,15 +526,21 @@ class AdminRoutes:
             async for record in self._yielding(self._participant_records(coordinator_id, after)):
                 try:
                     txn = layout.parse_participant_path(record.key)
-                    participant = layout.Participant.from_json(record.value)
                 except ValueError as exc:
                     if after is None and len(unreadable) < limit:  # damage: on the first page, at most a page
                         unreadable.append({"txnId": None, "participants": [{"key": record.key,
                                                                              "unreadable": str(exc)}]})
                     continue
-                entry: dict[str, object] = {"topic": participant.topic}
-                if participant.subscription is not None:
-                    entry["subscription"] = participant.subscription
+                entry: dict[str, object]
+                try:
+                    participant = layout.Participant.from_json(record.value)
+                except ValueError as exc:
+                    # Listed under the txn its key names (which it holds; drop it with ?key=), not as no txn's.
+                    entry = {"key": record.key, "unreadable": str(exc)}
+                else:
+                    entry = {"topic": participant.topic}
+                    if participant.subscription is not None:
+                        entry["subscription"] = participant.subscription
                 told = told_of.get(txn)
                 if told is None:
                     told = told_of[txn] = self._tc.partition(txn[0]).told(txn[1]) if self._tc.leads(txn[0]) else set()

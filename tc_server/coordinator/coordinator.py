@@ -39,6 +39,8 @@ log = structlog.get_logger("tc_server.coordinator")
 # whose outcome was unknown. Normally the range is empty, so the scan is cheap.
 OVERDUE_SCAN_INTERVAL_S = 5.0
 OVERDUE_GRACE_MS = 1000
+# Unreadable header keys remembered as logged (forgotten all at once past it, then logged again once).
+UNREADABLE_HEADERS_REMEMBERED = 10_000
 # Partitions won in one hand-over (a peer's session ended: all its partitions at once) share one
 # scan of the deadline index, which holds every coordinator's open txns; scanning it once per
 # partition made a 16-partition take-over with 50k open txns 16 times slower (measured).
@@ -95,6 +97,9 @@ class TransactionCoordinator:
         self._recovery_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
+        # The last overdue scan's unreadable OPEN headers of coordinators led here (keys), and the keys logged.
+        self.unreadable_overdue: list[str] = []
+        self._unreadable_headers_logged: set[str] = set()
         metrics.has_leader.read = self._has_leader_samples
         for tc_id in range(config.partitions):
             metrics.leader.labels(**metrics.tc(tc_id)).set(0)
@@ -223,6 +228,12 @@ class TransactionCoordinator:
                 (leaderless if self._election.leaders.get(tc_id) is None else held_elsewhere).append(tc_id)
         return leaderless, held_elsewhere
 
+    def unreadable_leader_records(self) -> list[str]:
+        """Keys of the leader records of this instance's share that cannot be read (/readyz names them)."""
+        campaign = self.config.campaign
+        return [key for tc_id, key in sorted(self._election.unreadable.items())
+                if campaign is None or tc_id in campaign]
+
     def led_partitions(self) -> list[CoordinatorPartition]:
         return [self._partitions[i] for i in sorted(self._partitions)]
 
@@ -277,11 +288,12 @@ class TransactionCoordinator:
                 log.info("rewrote the number of coordinators in Pulsar's form", path=layout.PARALLELISM_PATH)
 
     async def open_headers(
-        self, deadline_before_ms: int | None = None
+        self, deadline_before_ms: int | None = None, unreadable: list[tuple[int | None, str]] | None = None
     ) -> AsyncIterator[tuple[int, int, TxnHeader, int]]:
         """(most, least, header, version) of every OPEN txn in the deadline index whose deadline is
         before ``deadline_before_ms`` (all when None), all coordinators; unreadable records are
-        logged and skipped. Both key forms of the index are read (docs/record-layout.md, "Upgrading
+        logged (once per key) and skipped, and appended to ``unreadable`` as (coordinator if the key
+        names one, key). Both key forms of the index are read (docs/record-layout.md, "Upgrading
         from the earlier tc-server layout"): a header an earlier tc-server wrote keeps its old key
         until it ends."""
         for start, end in layout.deadline_ranges(deadline_before_ms):
@@ -290,10 +302,22 @@ class TransactionCoordinator:
                     most, least = layout.parse_header_path(record.key)
                     header = TxnHeader.from_json(record.value)
                 except ValueError as exc:
-                    log.warning("skipping unreadable header", key=record.key, error=str(exc))
+                    self._note_unreadable_header(record.key, exc)
+                    if unreadable is not None:
+                        unreadable.append((_coordinator_named(record.key), record.key))
                     continue
                 if header.state is layout.TxnState.OPEN:
                     yield most, least, header, record.version
+
+    def _note_unreadable_header(self, key: str, exc: ValueError) -> None:
+        """Log an unreadable header once: the overdue scan reads them again every few seconds (a review: 200
+        damaged records were 40 lines a second, for ever)."""
+        if key in self._unreadable_headers_logged:
+            return
+        if len(self._unreadable_headers_logged) >= UNREADABLE_HEADERS_REMEMBERED:
+            self._unreadable_headers_logged.clear()
+        self._unreadable_headers_logged.add(key)
+        log.warning("skipping unreadable header", key=key, error=str(exc))
 
     async def _adopt_open_txns(self, partitions: dict[int, CoordinatorPartition]) -> dict[int, int]:
         """Stream the deadline index (the store reads it in pages) into ``partitions``: each keeps only
@@ -389,9 +413,14 @@ class TransactionCoordinator:
         many of them the partitions' deadline queues did not hold (missed: a header a previous leader
         wrote just before a hand-over), and how many they held but had not reached yet (late: the
         queue is behind, its store slower than the txns' deadlines come; aborted here too, so that
-        neither path waits on the other)."""
+        neither path waits on the other). Overdue headers of led coordinators that cannot be read (no
+        sweep can abort them) are kept in ``unreadable_overdue`` (tc_server_unreadable_overdue_headers)."""
         horizon_ms = max(0, self._clock() - OVERDUE_GRACE_MS)
-        overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon_ms) if self.leads(most)]
+        unreadable: list[tuple[int | None, str]] = []
+        overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon_ms, unreadable)
+                   if self.leads(most)]
+        self.unreadable_overdue = [key for most, key in unreadable
+                                   if self.leads(self.config.gc_coordinator if most is None else most)]
         missed = late = 0
         for most, least in overdue:
             partition = self._partitions.get(most)
@@ -418,6 +447,9 @@ class TransactionCoordinator:
             except Exception:  # noqa: BLE001 - the safety net must not die of one bad record
                 log.exception("overdue scan failed")
                 continue
+            # Unreadable ones are counted, not made a readiness failure: this instance serves every other txn,
+            # and an unready pod is taken out of its Service (an outage for one damaged record).
+            self.metrics.unreadable_overdue_headers.set(len(self.unreadable_overdue))
             if left:
                 self.health.failed("timeout sweep", f"{left} open transactions past their deadline could not be "
                                    "aborted", until_recovered=True)
@@ -445,3 +477,11 @@ class TransactionCoordinator:
                 log.warning("gc pass failed", error=repr(exc))
             except Exception:  # noqa: BLE001 - one bad pass (an unreadable record?) must not end GC for good
                 log.exception("gc pass failed")
+
+
+def _coordinator_named(key: str) -> int | None:
+    """The coordinator a header key names, None when it names none (``/txn/id/<most>_<least>`` or the older form)."""
+    try:
+        return layout.parse_header_path(key)[0]
+    except ValueError:
+        return None

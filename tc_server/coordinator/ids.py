@@ -134,7 +134,13 @@ class IdAllocator:
             if record is None:
                 stored, expected = 0, EXPECT_ABSENT
             else:
-                stored, expected = layout.parse_tc_seq(record.value), record.version
+                try:
+                    stored, expected = layout.parse_tc_seq(record.value), record.version
+                except layout.MalformedRecord as exc:
+                    # Not repaired here: its true value may be above the clock's floor, and ids below it were
+                    # handed out. Named (it was UnknownError and a traceback naming no key: a review's).
+                    raise StoreCorrupted(f"{path}: unreadable ({exc}); NEW_TXN of coordinator {self._tc_id} "
+                                         "waits for it to be repaired") from None
             start = max(stored, id_floor(self._clock()))
             end = start + self._block_size
             if stored < 0 or end > MAX_TXN_ID + 1:

@@ -56,13 +56,18 @@ def leader_value(url: str, instance_id: str, url_tls: str | None = None) -> byte
     return layout.TcLeader(broker_id=instance_id, broker_service_url=url, broker_service_url_tls=url_tls).to_json()
 
 
-def parse_leader(raw: bytes) -> layout.TcLeader | None:
-    """A leader record, ours or a Pulsar broker's; None for one that does not parse (logged: the partition
-    then looks leaderless until it is replaced)."""
+# Unreadable leader and member records are read again at every recheck (about a second): one line per key a minute.
+_UNREADABLE_RECORDS = LogLimiter(interval_s=60.0)
+
+
+def parse_leader(raw: bytes, key: str) -> layout.TcLeader | None:
+    """A leader (or member) record ``key``, ours or a Pulsar broker's; None for one that does not parse (logged
+    with its key: the partition then looks leaderless until it is replaced)."""
     try:
         return layout.TcLeader.from_json(raw)
     except ValueError as exc:
-        log.warning("unreadable leader record", error=str(exc))
+        if (left_out := _UNREADABLE_RECORDS.allow(key)) is not None:
+            log.warning("unreadable leader record", key=key, error=str(exc), left_out_since_last_line=left_out)
         return None
 
 
@@ -90,6 +95,8 @@ class LeaderElection:
         self._on_elected = on_elected
         self._on_lost = on_lost
         self.leaders: dict[int, str] = {}  # tc_id -> advertised URL of its known leader
+        # tc_id -> key of its leader record, which cannot be read (a foreign writer's): /readyz names them.
+        self.unreadable: dict[int, str] = {}
         self.led: set[int] = set()
         self._versions: dict[int, int] = {}  # version of our own leader record, per led partition
         self._tasks: list[asyncio.Task[None]] = []
@@ -153,6 +160,10 @@ class LeaderElection:
         members = 0
         mine = False
         async for record in self._store.scan_prefix(layout.MEMBER_PREFIX):
+            # A record that is no member's (a stray writer's, never expiring if not ephemeral) is named, not
+            # counted: three of them kept a lone instance at a quarter of the coordinators (a review's).
+            if parse_leader(record.value, record.key) is None:
+                continue
             members += 1
             mine = mine or record.key == layout.member_path(self.instance_id)
         if not mine:
@@ -188,6 +199,7 @@ class LeaderElection:
         current = await self._store.get(layout.leader_path(tc_id))
         if current is None:
             self.leaders.pop(tc_id, None)
+            self.unreadable.pop(tc_id, None)
             await self._lose(tc_id)
             if len(self.led) < self.share and self.may_lead(tc_id):
                 await self._try_take(tc_id)
@@ -214,9 +226,14 @@ class LeaderElection:
         TcLeader: "may be null"): it is known by its TLS URL, which then stands for both. Before, such a
         coordinator looked leaderless: missing from LOOKUP and WATCH_TC_ASSIGNMENTS answers, and this
         instance never ready."""
-        leader = parse_leader(raw)
+        leader = parse_leader(raw, layout.leader_path(tc_id))
         if leader is None:
+            # Not the leader it named before (a review: a damaged record left this instance's own URL in place, so
+            # /readyz blamed a restart and WATCH_TC_ASSIGNMENTS kept sending clients here for it).
+            self.leaders.pop(tc_id, None)
+            self.unreadable[tc_id] = layout.leader_path(tc_id)
             return None
+        self.unreadable.pop(tc_id, None)
         known = leader.broker_service_url or leader.broker_service_url_tls
         if known:
             self.leaders[tc_id] = known

@@ -968,11 +968,21 @@ class CoordinatorPartition:
     async def _deliver(self, least: int, state: TxnState, participants: list[tuple[str, Participant]] | None,
                        acknowledged: asyncio.Future[None]) -> bool:
         """Tell every participant; resolve ``acknowledged`` (END_TXN answers) once all acknowledged;
-        True once their records are deleted too."""
+        True once their records are deleted too. A txn with a participant record that cannot be read is never
+        done here: the others are told and their records deleted, and the txn stays held (the low watermark
+        below it, listed as undelivered) until an operator drops that record by its key (a review: the txn left
+        the outbox, and the next watermark told the unread participant's broker to abort a commit)."""
+        unreadable: list[str] = []
         if participants is None:
-            participants = await self._retrying_store(lambda: self._read_participants(least))
+            participants, unreadable = await self._retrying_store(lambda: self._read_participants(least))
+        if unreadable:
+            self._log.error("participant records that cannot be read: the decision is held, and holds the low "
+                            "watermark, until an operator drops them by key (docs/participants.md)",
+                            txn=f"({self.tc_id},{least})", keys=unreadable[:10], count=len(unreadable))
         if not participants:
-            return True
+            if unreadable and not acknowledged.done():
+                acknowledged.set_result(None)  # END_TXN answers: the decision is durable, the rest is held
+            return not unreadable
         if self._sender is None:
             global _warned_no_sender
             if not _warned_no_sender:
@@ -1021,7 +1031,7 @@ class CoordinatorPartition:
                 self._abort_reminders.append((due, least, partitions))
                 if self._reminding is None:
                     self._reminding = self._track_reminder(self._remind_of_aborts(), f"abort-reminders-{self.tc_id}")
-        return True
+        return not unreadable
 
     def _track_reminder(self, reminder: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(reminder, name=name)
@@ -1062,7 +1072,7 @@ class CoordinatorPartition:
                              ABORT_REMINDER_BOUND_S)
             for least, partitions in due for participant in partitions), return_exceptions=True)
 
-    async def _read_participants(self, least: int) -> list[tuple[str, Participant]]:
+    async def _read_participants(self, least: int) -> tuple[list[tuple[str, Participant]], list[str]]:
         return await read_participant_records(self._store, self.tc_id, least, self._log)
 
     async def _retrying_store(self, operation: Callable[[], Awaitable[_T]]) -> _T:
@@ -1080,18 +1090,27 @@ class CoordinatorPartition:
         acknowledgements), then compute the low watermark from what is held. Returns the number of
         txns re-driven. Raises StoreError (the caller retries)."""
         start, end = layout.participants_by_coordinator_range(self.tc_id)
+        unreadable: set[int] = set()
         found: dict[int, list[tuple[str, Participant]]] = defaultdict(list)
         async for record in self._store.scan_index(layout.IDX_PARTICIPANTS_BY_COORDINATOR, start, end):
             try:
                 most, least = layout.parse_participant_path(record.key)
-                participant = Participant.from_json(record.value)
             except ValueError as exc:
-                self._log.error("unreadable participant record", key=record.key, error=str(exc))
+                self._log.error("participant record under a key that names no txn", key=record.key, error=str(exc))
                 continue
-            if most == self.tc_id:
-                found[least].append((record.key, participant))
+            if most != self.tc_id:
+                continue
+            try:
+                found[least].append((record.key, Participant.from_json(record.value)))
+            except ValueError:
+                # Its txn is still owed the decision there: delivered from its records (participants None),
+                # where _deliver holds it for the unreadable one (a review: the scan skipped it, and a txn
+                # with only such a record was never held).
+                found.setdefault(least, [])
+                unreadable.add(least)
         redriven = 0
-        for least, participants in sorted(found.items()):
+        for least, readable in sorted(found.items()):
+            participants = None if least in unreadable else readable
             if least in self._undelivered or least in self._delivered_early:
                 continue
             key = layout.txn_key(self.tc_id, least)
@@ -1099,7 +1118,7 @@ class CoordinatorPartition:
             if least in self._undelivered or least in self._delivered_early:
                 continue  # an END_TXN delivered it during that read (end_txn)
             if stored is None:
-                if not await self._read_participants(least):
+                if not any(await self._read_participants(least)):
                     continue  # delivered meanwhile (the previous leader's last acknowledgements)
                 # tc-server's GC never deletes a header with participant records, but a Pulsar 5 broker's
                 # coordinator sharing the store does: its GC looks at op records only, and deletes a decided
@@ -1110,7 +1129,7 @@ class CoordinatorPartition:
                                 "coordinator's garbage collection (a Pulsar 5 broker's?) and is unknown here; its "
                                 "participants are not told and hold the low watermark until an operator drops "
                                 "them (docs/participants.md)", txn=f"({self.tc_id},{least})",
-                                participants=len(participants))
+                                participants=len(readable))
                 self._hold_undeliverable(least, headerless=True)
                 continue
             try:
@@ -1223,11 +1242,12 @@ class CoordinatorPartition:
             return UNKNOWN_WATERMARK  # nothing held; never asked then (the txn being delivered is held)
         return lowest - 1
 
-    async def drop_participant(self, least: int, participant: Participant) -> int:
+    async def drop_participant(self, least: int, participant: Participant | str) -> int:
         """An operator's last resort (admin): forget ``participant`` of a decided txn in the outbox, one
         that can never be told (its topic or namespace deleted), so it no longer holds the txn in the
         outbox and the low watermark below it. Its broker never learns the decision. The txn's delivery
-        starts over with the participants left. Returns how many are left. Raises TransactionNotFound (no
+        starts over with the participants left. ``participant``: the participant, or the key of its record
+        (one that cannot be read names no participant). Returns how many are left. Raises TransactionNotFound (no
         such participant record of this txn), InvalidTxnStatus (not in the outbox here as decided: open,
         delivered, or its header unreadable), CoordinatorNotFound (not leading), StoreError, TimeoutError.
 
@@ -1238,7 +1258,7 @@ class CoordinatorPartition:
         async with self._dropping:
             return await self._drop_participant(least, participant)
 
-    async def _drop_participant(self, least: int, participant: Participant) -> int:
+    async def _drop_participant(self, least: int, participant: Participant | str) -> int:
         txn = f"({self.tc_id},{least})"
         outbox = self._undelivered.get(least)
         if self._stopped:
@@ -1248,7 +1268,9 @@ class CoordinatorPartition:
             # others would tell them a decision nobody can read.
             raise InvalidTxnStatus(f"transaction {txn} has no decision waiting for its participants here")
         key = layout.txn_key(self.tc_id, least)
-        record_key = participant.path(self.tc_id, least)
+        record_key = participant if isinstance(participant, str) else participant.path(self.tc_id, least)
+        named = f"record {record_key!r}" if isinstance(participant, str) else f"topic {participant.topic!r}" + (
+            "" if participant.subscription is None else f" subscription {participant.subscription!r}")
         present = await self._store.get(record_key, partition_key=key) is not None
         # The delivery under way tells every participant together: stopped, and started over in any case
         # (should the delete fail, with every participant, or the txn would wait for a leadership change).
@@ -1256,29 +1278,29 @@ class CoordinatorPartition:
         # whose successor may have read it before, and tells that broker from memory.
         await _cancel_all(outbox.tasks)
         left: list[tuple[str, Participant]] | None = None
+        unreadable: list[str] = []
         try:
             if not present:
-                named = f"topic {participant.topic!r}" + (
-                    "" if participant.subscription is None else f" subscription {participant.subscription!r}")
                 raise TransactionNotFound(f"transaction {txn} has no participant {named} (its delivery was "
                                           "started again from the participant records)")
             self._check_still_leading(least, "participant drop")
             await self._store.delete(record_key, partition_key=key)
-            left = await self._read_participants(least)
+            left, unreadable = await self._read_participants(least)
             self._log.warning("participant dropped by an operator: its broker is never told the decision",
-                              txn=txn, topic=participant.topic, subscription=participant.subscription,
+                              txn=txn, participant=named,
                               decision="unknown" if outbox.headerless else outbox.state.value,
-                              participants_left=len(left))
+                              participants_left=len(left) + len(unreadable))
         finally:
             if self._undelivered.get(least) is outbox:
                 if not outbox.headerless:
-                    self._start_delivery(least, outbox.state, left, outbox.decided_ms)
-                elif left == []:  # no decision to tell: held until the last participant is dropped
+                    # From the records again while one cannot be read (_deliver holds the txn for it).
+                    self._start_delivery(least, outbox.state, None if unreadable else left, outbox.decided_ms)
+                elif left == [] and not unreadable:  # no decision to tell: held until the last is dropped
                     self._delivered(least, outbox)
                     if not outbox.done.done():  # a stop() meanwhile answered it
                         outbox.done.set_result(None)
         self._check_still_leading(least, "participant drop")
-        return len(left)
+        return len(left) + len(unreadable)
 
     def undelivered(self) -> dict[int, int]:
         """least -> decision time (ms) of each decided txn still in the outbox here."""
@@ -1298,18 +1320,20 @@ class CoordinatorPartition:
 
 
 async def read_participant_records(store: MetadataStore, most: int, least: int,
-                                   logger: Any) -> list[tuple[str, Participant]]:
-    """The participant records of a txn (docs/participants.md), key and participant; an unreadable one is
-    logged on ``logger`` and left out of the list (its record stays, so the txn stays held and an operator
-    sees it: admin "undelivered")."""
+                                   logger: Any) -> tuple[list[tuple[str, Participant]], list[str]]:
+    """The participant records of a txn (docs/participants.md): (key and participant of each readable one, the
+    keys of the unreadable ones, each logged on ``logger``). An unreadable record stays, and holds its txn in
+    the outbox (_deliver) until an operator drops it by its key (admin "undelivered")."""
     found = []
+    unreadable = []
     async for record in store.scan_prefix(layout.participants_prefix(most, least),
                                           partition_key=layout.txn_key(most, least)):
         try:
             found.append((record.key, Participant.from_json(record.value)))
         except ValueError as exc:
             logger.error("unreadable participant record", key=record.key, error=str(exc))  # noqa: TRY400 - damage, not a bug
-    return found
+            unreadable.append(record.key)
+    return found, unreadable
 
 
 def _compact(heap: list[int], live: Mapping[int, object]) -> None:
