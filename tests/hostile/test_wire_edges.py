@@ -147,7 +147,7 @@ async def test_txn_ids_at_the_extremes_get_specific_codes(server: ServerProcess)
     assert by_id[14].error is ServerError.TransactionNotFound
     assert by_id[15].error is ServerError.TransactionNotFound
     assert by_id[16].error is ServerError.TransactionCoordinatorNotFound and by_id[16].most == 16
-    assert by_id[17].error is ServerError.NotAllowedError and "3600000" in (by_id[17].message or "")
+    assert by_id[17].error is ServerError.NotAllowedError and "86400000" in (by_id[17].message or "")
     assert by_id[-1].error is None
     await assert_still_served(server)
 
