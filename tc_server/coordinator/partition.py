@@ -535,7 +535,8 @@ class CoordinatorPartition:
                 # leaves it be: _delivered_early), so the retry waits as the first END_TXN did; it answered at
                 # once, before any broker was told, and commit() returned with the messages not visible yet.
                 self._delivered_early.add(least)
-                return self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
+                return self._start_delivery(least, header.state, None, header.finalized_ms or self._clock(),
+                                            header.owner)
             return outbox.done if outbox is not None else None
         return None
 
@@ -903,7 +904,7 @@ class CoordinatorPartition:
         if least in self._open:
             await self._adopt_decision(least, header)  # its outbox lists these records too (known above)
         else:
-            self._start_delivery(least, header.state, None, header.finalized_ms or self._clock())
+            self._start_delivery(least, header.state, None, header.finalized_ms or self._clock(), header.owner)
         # The client must not send in it: its brokers may have heard the decision already.
         raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
 
