@@ -632,7 +632,7 @@ class ClientConnection(asyncio.Protocol):
         ctx = self._ctx
         self._in_flight -= 1
         ctx.in_flight -= 1
-        if self._in_flight < max(1, ctx.in_flight_share // 2):
+        if self._in_flight < max(1, ctx.in_flight_share // 2) and self._flow.paused_for("in-flight"):
             self._resume_reading("in-flight")
         if ctx.paused and ctx.in_flight < max(1, ctx.max_in_flight // 2):
             for connection in list(ctx.paused):

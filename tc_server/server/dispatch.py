@@ -171,7 +171,10 @@ class Dispatcher:
         responses by it and closes the connection on an unknown one (pulsar-protocol.md §3, Routing)."""
         started = time.perf_counter()
         name, response_type = _KINDS[type(cmd)]
-        most, least = _txn_id(cmd)
+        if isinstance(cmd, NewTxn):  # _txn_id, inlined: a call less per request (issue 13)
+            most, least = cmd.tc_id, 0
+        else:
+            most, least = cmd.most, cmd.least
         error: ServerError | None = None
         message: str | None = None
         delivery: asyncio.Future[None] | None = None  # END_TXN: its decision's delivery, while under way

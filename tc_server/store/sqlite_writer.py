@@ -310,7 +310,14 @@ def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int) ->
         if not version_matches(row[0] if row else None, expected_version):
             return key, None, row is not None
     created: int
-    encoded = encode_entries(entries.items()) if entries else None
+    if not entries:
+        encoded = None
+    elif len(entries) == 1:
+        # encode_entries() of one entry (every header's), without its generator: two puts per pair (issue 13).
+        ((name, secondary),) = entries.items()
+        encoded = f"{name}{ENTRY_SEPARATOR}{secondary}"
+    else:
+        encoded = encode_entries(entries.items())
     if row is None:
         cursor.execute(_CREATE, (key, value, version, now, now, partition_key, int(ephemeral), encoded))
         if cursor.rowcount == 0:  # only a create-if-absent can meet a present key here
@@ -324,7 +331,6 @@ def _put(cursor: sqlite3.Cursor, op: tuple[Any, ...], version: int, now: int) ->
         _delete_entries(cursor, key, row[2])
     if entries:
         if len(entries) == 1:
-            ((name, secondary),) = entries.items()
             cursor.execute(_INDEX_INSERT, (name, secondary, key))
         else:
             cursor.executemany(_INDEX_INSERT, [(name, secondary, key) for name, secondary in entries.items()])

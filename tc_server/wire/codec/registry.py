@@ -144,13 +144,16 @@ def error_message(error: ServerError, message: str | None) -> str:
 
 # Varints below 128 are one byte; coordinator ids and small request ids are.
 SMALL_VARINTS: Final = tuple(bytes((i,)) for i in range(128))
+# A varint's first byte when more follow: the low 7 bits with the continuation bit (issue 13: built
+# from a table and a memo rather than bit by bit, every varint of two bytes or more is a concatenation).
+_CONTINUED: Final = tuple(bytes((i | 0x80,)) for i in range(128))
 # Txn ids (least bits) start at the clock's floor (coordinator/ids.py): 19 digits, a 9-byte varint that took
 # ~1.2 us a loop, twice per pair (issue 13). A coordinator's consecutive ids share all their bytes but the
-# first two (the low 14 bits), so a value from here on takes the rest of its encoding from a memo of them:
-# one entry per coordinator's run of 16,384 ids (one entry for all coordinators missed at every turn).
+# first (the low 7 bits), so a value from here on takes the rest of its encoding from a memo of them: one
+# entry per coordinator's run of 128 ids (one entry for all coordinators missed at every turn).
 _SHARED_TAIL_FROM: Final = 1 << 28
 _TAIL_MEMO_SIZE: Final = 256  # past it the memo starts again: it holds the runs in use, not every one seen
-_tails: dict[int, bytes] = {}  # value >> 14 -> its varint
+_tails: dict[int, bytes] = {}  # value >> 7 -> its varint
 
 
 def _varint_loop(value: int) -> bytes:
@@ -165,15 +168,17 @@ def _varint_loop(value: int) -> bytes:
 def varint(value: int) -> bytes:
     if value < 0x80:
         return SMALL_VARINTS[value]
+    if value < 0x4000:  # two bytes: most request ids
+        return _CONTINUED[value & 0x7F] + SMALL_VARINTS[value >> 7]
     if value < _SHARED_TAIL_FROM:
         return _varint_loop(value)
-    high = value >> 14
+    high = value >> 7
     tail = _tails.get(high)
     if tail is None:
         if len(_tails) >= _TAIL_MEMO_SIZE:
             _tails.clear()
         tail = _tails[high] = _varint_loop(high)
-    return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80)) + tail
+    return _CONTINUED[value & 0x7F] + tail
 
 
 def u64_varint(value: int, name: str) -> bytes:
