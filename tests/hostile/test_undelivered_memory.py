@@ -73,6 +73,19 @@ async def test_commits_to_unknown_topics_spread_over_the_coordinators_are_bounde
         broker.stop()
 
 
+async def with_token_auth(tmp_path: Path, *limits: str) -> tuple[Keys, StandInBroker, ServerProcess]:
+    """A stand-in broker that knows no topic, and a tc-server with token authentication and ``limits`` in front
+    of it (a decision naming any topic stays undelivered)."""
+    keys = Keys()
+    key_file = tmp_path / "secret.key"
+    key_file.write_bytes(keys.secret)
+    broker = await StandInBroker(refuse).start()
+    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0",
+                                   "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
+                                   *limits))
+    return keys, broker, server
+
+
 async def test_one_roles_undelivered_decisions_deny_no_other_role_new_txns(tmp_path: Path) -> None:
     """A role with a valid token but no rights at the brokers commits txns naming topics no broker serves: each
     decision stays undelivered (until a superuser drops it). They counted toward no limit of the role's own, so
@@ -80,13 +93,8 @@ async def test_one_roles_undelivered_decisions_deny_no_other_role_new_txns(tmp_p
     against a real 4.2.4 broker with authorization; its own coordinator keeps serving other roles). Now a
     role's undelivered decisions count toward its --max-open-transactions-per-principal, and the server-wide
     bound refuses only the roles that owe some."""
-    keys = Keys()
-    key_file = tmp_path / "secret.key"
-    key_file.write_bytes(keys.secret)
-    broker = await StandInBroker(refuse).start()
-    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0",
-                                   "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
-                                   "--max-open-transactions-per-principal", "4", "--max-undelivered-decisions", "6"))
+    keys, broker, server = await with_token_auth(tmp_path, "--max-open-transactions-per-principal", "4",
+                                                 "--max-undelivered-decisions", "6")
     mallory, eve, alice = [await connect("127.0.0.1", server.port, auth=token_auth(keys.token(role)))
                            for role in ("mallory", "eve", "alice")]
 
@@ -120,13 +128,7 @@ async def test_one_roles_undelivered_decisions_deny_no_other_role_new_txns(tmp_p
 async def test_a_roles_undelivered_decisions_still_count_after_a_restart(tmp_path: Path) -> None:
     """Recovered from their records after a kill -9, a role's undelivered decisions count toward its limit again
     (the owner their header names): otherwise each restart gave it a fresh allowance."""
-    keys = Keys()
-    key_file = tmp_path / "secret.key"
-    key_file.write_bytes(keys.secret)
-    broker = await StandInBroker(refuse).start()
-    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0",
-                                   "--authentication-providers", "token", "--token-secret-key", f"file://{key_file}",
-                                   "--max-open-transactions-per-principal", "3"))
+    keys, broker, server = await with_token_auth(tmp_path, "--max-open-transactions-per-principal", "3")
     try:
         mallory = await connect("127.0.0.1", server.port, auth=token_auth(keys.token("mallory")))
         for n in range(3):
