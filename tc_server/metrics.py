@@ -62,6 +62,7 @@ METRIC_NAMES = (
     "tc_server_request_errors_total",
     "tc_server_coordinator_leader",
     "tc_server_connections",
+    "tc_server_unreadable_overdue_headers",
     "tc_server_connections_refused_total",
     "tc_server_requests_in_flight",
     "tc_server_store_batch_size",
