@@ -132,7 +132,7 @@ class _Outbox:
     # made for those alone (most txns have one, and an empty set per decision is work on the hot path).
     told: set[str] | None = None
     # Whose decision it is, counted toward that principal's --max-open-transactions-per-principal until its
-    # brokers all acknowledged (principals.py); None when unknown (no authentication, or recovered from records).
+    # brokers all acknowledged (principals.py), also when recovered (the header names it); None without one.
     owner: str | None = None
 
 
