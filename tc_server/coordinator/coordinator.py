@@ -28,6 +28,7 @@ from tc_server.coordinator.partition import (
 from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.coordinator.sweeps import collect_garbage
 from tc_server.health import Health
+from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.store.api import EXPECT_ABSENT, BadVersionError, MetadataStore, StoreError, lease_clock
 
@@ -39,8 +40,8 @@ log = structlog.get_logger("tc_server.coordinator")
 # whose outcome was unknown. Normally the range is empty, so the scan is cheap.
 OVERDUE_SCAN_INTERVAL_S = 5.0
 OVERDUE_GRACE_MS = 1000
-# Unreadable header keys remembered as logged (forgotten all at once past it, then logged again once).
-UNREADABLE_HEADERS_REMEMBERED = 10_000
+# The overdue scan reads an unreadable header again every OVERDUE_SCAN_INTERVAL_S: one line per key an hour.
+_UNREADABLE_HEADERS = LogLimiter(interval_s=3600.0)
 # Partitions won in one hand-over (a peer's session ended: all its partitions at once) share one
 # scan of the deadline index, which holds every coordinator's open txns; scanning it once per
 # partition made a 16-partition take-over with 50k open txns 16 times slower (measured).
@@ -97,9 +98,6 @@ class TransactionCoordinator:
         self._recovery_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
-        # The last overdue scan's unreadable OPEN headers of coordinators led here (keys), and the keys logged.
-        self.unreadable_overdue: list[str] = []
-        self._unreadable_headers_logged: set[str] = set()
         metrics.has_leader.read = self._has_leader_samples
         for tc_id in range(config.partitions):
             metrics.leader.labels(**metrics.tc(tc_id)).set(0)
@@ -288,12 +286,12 @@ class TransactionCoordinator:
                 log.info("rewrote the number of coordinators in Pulsar's form", path=layout.PARALLELISM_PATH)
 
     async def open_headers(
-        self, deadline_before_ms: int | None = None, unreadable: list[tuple[int | None, str]] | None = None
+        self, deadline_before_ms: int | None = None, unreadable: list[int | None] | None = None
     ) -> AsyncIterator[tuple[int, int, TxnHeader, int]]:
         """(most, least, header, version) of every OPEN txn in the deadline index whose deadline is
         before ``deadline_before_ms`` (all when None), all coordinators; unreadable records are
-        logged (once per key) and skipped, and appended to ``unreadable`` as (coordinator if the key
-        names one, key). Both key forms of the index are read (docs/record-layout.md, "Upgrading
+        logged (once an hour per key) and skipped, and the coordinator each names (None if none) appended to
+        ``unreadable``. Both key forms of the index are read (docs/record-layout.md, "Upgrading
         from the earlier tc-server layout"): a header an earlier tc-server wrote keeps its old key
         until it ends."""
         for start, end in layout.deadline_ranges(deadline_before_ms):
@@ -302,22 +300,16 @@ class TransactionCoordinator:
                     most, least = layout.parse_header_path(record.key)
                     header = TxnHeader.from_json(record.value)
                 except ValueError as exc:
-                    self._note_unreadable_header(record.key, exc)
+                    # The overdue scan reads them again every few seconds (a review: 200 damaged records were 40
+                    # lines a second, for ever).
+                    if (left_out := _UNREADABLE_HEADERS.allow(record.key)) is not None:
+                        log.warning("skipping unreadable header", key=record.key, error=str(exc),
+                                    left_out_since_last_line=left_out)
                     if unreadable is not None:
-                        unreadable.append((_coordinator_named(record.key), record.key))
+                        unreadable.append(_coordinator_named(record.key))
                     continue
                 if header.state is layout.TxnState.OPEN:
                     yield most, least, header, record.version
-
-    def _note_unreadable_header(self, key: str, exc: ValueError) -> None:
-        """Log an unreadable header once: the overdue scan reads them again every few seconds (a review: 200
-        damaged records were 40 lines a second, for ever)."""
-        if key in self._unreadable_headers_logged:
-            return
-        if len(self._unreadable_headers_logged) >= UNREADABLE_HEADERS_REMEMBERED:
-            self._unreadable_headers_logged.clear()
-        self._unreadable_headers_logged.add(key)
-        log.warning("skipping unreadable header", key=key, error=str(exc))
 
     async def _adopt_open_txns(self, partitions: dict[int, CoordinatorPartition]) -> dict[int, int]:
         """Stream the deadline index (the store reads it in pages) into ``partitions``: each keeps only
@@ -414,13 +406,14 @@ class TransactionCoordinator:
         wrote just before a hand-over), and how many they held but had not reached yet (late: the
         queue is behind, its store slower than the txns' deadlines come; aborted here too, so that
         neither path waits on the other). Overdue headers of led coordinators that cannot be read (no
-        sweep can abort them) are kept in ``unreadable_overdue`` (tc_server_unreadable_overdue_headers)."""
+        sweep can abort them) are counted in tc_server_unreadable_overdue_headers: not a readiness failure, as
+        this instance serves every other txn, and an unready pod is taken out of its Service."""
         horizon_ms = max(0, self._clock() - OVERDUE_GRACE_MS)
-        unreadable: list[tuple[int | None, str]] = []
+        unreadable: list[int | None] = []
         overdue = [(most, least) async for most, least, _, _ in self.open_headers(horizon_ms, unreadable)
                    if self.leads(most)]
-        self.unreadable_overdue = [key for most, key in unreadable
-                                   if self.leads(self.config.gc_coordinator if most is None else most)]
+        self.metrics.unreadable_overdue_headers.set(
+            sum(self.leads(self.config.gc_coordinator if most is None else most) for most in unreadable))
         missed = late = 0
         for most, least in overdue:
             partition = self._partitions.get(most)
@@ -447,9 +440,6 @@ class TransactionCoordinator:
             except Exception:  # noqa: BLE001 - the safety net must not die of one bad record
                 log.exception("overdue scan failed")
                 continue
-            # Unreadable ones are counted, not made a readiness failure: this instance serves every other txn,
-            # and an unready pod is taken out of its Service (an outage for one damaged record).
-            self.metrics.unreadable_overdue_headers.set(len(self.unreadable_overdue))
             if left:
                 self.health.failed("timeout sweep", f"{left} open transactions past their deadline could not be "
                                    "aborted", until_recovered=True)
