@@ -740,9 +740,7 @@ class CoordinatorPartition:
         self._recorded.pop(least, None)
         self._complete.discard(least)
         self._open.pop(least, None)
-        # _compact, inlined (a call less per END_TXN): nothing else may ask for the lowest open id (no deliveries)
-        if len(self._open_ids) > 2 * len(self._open) + 1024:
-            _compact(self._open_ids, self._open)
+        _compact(self._open_ids, self._open)  # nothing else may ask for the lowest open id (no deliveries)
 
     def _ended(self, least: int, header: TxnHeader, timed_out: bool, counted: bool = True) -> None:
         self._forget(least)
