@@ -37,6 +37,16 @@ async def _committed_undelivered(store, clock: FakeClock) -> int:
     return least
 
 
+async def assert_owed_after_recovery(new: CoordinatorPartition, least: int, principals: OpenByPrincipal) -> None:
+    """``new`` recovers its outbox: ``least`` is in it, and counted toward mallory, its owner."""
+    await new.recover_outbox()
+    assert least in new.undelivered()
+    try:
+        assert principals.owes("mallory"), "mallory's undelivered decision is counted toward no one"
+    finally:
+        await new.stop()
+
+
 async def test_recovered_undelivered_decision_counts_toward_its_owner() -> None:
     """Control: recovered by the outbox scan, the decision counts toward the owner its header names."""
     store = await open_store("memory", data_dir="")
@@ -60,12 +70,7 @@ async def test_end_txn_retry_before_recovery_still_counts_toward_its_owner() -> 
     principals = OpenByPrincipal(10)
     new = _partition(store, principals, clock, "new")
     await new.end_txn(least, commit=True, principal="mallory")  # the client's retry, before recovery
-    await new.recover_outbox()
-    assert least in new.undelivered()
-    try:
-        assert principals.owes("mallory"), "mallory's undelivered decision is counted toward no one"
-    finally:
-        await new.stop()
+    await assert_owed_after_recovery(new, least, principals)
 
 
 async def test_unreadable_record_holds_and_its_drop_by_key_releases_the_owner_once() -> None:
@@ -139,9 +144,4 @@ async def test_records_landing_after_another_leaders_decision_count_toward_the_o
     with pytest.raises(InvalidTxnStatus):
         await new.add_participants(least, "mallory", [Participant(TOPIC)])
     await previous.stop()
-    await new.recover_outbox()
-    assert least in new.undelivered()
-    try:
-        assert principals.owes("mallory"), "mallory's undelivered decision is counted toward no one"
-    finally:
-        await new.stop()
+    await assert_owed_after_recovery(new, least, principals)
