@@ -15,7 +15,7 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.cluster.cluster import TwoBrokerCluster, put_following
-from tests.cluster.support import participant_requests, spread_topic, undelivered
+from tests.cluster.support import participant_requests, spread_topic, undelivered, wait_outbox_empty
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,7 +48,10 @@ async def test_decision_reaches_a_partition_unloaded_since_the_last_delivery(
             assert ended.error is None, ended
 
         await one_txn()
-        assert await asyncio.to_thread(undelivered, server) == [], server.log_tail()
+        # END_TXN answers after --participant-wait-s (2 s) even when delivery is still under way, and the
+        # first delivery loads the topic on B (a txn-buffer recovery that can take longer): wait for it.
+        left = await asyncio.to_thread(wait_outbox_empty, server, BOUND_S)
+        assert left == [], (participant_requests(server), server.log_tail())
         # Unload the partition's bundle: no destination, nobody loads the topic again until asked.
         await asyncio.to_thread(cluster.unload_bundle, f"{tenant}/{ns}", cluster.bundle_of(partition), None,
                                 cluster.b)
