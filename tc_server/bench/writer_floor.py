@@ -1,16 +1,18 @@
 """What the embedded store's writer costs per transaction on its own: the SQLite floor under tc-server.
 
-    python -m tc_server.bench.writer_floor [--pairs N] [--group 4 --group 32 ...]
+    python -m tc_server.bench.writer_floor [--pairs N] [--group 4 --group 32 ...] [--earlier-shape]
 
 The writer process (tc_server/store/sqlite_writer.py) applies each group of writes in one transaction
 with one fsync. Here its ``Writer.commit_group`` runs in this process on a file made by the embedded
-store, with no channel, no pickling and no event loop: per pair, a group of header creates (NEW_TXN,
-with its ``idx:txn-by-deadline`` entry) then a group of the same headers' CAS to COMMITTED (END_TXN,
-``idx:txn-by-final-state``), as tc-server writes them, the txns spread over ``--coordinators`` (16 by
-default, as a cluster has: each coordinator's headers are a key range of their own, so a group dirties
-pages in each of them; one coordinator's alone cost a third less). Prints the CPU per pair (this process: SQLite's
-work and the writer's Python) and the wall time per pair, for each group size. tc-server's groups hold
-what arrived while the previous one committed (``tc_server_store_batch_size``).
+store, with no channel, no pickling and no event loop. Each group holds what one holds under steady
+load: header creates (NEW_TXN, with its ``idx:txn-by-deadline`` entry) and the CAS to COMMITTED of the
+previous group's headers (END_TXN, ``idx:txn-by-final-state``), as tc-server writes them, the txns spread
+over ``--coordinators`` (16 by default, as a cluster has: each coordinator's headers are a key range of
+their own, so a group dirties pages in each of them). Prints the CPU per pair (this process: SQLite's work
+and the writer's Python), the wall time per pair and the pages written to the WAL per pair, for each group
+size; ``--earlier-shape`` makes the file as tc-server did before 2026-11-30 (its records keyed by their
+key), which it still serves. tc-server's groups hold what arrived while the previous one committed
+(``tc_server_store_batch_size``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader, TxnState
@@ -39,38 +41,64 @@ def _put(most: int, least: int, header: TxnHeader, expected_version: int) -> tup
             header.index_entries())
 
 
-def run(directory: Path, pairs: int, group: int, coordinators: int = 16) -> tuple[float, float]:
-    """(CPU us per pair, wall us per pair) of ``pairs`` pairs in groups of ``group``, txn ``n`` of
-    coordinator ``n % coordinators``."""
-    asyncio.run(_create(directory))
+def run(directory: Path, pairs: int, group: int, coordinators: int = 16,
+        earlier_shape: bool = False) -> tuple[float, float, float]:
+    """(CPU us per pair, wall us per pair, pages written to the WAL per pair) of ``pairs`` pairs in groups
+    as tc-server's are under steady load: each group creates ``group`` headers (txn ``n`` of coordinator ``n
+    % coordinators``, the clock advancing 1 ms per 12 txns) and ends the previous group's."""
+    asyncio.run(_create(directory, earlier_shape))
     conn = sqlite3.connect(directory / DB_FILENAME, isolation_level=None)
     conn.execute("PRAGMA synchronous=FULL")  # as the writer process sets it
-    writer = Writer(conn, max_group_ops=group)
+    # The WAL's frames are counted at each checkpoint this loop runs itself (wal_checkpoint answers how many
+    # it held), instead of at SQLite's own (1,000 pages), which nothing reports.
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    writer = Writer(conn, max_group_ops=2 * group)
     request_id = 0
+    pages = 0
+    ending: list[tuple[int, int, int, int]] = []  # (most, least, created ms, version) of the previous group
     cpu, wall = time.process_time(), time.perf_counter()
-    for first in range(0, pairs, group):
-        ids = range(first, min(first + group, pairs))
-        opened = TxnHeader(TxnState.OPEN, CREATED_MS, TIMEOUT_MS)
+    for first in range(0, pairs + group, group):
         requests: list[Request] = []
-        for least in ids:
+        opened_ms = CREATED_MS + first // 12
+        opened = TxnHeader(TxnState.OPEN, opened_ms, TIMEOUT_MS)
+        for least in range(first, min(first + group, pairs)):
             request_id += 1
             requests.append((request_id, [_put(least % coordinators, least, opened, EXPECT_ABSENT)]))
+        for most, least, created_ms, version in ending:
+            request_id += 1
+            ended = TxnHeader(TxnState.COMMITTED, created_ms, TIMEOUT_MS, opened_ms)
+            requests.append((request_id, [_put(most, least, ended, version)]))
         answer = writer.commit_group(requests)
         versions = {outcomes[0][0]: outcomes[0][1] for _, outcomes in answer[2]}
-        ended = TxnHeader(TxnState.COMMITTED, CREATED_MS, TIMEOUT_MS, CREATED_MS + 5)
-        requests = []
-        for least in ids:
-            request_id += 1
-            most = least % coordinators
-            requests.append((request_id, [_put(most, least, ended, versions[layout.header_path(most, least)])]))
-        writer.commit_group(requests)
+        ending = [(least % coordinators, least, opened_ms,
+                   versions[layout.header_path(least % coordinators, least)])
+                  for least in range(first, min(first + group, pairs))]
+        if first // group % 100 == 99:
+            pages += conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    pages += conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
     conn.close()
-    return cpu / pairs * 1e6, wall / pairs * 1e6
+    return cpu / pairs * 1e6, wall / pairs * 1e6, pages / pairs
 
 
-async def _create(directory: Path) -> None:
-    store = await EmbeddedStore.open(directory)  # the schema, exactly as tc-server makes it
+# The records table of files made before 2026-11-30 (tc_server/store/embedded.py, above _SCHEMA), which
+# tc-server still serves as they are: created first, EmbeddedStore.open keeps it.
+EARLIER_RECORDS: Final = """
+CREATE TABLE records (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+    modified_ms INTEGER NOT NULL, partition_key TEXT, ephemeral INTEGER NOT NULL DEFAULT 0, entries TEXT) WITHOUT ROWID;
+CREATE TABLE index_entries (index_name TEXT NOT NULL, secondary_key TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (index_name, secondary_key, key)) WITHOUT ROWID;
+CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+
+async def _create(directory: Path, earlier_shape: bool) -> None:
+    if earlier_shape:
+        earlier = sqlite3.connect(directory / DB_FILENAME)
+        earlier.execute("PRAGMA journal_mode=WAL")
+        earlier.executescript(EARLIER_RECORDS)
+        earlier.close()
+    store = await EmbeddedStore.open(directory)  # the rest of the schema, exactly as tc-server makes it
     await store.close()
 
 
@@ -79,15 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=20_000)
     parser.add_argument("--group", type=int, action="append", help="pairs per group (repeatable)")
     parser.add_argument("--coordinators", type=int, default=16, help="coordinators the txns are spread over")
+    parser.add_argument("--earlier-shape", action="store_true",
+                        help="records keyed by their key (WITHOUT ROWID), as in files made before 2026-11-30")
     args = parser.parse_args(argv)
     groups = args.group or [4, 8, 16, 32, 64, 128]
-    print(f"# the embedded store's writer alone, {args.pairs} pairs (create, then CAS to COMMITTED) of "
-          f"{args.coordinators} coordinators, per group size")
-    print(f"{'group':>6} {'CPU/pair':>10} {'wall/pair':>10}")
+    shape = "records WITHOUT ROWID (files before 2026-11-30)" if args.earlier_shape else "records as files are made now"
+    print(f"# the embedded store's writer alone, {args.pairs} pairs of {args.coordinators} coordinators (each group: "
+          f"the creates of its txns and the CAS to COMMITTED of the previous group's), {shape}, per group size")
+    print(f"{'group':>6} {'CPU/pair':>10} {'wall/pair':>10} {'WAL pages/pair':>15}")
     for group in groups:
         with tempfile.TemporaryDirectory(prefix="tc-writer-floor-") as tmp:
-            cpu_us, wall_us = run(Path(tmp), args.pairs, group, args.coordinators)
-        print(f"{group:>6} {cpu_us:>8.1f}us {wall_us:>8.1f}us")
+            cpu_us, wall_us, pages = run(Path(tmp), args.pairs, group, args.coordinators, args.earlier_shape)
+        print(f"{group:>6} {cpu_us:>8.1f}us {wall_us:>8.1f}us {pages:>15.2f}")
     return 0
 
 

@@ -8,8 +8,10 @@ import pytest
 from tc_server.bench import writer_floor
 
 
-def test_it_prints_one_line_per_group_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert writer_floor.main(["--pairs", "40", "--group", "4", "--group", "16"]) == 0
+@pytest.mark.parametrize("shape", [[], ["--earlier-shape"]])
+def test_it_prints_one_line_per_group_size(capsys: pytest.CaptureFixture[str], shape: list[str]) -> None:
+    assert writer_floor.main(["--pairs", "40", "--group", "4", "--group", "16", *shape]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[2:]] == ["4", "16"]
-    assert all(line.rstrip().endswith("us") for line in lines[2:])
+    # CPU and wall time per pair, then the WAL pages per pair: each group wrote some.
+    assert all(line.split()[1].endswith("us") and float(line.split()[3]) > 0 for line in lines[2:])

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tc_server.bench.writer_floor import EARLIER_RECORDS
 from tc_server.store import embedded, open_store, sqlite_writer
 from tc_server.store.api import (
     EXPECT_ABSENT,
@@ -367,6 +368,54 @@ async def test_a_file_of_the_earlier_layout_keeps_its_index_entries_and_replaces
     with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'index_entries_by_key'").fetchall() == []
         assert conn.execute("SELECT * FROM index_entries ORDER BY key").fetchall() == [("i", "3", "/r/a")]
+
+
+def records_sql(tmp_path: Path) -> str:
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        return str(conn.execute("SELECT sql FROM sqlite_master WHERE name = 'records'").fetchone()[0])
+
+
+async def test_a_new_file_keeps_records_in_a_rowid_table_with_their_keys_unique(tmp_path: Path) -> None:
+    # Rows in arrival order, keys in a unique index: fewer pages per group commit (the comment above
+    # embedded._SCHEMA). A second create of a key is still refused by the key's uniqueness.
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        await store.put("/r/a", b"A", expected_version=EXPECT_ABSENT)
+        with pytest.raises(BadVersionError):
+            await store.put("/r/a", b"again", expected_version=EXPECT_ABSENT)
+    finally:
+        await store.close()
+    sql = records_sql(tmp_path)
+    assert "WITHOUT ROWID" not in sql and "id INTEGER PRIMARY KEY" in sql and "key TEXT NOT NULL UNIQUE" in sql
+
+
+async def test_a_file_whose_records_are_keyed_by_their_keys_is_served_as_it_is(tmp_path: Path) -> None:
+    """Files made before 2026-11-30 keep their WITHOUT ROWID records table: every kind of write and read
+    works on it, across a reopen, and the open does not rewrite it."""
+    with sqlite3.connect(tmp_path / DB_FILENAME) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(EARLIER_RECORDS)
+    for run in range(2):
+        store = await EmbeddedStore.open(tmp_path)
+        try:
+            key = f"/r/{run}"
+            a = await store.put(key, b"A", expected_version=EXPECT_ABSENT, secondary_indexes={"i": f"{run}"})
+            with pytest.raises(BadVersionError):
+                await store.put(key, b"again", expected_version=EXPECT_ABSENT)
+            b = await store.put(key, b"B", expected_version=a.version, secondary_indexes={"i": f"5{run}"})
+            assert b.created_ms == a.created_ms
+            assert await store.delete(key, expected_version=b.version)
+            await store.put(key, b"C", expected_version=EXPECT_ABSENT, secondary_indexes={"i": f"5{run}"})
+            await store.put("/e/held", b"", ephemeral=True)  # the previous run's was dropped at the open
+            await store.put_sequential("/s/n", b"", partition_key="p")
+            assert [r.key async for r in store.scan_prefix("/e/")] == ["/e/held"]
+            assert [r.key async for r in store.scan_prefix("/s/")] == [f"/s/n-{n:020d}" for n in range(1, run + 2)]
+            assert [(r.key, r.value) async for r in store.scan_prefix("/r/")] == [
+                (f"/r/{n}", b"C") for n in range(run + 1)]
+            assert await index_keys(store, "i") == [f"/r/{n}" for n in range(run + 1)]
+        finally:
+            await store.close()
+    assert "WITHOUT ROWID" in records_sql(tmp_path)
 
 
 async def written_and_closed(tmp_path: Path, *puts: Put) -> None:
