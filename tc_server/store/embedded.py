@@ -140,10 +140,10 @@ _PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 # headers are appended in the middle of it, at the end of its own key range: a full page there is split by
 # redistributing its cells over its neighbours, so every group commit rewrote ~30 pages of records for ~10
 # pairs. Rows now go in arrival order (one insertion point at the end of the table) and only the small key
-# entries land in 16 places: 36.6 -> 24.4 pages per group (python -m tc_server.bench.writer_floor
-# --pages). The statements are the same for both shapes, so a file of the earlier shape is served as it
-# is (never rewritten at open: the copy of a large store would hold the start for minutes), and a
-# tc-server from before reads and writes a file of this shape.
+# entries land in 16 places: 36.6 -> 24.4 pages per group (docs/performance.md, *Records in a rowid
+# table*; python -m tc_server.bench.writer_floor [--earlier-shape]). The statements are the same for both
+# shapes, so a file of the earlier shape is served as it is (never rewritten at open: the copy of a large
+# store would hold the start for minutes), and a tc-server from before reads and writes a file of this shape.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY,
