@@ -33,7 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tc_server.bench.__main__ import run_load
-from tc_server.bench.process import ServerStartError, TcServerProcess, descendants_of, keep_or_remove
+from tc_server.bench.process import (
+    ServerStartError,
+    TcServerProcess,
+    baseline_env,
+    baseline_src,
+    descendants_of,
+    keep_or_remove,
+)
 from tc_server.bench.pulsar_broker import REPO
 
 # tc-server's start under callgrind takes about a minute on the 2-core machine (imports at ~50x).
@@ -143,13 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="pairs in flight")
     parser.add_argument("--coordinators", type=int, default=16)
     parser.add_argument("--store", choices=["embedded", "memory"], default="embedded")
-    parser.add_argument("--baseline-src", type=Path,
+    parser.add_argument("--baseline-src", type=baseline_src,
                         help="directory holding another tc_server/ package: measured the same way after this one")
     parser.add_argument("--server-arg", action="append", default=[], help="extra tc-server run flag")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs, data and dumps (printed path)")
     args = parser.parse_args(argv)
-    if args.baseline_src is not None and not (args.baseline_src / "tc_server" / "__init__.py").is_file():
-        raise SystemExit(f"--baseline-src {args.baseline_src}: no tc_server/__init__.py there")
     check_valgrind()
 
     print(f"# tc-server instructions per pair under callgrind: {platform.machine()}, Python "
@@ -157,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.concurrency} in flight (NEW_TXN then END_TXN)", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="tc-instructions-"))
     # Each side's tree first on its PYTHONPATH (the -P start keeps the current directory off sys.path).
-    trees: list[tuple[str, dict[str, str]]] = [("this tree", {"PYTHONPATH": str(REPO)})]
+    trees: list[tuple[str, dict[str, str]]] = [("this tree", baseline_env(REPO))]
     if args.baseline_src is not None:
-        trees.append(("baseline", {"PYTHONPATH": str(args.baseline_src.resolve())}))
+        trees.append(("baseline", baseline_env(args.baseline_src)))
     totals: dict[str, float] = {}
     try:
         print(f"{'code':<10} {'process':<13} {'instructions/pair':>18}")

@@ -10,6 +10,7 @@ dependencies is installed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -100,6 +101,21 @@ def workers_in(args: Sequence[str]) -> int:
         elif arg.startswith("--workers="):
             found = arg.split("=", 1)[1]
     return int(found) if found.isascii() and found.isdigit() and 0 < int(found) <= 256 else 1
+
+
+def baseline_src(text: str) -> Path:
+    """The argparse type of the benchmarks' ``--baseline-src DIR``: a directory holding another ``tc_server/``
+    package (e.g. ``git archive <commit> tc_server | tar -x -C DIR``), measured beside this tree in one
+    sitting; its tc-server runs with it first on its PYTHONPATH (:func:`baseline_env`)."""
+    path = Path(text)
+    if not (path / "tc_server" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no tc_server/__init__.py there")
+    return path.resolve()
+
+
+def baseline_env(src: Path) -> dict[str, str]:
+    """The environment a tc-server of the tree ``src`` (:func:`baseline_src`) is started with."""
+    return {"PYTHONPATH": str(src)}
 
 
 def admin_tls_in(args: Sequence[str]) -> bool:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tc_server.bench import java_load
 from tc_server.bench.java_load import Target
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import TcServerProcess, baseline_env, baseline_src
 from tc_server.bench.pulsar_broker import PulsarBroker
 
 PULSAR = "pulsar"
@@ -113,13 +113,11 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = java_load.load_parser("python -m tc_server.bench.txn_java", __doc__, "uncounted start of each run")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of each benchmark topic")
-    parser.add_argument("--baseline-src", type=Path,
+    parser.add_argument("--baseline-src", type=baseline_src,
                         help="directory holding another tc_server/ package: run it too, alternated (before/after)")
     args = parser.parse_args(argv)
     concurrencies = args.concurrency or [16, 64]
     java_load.check_harness()
-    if args.baseline_src is not None and not (args.baseline_src / "tc_server" / "__init__.py").is_file():
-        raise SystemExit(f"--baseline-src {args.baseline_src}: no tc_server/__init__.py there")
 
     workdir = Path(tempfile.mkdtemp(prefix="tc-txn-java-"))
     broker = PulsarBroker(workdir / "broker")
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         start_tc_server(TC_SERVER)
         start_tc_server(TC_DIRECT, "--lookup-connections", "direct")
         if args.baseline_src is not None:
-            start_tc_server(BASELINE, env={"PYTHONPATH": str(args.baseline_src.resolve())})
+            start_tc_server(BASELINE, env=baseline_env(args.baseline_src))
         topics = {}
         for name in targets:
             # A topic per coordinator: the other's open or pinned txns never share a partition with it.

@@ -1,7 +1,7 @@
 """tc-server against Pulsar's own transaction coordinator, side by side, on the same Java load.
 
     python -m tc_server.bench.vs_pulsar [--concurrency 16 --concurrency 64] [--duration-s 20]
-                                        [--warmup-s 5] [--rounds 2] [--store embedded]
+                                        [--warmup-s 5] [--rounds 2] [--store embedded] [--baseline-src DIR]
 
 Starts a real Pulsar broker (standalone, 16 transaction coordinators; ``make pulsar-broker``) and two
 tc-servers (``--upstream-url`` the broker, so they stand where an operator would put them): one with one
@@ -12,7 +12,9 @@ newTransaction + commit (the ``pair-bench`` scenario of the interop harness, ``m
 For every run it prints pairs/s, pair latency p50/p99 and each server's CPU time per pair (read from /proc
 across exactly the counted window: the broker's whole JVM, all of a tc-server's processes), then the
 medians and each tc-server's ratios to Pulsar. All servers stay up for the whole benchmark; the load
-generator shares the machine's cores with them.
+generator shares the machine's cores with them. ``--baseline-src DIR`` adds a one-worker tc-server of
+another source tree (e.g. ``git archive <commit> tc_server | tar -x -C DIR``), alternated with the others,
+and prints this tree's one worker against it round by round: what a change gained, in one sitting.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ from tc_server.bench.java_load import (
     start_server,
     stop_all,
 )
-from tc_server.bench.process import TcServerProcess
+from tc_server.bench.process import TcServerProcess, baseline_env, baseline_src
 from tc_server.bench.pulsar_broker import PulsarBroker
 
 # Where they stood before tc_server.bench.java_load held them (txn_java and scripts import them from here).
 __all__ = ["BROKER_MAKE", "HARNESS_JAR", "HARNESS_MAKE", "RUN_SLACK_S", "Run", "main", "private_harness", "run_load"]
 
 
+BASELINE = "baseline"  # the tc-server of --baseline-src
 # The ratios shown round by round under the summary table.
 ROUND_FIELDS = {"pairs_per_s": "pairs/s", "pair_p99_ms": "p99", "server_cpu_us_per_pair": "server CPU/pair"}
 
@@ -98,10 +101,11 @@ def print_run(run: Run) -> None:
           f"{run.errors:>6}", flush=True)
 
 
-def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str]) -> None:
+def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str],
+            against_baseline: str | None = None) -> None:
     """Medians per server and concurrency, and each tc-server's ratios to Pulsar, as a Markdown table; then
     the same ratios round by round (java_load.ratios_by_round), which show how far the shared machine moved
-    them."""
+    them, and ``against_baseline``'s to the baseline tree's (--baseline-src)."""
     print("\n| in flight | server | pairs/s | pair p50 (ms) | pair p99 (ms) | server CPU/pair (us) |")
     print("|---|---|---|---|---|---|")
     by_round: list[str] = []  # the ratios round by round, under the table
@@ -119,6 +123,8 @@ def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str]) -> N
             print(f"| {concurrency} | {name} / Pulsar | {ratios[0]:.2f}x | {ratios[1]:.2f}x | {ratios[2]:.2f}x | "
                   f"{ratios[3]:.2f}x |")
             by_round.append(round_ratios_text(runs, name, "pulsar", concurrency, ROUND_FIELDS))
+        if against_baseline is not None:
+            by_round.append(round_ratios_text(runs, against_baseline, BASELINE, concurrency, ROUND_FIELDS))
     print("", *by_round, sep="\n")
 
 
@@ -126,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = load_parser("python -m tc_server.bench.vs_pulsar", __doc__,
                          "uncounted start of each run (JIT, connections)")
     parser.add_argument("--store", choices=["embedded", "memory"], default="embedded", help="tc-server's store")
+    parser.add_argument("--baseline-src", type=baseline_src,
+                        help="directory holding another tc_server/ package: one worker of it too, alternated "
+                             "(before/after), its ratios to this tree's one worker under the table")
     args = parser.parse_args(argv)
     concurrencies = args.concurrency or [16, 64]
     check_harness()
@@ -144,16 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         jar = private_harness(workdir)
         start_broker(broker)
-        for count in worker_counts:
-            name = tc_name if count == 1 else f"{tc_name} x{count}"
+        trees: list[tuple[str, int, dict[str, str] | None]] = [
+            (tc_name if count == 1 else f"{tc_name} x{count}", count, None) for count in worker_counts]
+        if args.baseline_src is not None:
+            trees.append((BASELINE, 1, baseline_env(args.baseline_src)))
+        for name, count, env in trees:
+            tag = f"{count}" if env is None else BASELINE
             servers[name] = start_server(TcServerProcess(
-                workdir / f"tc-data-{count}", "--upstream-url", broker.url, "--coordinators", "16",
+                workdir / f"tc-data-{tag}", "--upstream-url", broker.url, "--coordinators", "16",
                 "--workers", str(count), "--log-level", "warning", *args.server_arg, store=args.store,
-                log_path=workdir / f"tc-server-{count}.log"))
+                env=env, log_path=workdir / f"tc-server-{tag}.log"))
         targets: dict[str, Target] = {"pulsar": (broker.url, broker.cpu_seconds)}
         targets.update((name, (server.url, server.cpu_seconds)) for name, server in servers.items())
         runs = alternated_runs(jar, targets, list(targets), concurrencies, args)
-        summary(runs, concurrencies, list(servers))
+        summary(runs, concurrencies, list(servers), tc_name if args.baseline_src is not None else None)
     finally:
         stop_all(list(servers.values()), broker, workdir, args.keep_workdir)
     return 0
