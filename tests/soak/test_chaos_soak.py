@@ -31,7 +31,7 @@ Measured 2026-11-30 (2-core machine): seeds 20261130 (default), 4242 (harsh) and
 --workers 1 and 2: ~98,000 committed txns, ~10,000 deliberate aborts, 65 kill -9s (28 during deliveries) and 47
 stops; every check held but the stall above (2 of the 3 harsh --workers 2 runs). Again with the embedded store's
 records in a rowid table (``make soak``, 08:27-08:39 UTC on 45ee565): 49,753 committed txns over 223,000 inputs,
-5,535 deliberate aborts, 25 kill -9s (13 during deliveries) and 14 stops; every check held, no stall.
+5,535 deliberate aborts, 23 kill -9s (11 during deliveries) and 14 stops; every check held, no stall.
 """
 
 from __future__ import annotations
