@@ -23,6 +23,7 @@ from tc_server.wire.codec.registry import (
     server_error,
     signed_long,
     text,
+    u64_varint,
     unknown_varint,
     varint,
     wire_request_id,
@@ -273,22 +274,18 @@ def _fast_txn_response_encoder(code: int) -> Callable[[Any], bytes]:
     pack = _FRAME_HEADER.pack
 
     def encode(c: _TxnOpResponse) -> bytes:
-        # The varints inline where they are small (one call each less: 4 per pair, issue 13); a body
-        # without a message is at most 31 bytes, so its length is one byte.
+        # The varints inline where they are small or in range (one call each less: 4 per pair, issue 13);
+        # an id out of range goes to u64_varint, which refuses it naming the field.
         request_id = c.request_id & U64_MASK
         least = c.least
         most = c.most
-        if not (0 <= least <= U64_MASK):
-            raise ValueError(f"txnid_least_bits {least} is out of range for uint64")
-        if not (0 <= most <= U64_MASK):
-            raise ValueError(f"txnid_most_bits {most} is out of range for uint64")
         body = b"".join((
             b"\x08",  # 1 request_id
             SMALL_VARINTS[request_id] if request_id < 0x80 else varint(request_id),
             b"\x10",  # 2 txnid_least_bits
-            SMALL_VARINTS[least] if least < 0x80 else varint(least),
+            varint(least) if 0 <= least <= U64_MASK else u64_varint(least, "txnid_least_bits"),
             b"\x18",  # 3 txnid_most_bits
-            SMALL_VARINTS[most] if most < 0x80 else varint(most),
+            SMALL_VARINTS[most] if 0 <= most < 0x80 else u64_varint(most, "txnid_most_bits"),
         ))
         if c.error is not None:
             message = error_message(c.error, c.message).encode()
