@@ -40,8 +40,6 @@ log = structlog.get_logger("tc_server.coordinator")
 # whose outcome was unknown. Normally the range is empty, so the scan is cheap.
 OVERDUE_SCAN_INTERVAL_S = 5.0
 OVERDUE_GRACE_MS = 1000
-# The overdue scan reads an unreadable header again every OVERDUE_SCAN_INTERVAL_S: one line per key an hour.
-_UNREADABLE_HEADERS = LogLimiter(interval_s=3600.0)
 # Partitions won in one hand-over (a peer's session ended: all its partitions at once) share one
 # scan of the deadline index, which holds every coordinator's open txns; scanning it once per
 # partition made a 16-partition take-over with 50k open txns 16 times slower (measured).
@@ -98,6 +96,9 @@ class TransactionCoordinator:
         self._recovery_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
+        # The overdue scan reads an unreadable header again every OVERDUE_SCAN_INTERVAL_S: one line per key an
+        # hour (a review: 200 damaged records were 40 lines a second, for ever).
+        self._unreadable_headers_log = LogLimiter(interval_s=3600.0)
         metrics.has_leader.read = self._has_leader_samples
         for tc_id in range(config.partitions):
             metrics.leader.labels(**metrics.tc(tc_id)).set(0)
@@ -300,9 +301,7 @@ class TransactionCoordinator:
                     most, least = layout.parse_header_path(record.key)
                     header = TxnHeader.from_json(record.value)
                 except ValueError as exc:
-                    # The overdue scan reads them again every few seconds (a review: 200 damaged records were 40
-                    # lines a second, for ever).
-                    if (left_out := _UNREADABLE_HEADERS.allow(record.key)) is not None:
+                    if (left_out := self._unreadable_headers_log.allow(record.key)) is not None:
                         log.warning("skipping unreadable header", key=record.key, error=str(exc),
                                     left_out_since_last_line=left_out)
                     if unreadable is not None:
