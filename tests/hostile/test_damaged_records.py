@@ -149,10 +149,7 @@ async def test_an_unreadable_participant_record_beside_a_readable_one_holds_the_
     partition.adopt_one(7, 10**15, None)  # a later open txn: without the hold, the watermark is 6
     try:
         await partition.recover_outbox()
-        for _ in range(200):
-            if sender.told:
-                break
-            await asyncio.sleep(0.01)
+        await sender.first_told(200)
         assert [told.participant for told in sender.told] == [GOOD]
         await asyncio.sleep(0.2)  # the record's deletion and the outbox's bookkeeping
         assert partition.low_watermark() == 4  # not 6: (0,5) may be a commit some broker has not heard

@@ -87,6 +87,14 @@ class RecordingSender:
         await self.end_txn_on(participant, most, least, committed, low_watermark)
         return True
 
+    async def first_told(self, polls: int) -> None:
+        """Wait until some broker was told, polling every 10 ms at most ``polls`` times (the caller asserts
+        what was told, and whether anything was)."""
+        for _ in range(polls):
+            if self.told:
+                return
+            await asyncio.sleep(0.01)
+
 
 @pytest.fixture(params=["memory", "embedded"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:

@@ -92,10 +92,7 @@ async def test_unreadable_record_holds_and_its_drop_by_key_releases_the_owner_on
                                      sweep_timeouts=False, sender=sender, open_by_principal=principals)
     try:
         await partition.recover_outbox()
-        for _ in range(100):
-            if sender.told:
-                break
-            await asyncio.sleep(0.01)
+        await sender.first_told(100)
         await asyncio.sleep(0.1)
         assert 5 in partition.undelivered()
         assert principals._undelivered == {"mallory": 1}
