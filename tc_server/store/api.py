@@ -232,6 +232,12 @@ class MetadataStore(Protocol):
         empty, in one cheap round trip where the backend has one (Oxia: a get on the index, many to a call)."""
         ...
 
+    def index_surely_empty(self, index_name: str) -> bool:
+        """True only when the store knows, without a query, that no record has an entry in ``index_name``
+        (the embedded store keeps the names its records use); False means "ask" (:meth:`index_has`).
+        A synchronous answer, so that the hot path skips the coroutines of a query it need not make."""
+        ...
+
     def notifications(self, key_prefix: str = "") -> AsyncIterator[Notification]:
         """Changes committed after the call to the keys that start with ``key_prefix`` (every key by
         default). Oxia has no per-range watch: the stream carries every key and tc-server filters."""

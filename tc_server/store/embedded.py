@@ -656,13 +656,14 @@ class EmbeddedStore(StoreWrites):
         self._check_open()
         return self._scan_index(index_name, start_inclusive, end_exclusive, inline=partition_key is not None)
 
-    def _no_entries_in(self, index_name: str) -> bool:
-        """Whether no record of the file has an entry in ``index_name``, known without SQLite (_indexed)."""
+    def index_surely_empty(self, index_name: str) -> bool:
+        """Whether no record of the file has an entry in ``index_name``, known without SQLite (_indexed);
+        never on a file opened read-only, which another process may be writing."""
         return index_name not in self._indexed and not self._read_only
 
     async def _scan_index(self, name: str, start: str, end: str, inline: bool) -> AsyncIterator[Record]:
         # Checked when iterated: a scan made earlier sees later writes.
-        if self._no_entries_in(name):
+        if self.index_surely_empty(name):
             return
         limit = self._scan_page_rows
         after: tuple[str, str] | None = None
@@ -692,7 +693,7 @@ class EmbeddedStore(StoreWrites):
 
     async def index_has(self, index_name: str, secondary_key: str, *, partition_key: str | None = None) -> bool:
         self._check_open()
-        if self._no_entries_in(index_name):  # END_TXN's question on today's brokers: no coroutine more
+        if self.index_surely_empty(index_name):  # END_TXN's question on today's brokers: no coroutine more
             return False
         return await index_has_by_scan(self, index_name, secondary_key, partition_key=partition_key)
 

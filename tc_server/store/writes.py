@@ -71,6 +71,10 @@ class StoreWrites(ABC):
         """See :meth:`MetadataStore.write_problem`: nothing, unless the backend says otherwise (embedded)."""
         return None
 
+    def index_surely_empty(self, index_name: str) -> bool:
+        """See :meth:`MetadataStore.index_surely_empty`: not known, unless the backend knows (embedded)."""
+        return False
+
     def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
         """See :meth:`MetadataStore.ephemeral_lease`: ephemeral records live as long as the store is
         open, unless the backend says otherwise (Oxia)."""

@@ -340,6 +340,16 @@ async def test_index_has_exactly_the_secondary_key(store: MetadataStore) -> None
     assert not await store.index_has("idx:ops", "/txn/op/1_50", partition_key="p")
 
 
+async def test_an_index_is_surely_empty_only_while_no_record_has_an_entry_in_it(store: MetadataStore) -> None:
+    # The hot path skips END_TXN's op-record query on its word (CoordinatorPartition._decided): a store may
+    # not know (False: ask), but it may never call an index empty that holds an entry.
+    await store.put("/c/other", b"", partition_key="p", secondary_indexes={"idx:other": "1"})
+    assert not store.index_surely_empty("idx:other")
+    await store.put("/c/op", b"", partition_key="p", secondary_indexes={"idx:ops": "/txn/op/1_5"})
+    assert not store.index_surely_empty("idx:ops")
+    assert await store.index_has("idx:ops", "/txn/op/1_5", partition_key="p")
+
+
 async def test_index_has_answers_many_at_once(store: MetadataStore) -> None:
     # As END_TXNs of the same moment ask (on Oxia: one Read per shard, index_probes.py), each its own answer.
     await store.put("/c/hit", b"", partition_key="p", secondary_indexes={"n": "k7"})

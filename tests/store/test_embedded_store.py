@@ -296,6 +296,26 @@ async def test_index_scan_without_entries_does_not_touch_sqlite(tmp_path: Path) 
         await store.close()
 
 
+async def test_an_index_no_record_uses_is_surely_empty_until_one_does_also_after_reopen(tmp_path: Path) -> None:
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        assert store.index_surely_empty("idx:ops-by-txn")  # END_TXN then skips the query (issue 13)
+        await store.put("/r/op", b"", partition_key="p", secondary_indexes={"idx:ops-by-txn": "/txn/op/1_5"})
+        assert not store.index_surely_empty("idx:ops-by-txn")
+        assert store.index_surely_empty("idx:other")
+    finally:
+        await store.close()
+    store = await EmbeddedStore.open(tmp_path)
+    reader = await EmbeddedStore.open(tmp_path, read_only=True)
+    try:
+        assert not store.index_surely_empty("idx:ops-by-txn")  # the file's names are read at open
+        # A read-only open knows nothing: the store that writes the file may add an index at any time.
+        assert not reader.index_surely_empty("idx:other")
+    finally:
+        await reader.close()
+        await store.close()
+
+
 async def test_cas_keeps_created_ms_and_replaces_index_entries(tmp_path: Path) -> None:
     # The writer's CAS is a read of the row then an in-place UPDATE, and a create an INSERT that
     # does nothing on a present key: check what each keeps and replaces, across a reopen too.
