@@ -12,6 +12,10 @@ from tc_server.coordinator.layout import TxnState
 
 
 class Request(Enum):
+    # The identity hash, as Enum's equality is identity: Enum.__hash__ is a Python-level function (the
+    # name's hash), and decide() hashes a Request and a TxnState per END_TXN (issue 13).
+    __hash__ = object.__hash__
+
     COMMIT = "commit"
     ABORT = "abort"
     ADD = "add"  # ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN
