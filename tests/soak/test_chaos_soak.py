@@ -23,6 +23,16 @@ had read past them (readPosition at the end), msgInReplay 0, unackedMessages 0, 
 tc-server's ``undelivered`` empty and no open txn anywhere; the app had never received them. Unloading the partition
 (``PUT .../unload``) delivered them, and exactly-once then held. A chaos-free control (CHAOS_CONTROL=broker, Pulsar's
 own coordinator) did not stall. The drain fails with ``input backlog stuck`` and the broker's view (STALL_S).
+The likely mechanism, read in the 4.2.4 broker (decompiled; not yet confirmed on a stalled run) and not the
+coordinator's: an abort's redelivery puts the acked positions in the Shared dispatcher's replay queue, whatever
+consumer it names (END_TXN_ON_SUBSCRIPTION names none); when the last consumer leaves, the replay queue is cleared,
+and when one is added back while a replay read is in flight, the cursor's rewind is deferred to the completion of a
+*normal* read, which then waits at the tail: nothing is read again until a new message arrives or the topic is
+unloaded. Pulsar's own coordinator takes the same broker paths with the same timing (timeout aborts while clients
+reconnect); apache/pulsar#23802 (fixed for Key_Shared in 4.0.2) and #23803 (open) describe that window. The view
+printed on a stall shows it as ``waitingReadOp`` / ``havePendingRead`` true at the end of the ledger; a position
+still held by a pending ack (``pulsar-admin transactions position-stats-in-pending-ack``) would be the other hole.
+Publishing one message to the stalled partition would tell them apart: under the first, the stuck ones then arrive.
 
 Run: ``make soak`` (the defaults: ~12 min for both parametrizations), or ``make soak CHAOS_SEED=N CHAOS_SECONDS=S
 CHAOS_PROFILE=harsh CHAOS_LOOKUP=direct`` (each variable is optional).
@@ -238,7 +248,13 @@ def subscription_view(broker: PulsarBroker, topic: str) -> dict[str, Any]:
             "consumers": [(c.get("consumerName"), c.get("availablePermits"), c.get("unackedMessages"))
                           for c in sub.get("consumers", [])],
             "markDelete": cursor.get("markDeletePosition"), "read": cursor.get("readPosition"),
-            "lastConfirmed": (internal or {}).get("lastConfirmedEntry")}
+            "lastConfirmed": (internal or {}).get("lastConfirmedEntry"),
+            # Which of the two suspected broker holes (module text): a normal read parked at the tail with the
+            # rewind never run, or positions held by a pending ack.
+            "waitingReadOp": cursor.get("waitingReadOp"), "pendingReadOps": cursor.get("pendingReadOps"),
+            "havePendingRead": cursor.get("subscriptionHavePendingRead"),
+            "havePendingReplayRead": cursor.get("subscriptionHavePendingReplayRead"),
+            "individuallyDeleted": str(cursor.get("individuallyDeletedMessages"))[:300]}
     return view
 
 
