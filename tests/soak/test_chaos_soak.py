@@ -258,6 +258,36 @@ def subscription_view(broker: PulsarBroker, topic: str) -> dict[str, Any]:
     return view
 
 
+def probe_stalled_partitions(broker: PulsarBroker, topic: str) -> str:
+    """After a stall: one message to each partition with a backlog, then each one's backlog 30 s later. A
+    dispatcher parked at the tail (module text) reads again once a message arrives, so the stuck messages
+    drain with the probe; positions held by a pending ack stay. The test fails either way (the probe is
+    no input of the exactly-once checks)."""
+    tenant, namespace, local = split_topic(topic)
+    before: dict[int, Any] = {}
+    for i in range(PARTITIONS):
+        _, stats = broker.get_json(f"/admin/v2/persistent/{tenant}/{namespace}/{local}-partition-{i}/stats")
+        backlog = (stats or {}).get("subscriptions", {}).get(SUBSCRIPTION, {}).get("msgBacklog")
+        if backlog:
+            before[i] = backlog
+    if not before:
+        return "no partition has a backlog left to probe"
+    client = pulsar.Client(broker.url, operation_timeout_seconds=60,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        for i in before:
+            client.create_producer(f"{topic}-partition-{i}", schema=pulsar.schema.StringSchema()).send("stall-probe")
+    finally:
+        client.close()
+    time.sleep(30)
+    after = {}
+    for i in before:
+        _, stats = broker.get_json(f"/admin/v2/persistent/{tenant}/{namespace}/{local}-partition-{i}/stats")
+        after[i] = (stats or {}).get("subscriptions", {}).get(SUBSCRIPTION, {}).get("msgBacklog")
+    return (f"one probe message sent to each partition with a backlog; backlog before -> 30 s after (the probe "
+            f"included): {', '.join(f'partition-{i} {before[i]} -> {after[i]}' for i in before)}")
+
+
 def feed(broker: PulsarBroker, topic: str, inputs: list[str], count: int) -> None:
     more = [f"in-{n}" for n in range(len(inputs), len(inputs) + count)]
     client = pulsar.Client(broker.url, operation_timeout_seconds=60,
@@ -472,9 +502,10 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
             if backlog != last_backlog:
                 last_change, last_backlog = time.monotonic(), backlog
             if time.monotonic() > deadline or time.monotonic() - last_change > STALL_S:
+                view = json.dumps(subscription_view(broker, source))
                 pytest.fail(f"input backlog stuck at {backlog} for {time.monotonic() - last_change:.0f}s with the "
-                            f"worker idle in receive(); the broker's view of the subscription:\n"
-                            f"{json.dumps(subscription_view(broker, source))}\n{server.log_tail()}")
+                            f"worker idle in receive(); the broker's view of the subscription:\n{view}\n"
+                            f"{probe_stalled_partitions(broker, source)}\n{server.log_tail()}")
             time.sleep(2)
             backlog = input_backlog(broker, source)
         log("input drained")
