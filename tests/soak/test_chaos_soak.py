@@ -40,7 +40,10 @@ Measured 2026-11-30 (2-core machine): seeds 20261130 (default), 4242 (harsh) and
 stops; every check held but the broker's stall above (2 of the 3 harsh --workers 2 runs). Again with the
 embedded store's records in a rowid table (``make soak``, 08:27-08:39 UTC on 45ee565): 49,753 committed txns over
 223,000 inputs, 5,535 deliberate aborts, 23 kill -9s (11 during deliveries) and 14 stops; every check held, no
-stall.
+stall. With the nudge (11:28-11:50 UTC, harsh): seed 4242 with ``--workers 2`` and 777 (direct) with ``--workers
+2`` did not stall; seed 4242 with ``--workers 1`` stalled on all four partitions (1,880 inputs, the broker's
+signature), one nudge drained them in 6 s, and every check held (55,504 inputs, 12,371 committed txns, 1,370
+deliberate aborts, audit clean).
 """
 
 from __future__ import annotations
