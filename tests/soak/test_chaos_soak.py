@@ -60,6 +60,8 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +255,8 @@ def subscription_view(broker: PulsarBroker, topic: str) -> dict[str, Any]:
                           for c in sub.get("consumers", [])],
             "markDelete": cursor.get("markDeletePosition"), "read": cursor.get("readPosition"),
             "lastConfirmed": (internal or {}).get("lastConfirmedEntry"),
-            # Which of the two suspected broker holes (module text): a normal read parked at the tail with the
-            # rewind never run, or positions held by a pending ack.
+            # What tells the broker's stall (module text: a normal read parked at the tail, its rewind never run)
+            # from positions held by a pending ack.
             "waitingReadOp": cursor.get("waitingReadOp"), "pendingReadOps": cursor.get("pendingReadOps"),
             "havePendingRead": cursor.get("subscriptionHavePendingRead"),
             "havePendingReplayRead": cursor.get("subscriptionHavePendingReplayRead"),
@@ -287,30 +289,33 @@ def parked_at_the_tail(view: dict[str, Any]) -> list[int]:
 def nudge(broker: PulsarBroker, topic: str, partitions: list[int], inputs: list[str]) -> None:
     """One more input to each of ``partitions`` (straight to the partition; an input like any other, so the
     exactly-once checks cover it): a dispatcher parked at the tail reads again once a message arrives."""
-    client = pulsar.Client(broker.url, operation_timeout_seconds=60,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with input_client(broker) as client:
         for i in partitions:
             value = f"in-{len(inputs)}"
             client.create_producer(f"{topic}-partition-{i}", schema=pulsar.schema.StringSchema()).send(value)
             inputs.append(value)
-    finally:
-        client.close()
 
 
 def feed(broker: PulsarBroker, topic: str, inputs: list[str], count: int) -> None:
     more = [f"in-{n}" for n in range(len(inputs), len(inputs) + count)]
-    client = pulsar.Client(broker.url, operation_timeout_seconds=60,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
+    with input_client(broker) as client:
         producer = client.create_producer(topic, schema=pulsar.schema.StringSchema(), batching_enabled=False,
                                           message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
         for value in more:
             producer.send_async(value, lambda res, msg_id: None)
         producer.flush()
+    inputs.extend(more)
+
+
+@contextmanager
+def input_client(broker: PulsarBroker) -> Iterator[pulsar.Client]:
+    """The client that writes the app's inputs (feed, nudge), straight to the broker; closed on leaving."""
+    client = pulsar.Client(broker.url, operation_timeout_seconds=60,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        yield client
     finally:
         client.close()
-    inputs.extend(more)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
