@@ -12,6 +12,7 @@ import asyncio
 import gc
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,9 @@ HELP = {
 EXPORT_SETTINGS = ("store", "data_dir", "oxia_address", "oxia_namespace", "oxia_session_timeout_ms",
                    "request_timeout_s")
 
+# The settings `tc-server upgrade-store` reads.
+UPGRADE_SETTINGS = ("store", "data_dir")
+
 # --help's placeholder for the values whose name does not end in what they are (_metavar).
 METAVARS = {
     "listen": "HOST:PORT", "admin_listen": "HOST:PORT", "tls_listen": "HOST:PORT", "oxia_address": "HOST:PORT",
@@ -187,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, type=Path, help="output directory of the snapshot")
     export.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress line on stderr (default: when stderr is a TTY)")
+    upgrade = sub.add_parser("upgrade-store", help="rewrite an embedded store made before 2026-11-30 into the "
+                             "current shape of its file (fewer pages written per commit); run it with tc-server "
+                             "stopped (README, Upgrades)")
+    upgrade.add_argument("--config", help=f"TOML file with settings ({', '.join(UPGRADE_SETTINGS)}; the others are "
+                         f"not read) [env {ENV_PREFIX}CONFIG]")
+    _add_setting_flags(upgrade, UPGRADE_SETTINGS)
     health = sub.add_parser("healthcheck", help="exit 0 if /healthz answers 200 at the admin address these "
                             f"flags, the environment ({ENV_PREFIX}*) and {ENV_PREFIX}CONFIG give, else 1 (the "
                             "image's HEALTHCHECK; flags of run are not seen)")
@@ -217,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, list(argv))
     if args.command == "healthcheck":
         return _healthcheck(args)
+    if args.command == "upgrade-store":
+        return _upgrade_store(args)
     return _export(args)
 
 
@@ -381,6 +393,43 @@ def _export(args: argparse.Namespace) -> int:
           f"to {args.out}")
     if counts["rejects"]:
         print(f"{counts['rejects']:,} malformed records skipped; see {args.out / REJECTS_JSONL}", file=sys.stderr)
+    return 0
+
+
+def _upgrade_store(args: argparse.Namespace) -> int:
+    """Each embedded store of --data-dir (the single process's, or every worker's of --workers N) rewritten
+    into the current shape of its file, one line per store; 2 with a line naming the problem."""
+    from tc_server.store.api import StoreError
+    from tc_server.store.embedded import DB_FILENAME, rewrite_records_in_arrival_order
+
+    try:
+        settings = _settings(args, UPGRADE_SETTINGS)
+    except ConfigError as exc:
+        print(f"tc-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if settings.store != "embedded":
+        print(f"tc-server: upgrade-store rewrites the embedded store's file; --store is {settings.store}, which "
+              "needs no upgrade", file=sys.stderr)
+        return 2
+    data_dir = Path(settings.data_dir)
+    stores = sorted(path.parent for path in [data_dir / DB_FILENAME, *data_dir.glob(f"worker-*-of-*/{DB_FILENAME}")]
+                    if path.is_file())
+    if not stores:
+        print(f"tc-server: {data_dir} holds no embedded store ({DB_FILENAME}, or worker-<k>-of-<N>/{DB_FILENAME}): "
+              "check --data-dir / TC_SERVER_DATA_DIR", file=sys.stderr)
+        return 2
+    for directory in stores:
+        started = time.monotonic()
+        try:
+            copied = rewrite_records_in_arrival_order(directory)
+        except StoreError as exc:
+            print(f"tc-server: cannot upgrade: {exc}", file=sys.stderr)
+            return 2
+        if copied is None:
+            print(f"{directory / DB_FILENAME}: of the current shape already, unchanged")
+        else:
+            print(f"{directory / DB_FILENAME}: {copied:,} records rewritten in arrival order in "
+                  f"{time.monotonic() - started:.1f} s")
     return 0
 
 

@@ -143,9 +143,9 @@ _PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 # entries land in 16 places: 36.6 -> 24.4 pages per group (docs/performance.md, *Records in a rowid
 # table*; python -m tc_server.bench.writer_floor [--earlier-shape]). The statements are the same for both
 # shapes, so a file of the earlier shape is served as it is (never rewritten at open: the copy of a large
-# store would hold the start for minutes), and a tc-server from before reads and writes a file of this shape.
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS records (
+# store would hold the start for minutes: `tc-server upgrade-store` does it, stopped, see
+# rewrite_records_in_arrival_order), and a tc-server from before reads and writes a file of this shape.
+_RECORDS_COLUMNS: Final = """(
     id INTEGER PRIMARY KEY,
     key TEXT NOT NULL UNIQUE,
     value BLOB NOT NULL,
@@ -155,17 +155,22 @@ CREATE TABLE IF NOT EXISTS records (
     partition_key TEXT,
     ephemeral INTEGER NOT NULL DEFAULT 0,
     entries TEXT  -- the record's index entries (sqlite_writer.encode_entries), NULL for none
-);
+)"""
+_RECORDS_EPHEMERAL_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS records_ephemeral ON records (ephemeral) WHERE ephemeral = 1")
+# Made of this module's constants only (S608 is about input in SQL).
+_SCHEMA: Final = f"""
+CREATE TABLE IF NOT EXISTS records {_RECORDS_COLUMNS};
 CREATE TABLE IF NOT EXISTS index_entries (
     index_name TEXT NOT NULL,
     secondary_key TEXT NOT NULL,
     key TEXT NOT NULL,
     PRIMARY KEY (index_name, secondary_key, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS records_ephemeral ON records (ephemeral) WHERE ephemeral = 1;
+{_RECORDS_EPHEMERAL_INDEX};
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO meta (name, value) VALUES ('version', 0);
-"""
+"""  # noqa: S608
 
 _GET: Final = "SELECT key, value, version, created_ms, modified_ms FROM records WHERE key = ?"
 # Scans never bound the upper end in SQL: the caller stops at the first key outside the prefix.
@@ -906,6 +911,11 @@ def _open_files(directory: Path) -> tuple[int, sqlite3.Connection, sqlite3.Conne
         drop_ephemerals(setup.cursor())
         setup.execute("COMMIT")
         indexed = index_names(setup)
+        if records_keyed_by_key(setup):
+            log.warning("embedded store: records kept in key order, as files made before 2026-11-30 keep them; each "
+                        "group commit writes about 1.5x the pages of the current shape. `tc-server upgrade-store "
+                        "--data-dir <dir>` rewrites them while tc-server is stopped (README, Upgrades)",
+                        path=str(path))
         # Two read connections: a statement open on one would pin its snapshot for the other's reads.
         get_conn = _read_connection(path)
         opened.append(get_conn)
@@ -985,6 +995,60 @@ def _upgrade_index_entries(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX index_entries_by_key")
     log.info("embedded store: index entries now listed in their records (the file was of an earlier layout)",
              seconds=round(time.monotonic() - started, 3))
+
+
+def records_keyed_by_key(conn: sqlite3.Connection) -> bool:
+    """Whether the file's ``records`` is of the shape before 2026-11-30: rows kept whole in key order
+    (WITHOUT ROWID), which a group commit rewrites more pages of (the comment above _SCHEMA)."""
+    return not any(row[1] == "id" for row in conn.execute("PRAGMA table_info(records)"))
+
+
+def rewrite_records_in_arrival_order(directory: Path) -> int | None:
+    """``tc-server upgrade-store``: the records of the store in ``directory``, kept in key order by a file made
+    before 2026-11-30, copied into the rowid table files are made with now (rows in the order they were last
+    written, which is their version's); None when the file is of that shape already, else the number of
+    records. Run with the store stopped: it takes the file's lock (StoreInUseError while a tc-server holds
+    it). One SQLite transaction: stopped or killed half-way, the file is as it was. The old table's pages
+    stay in the file, free for the records written next (the file does not shrink)."""
+    path = directory / DB_FILENAME
+    if not path.is_file():
+        raise StoreUnavailableError(f"embedded store: there is no {path} to upgrade")
+    try:
+        lock_fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise _unavailable(f"opening {path}", exc) from exc
+    try:
+        if not _lock(lock_fd):
+            raise StoreInUseError(f"embedded store: {path} is in use by a tc-server process: stop it first")
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            _require_known_layout(conn, path)
+            _require_store_tables(conn, path)
+            _require_wal(conn, path)
+            conn.execute("PRAGMA synchronous=FULL")
+            if not records_keyed_by_key(conn):
+                return None
+            conn.execute("BEGIN IMMEDIATE")
+            _upgrade_index_entries(conn)  # a file from before records.entries: the copy takes the column
+            # The old table renamed first, so the new one is made under its own name, its key's index too.
+            conn.execute("ALTER TABLE records RENAME TO records_keyed_by_key")
+            conn.execute(f"CREATE TABLE records {_RECORDS_COLUMNS}")
+            columns = "key, value, version, created_ms, modified_ms, partition_key, ephemeral, entries"
+            copied = conn.execute(f"INSERT INTO records ({columns}) SELECT {columns} FROM records_keyed_by_key"  # noqa: S608
+                                  " ORDER BY version").rowcount
+            conn.execute("DROP TABLE records_keyed_by_key")  # and its records_ephemeral index
+            conn.execute(_RECORDS_EPHEMERAL_INDEX)
+            conn.execute(f"PRAGMA user_version = {FILE_LAYOUT}")
+            conn.execute("COMMIT")
+            # The copy went through the write-ahead log: moved into the file now, and the log emptied.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return int(copied)
+        except sqlite3.Error as exc:
+            raise _unavailable(f"upgrading {path}", exc) from exc
+        finally:
+            conn.close()
+    finally:
+        os.close(lock_fd)
 
 
 def index_names(conn: sqlite3.Connection) -> set[str]:

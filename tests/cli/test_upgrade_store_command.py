@@ -1,0 +1,195 @@
+"""``tc-server upgrade-store``: an embedded store whose records a tc-server from before 2026-11-30 kept in key order
+(WITHOUT ROWID) rewritten into the current shape, offline (tc_server/store/embedded.py,
+rewrite_records_in_arrival_order). Every record comes over unchanged and a real tc-server serves the file after it;
+it refuses while a tc-server holds the store; killed half-way (SIGKILL of the real process) the file is as it
+was, and a second run finishes it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tc_server.bench.writer_floor import EARLIER_RECORDS
+from tc_server.cli import main
+from tc_server.client import connect
+from tc_server.coordinator.layout import TxnHeader, TxnState, header_path, txn_key
+from tc_server.store.embedded import DB_FILENAME, EmbeddedStore, records_keyed_by_key
+from tc_server.store.sqlite_writer import encode_entries
+from tests.support.server_process import TC_SERVER, ServerProcess, started
+
+RECORD_COLUMNS = "key, value, version, created_ms, modified_ms, partition_key, ephemeral, entries"
+
+
+def make_earlier_file(directory: Path) -> None:
+    """An empty store file of the shape before 2026-11-30 (the rest of the schema as EmbeddedStore.open makes it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(directory / DB_FILENAME) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(EARLIER_RECORDS)
+
+
+def contents(directory: Path) -> tuple[bool, list[tuple[object, ...]], list[tuple[object, ...]], int]:
+    """(keyed by key?, every record, every index entry, the version counter) of a stopped store's file."""
+    with sqlite3.connect(f"{(directory / DB_FILENAME).resolve().as_uri()}?mode=ro", uri=True) as conn:
+        return (records_keyed_by_key(conn),
+                conn.execute(f"SELECT {RECORD_COLUMNS} FROM records ORDER BY key").fetchall(),  # noqa: S608
+                conn.execute("SELECT * FROM index_entries ORDER BY index_name, secondary_key, key").fetchall(),
+                conn.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
+
+
+def upgrade(data: Path) -> int:
+    return main(["upgrade-store", "--store", "embedded", "--data-dir", str(data)])
+
+
+async def new_txn(port: int) -> tuple[int, int]:
+    client = await connect("127.0.0.1", port)
+    try:
+        assert (await client.tc_client_connect(0)).error is None
+        txn = await client.new_txn(0, 600_000)
+        assert txn.error is None, txn
+        return txn.most, txn.least
+    finally:
+        client.close()
+
+
+async def end_txn(port: int, most: int, least: int) -> None:
+    client = await connect("127.0.0.1", port)
+    try:
+        assert (await client.tc_client_connect(most)).error is None
+        assert (await client.end_txn(most, least, commit=True)).error is None
+    finally:
+        client.close()
+
+
+def test_a_store_a_tc_server_wrote_in_key_order_comes_over_whole_and_is_served(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    make_earlier_file(data)
+    server = started(ServerProcess(data, "--coordinators", "2"))
+    try:
+        committed = asyncio.run(new_txn(server.port))
+        asyncio.run(end_txn(server.port, *committed))
+        still_open = asyncio.run(new_txn(server.port))
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    assert "records kept in key order" in server.log_tail(), "the open says how to upgrade the file"
+    keyed, records, entries, version = contents(data)
+    assert keyed and len(records) >= 2 and entries
+
+    assert upgrade(data) == 0
+    out = capsys.readouterr().out
+    assert f"{len(records):,} records rewritten in arrival order" in out, out
+    assert contents(data) == (False, records, entries, version)
+    assert upgrade(data) == 0 and "of the current shape already, unchanged" in capsys.readouterr().out
+
+    server = started(ServerProcess(data, "--coordinators", "2"))
+    try:
+        asyncio.run(end_txn(server.port, *still_open))  # recovered from the rewritten file
+        asyncio.run(end_txn(server.port, *asyncio.run(new_txn(server.port))))
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    assert "records kept in key order" not in server.log_tail()
+
+
+def test_it_refuses_while_a_tc_server_holds_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    make_earlier_file(data)
+    server = started(ServerProcess(data, "--coordinators", "2"))
+    try:
+        assert upgrade(data) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "in use by a tc-server process: stop it first" in err, err
+        asyncio.run(end_txn(server.port, *asyncio.run(new_txn(server.port))))  # untouched, serving
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    assert contents(data)[0], "still in key order"
+
+
+def fill_earlier_file(directory: Path, count: int) -> None:
+    """``count`` txn headers as tc-server writes them (half OPEN, half COMMITTED, over 16 coordinators), in the
+    file of the earlier shape: a rewrite that takes a while."""
+    make_earlier_file(directory)
+    rows: list[tuple[object, ...]] = []
+    entries: list[tuple[str, str, str]] = []
+    for n in range(count):
+        most, least = n % 16, 1_795_447_209_000_000 + n
+        header = TxnHeader(TxnState.OPEN if n % 2 else TxnState.COMMITTED, 1_795_447_209_000 + n, 60_000,
+                           None if n % 2 else 1_795_447_209_500 + n)
+        key, index = header_path(most, least), list(header.index_entries().items())
+        rows.append((key, header.to_json(), n + 1, n, n, txn_key(most, least), encode_entries(index)))
+        entries.extend((name, secondary, key) for name, secondary in index)
+    conn = sqlite3.connect(directory / DB_FILENAME)
+    try:
+        with conn:
+            conn.execute("INSERT INTO meta VALUES ('version', ?)", (count,))
+            conn.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, 0, ?)", rows)
+            conn.executemany("INSERT INTO index_entries VALUES (?, ?, ?)", entries)
+    finally:
+        conn.close()  # the last connection: the write-ahead log goes into the file and is deleted
+    assert not (directory / (DB_FILENAME + "-wal")).exists()
+
+
+def test_killed_half_way_the_file_is_as_it_was_and_a_second_run_finishes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    fill_earlier_file(data, 300_000)
+    before = contents(data)
+    wal = data / (DB_FILENAME + "-wal")
+    upgrading = subprocess.Popen([TC_SERVER, "upgrade-store", "--store", "embedded", "--data-dir", str(data)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The copy goes through the write-ahead log: once it holds a few MB the copy is under way (the whole
+    # one is ~100 MB), not committed.
+    deadline = time.monotonic() + 60
+    while not (wal.exists() and wal.stat().st_size > 4 << 20):
+        assert upgrading.poll() is None, f"finished before it was seen copying: {upgrading.communicate()}"
+        assert time.monotonic() < deadline, "the copy never showed in the write-ahead log"
+        time.sleep(0.005)
+    os.kill(upgrading.pid, signal.SIGKILL)
+    assert upgrading.wait() == -signal.SIGKILL
+    assert contents(data) == before, "a copy cut half-way changes nothing"
+
+    assert upgrade(data) == 0
+    assert contents(data) == (False, *before[1:])
+
+
+def test_every_worker_store_of_a_data_directory_is_upgraded(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "workers").write_text("2\n")
+    for k in range(2):
+        make_earlier_file(data / f"worker-{k}-of-2")
+
+        async def write(directory: Path = data / f"worker-{k}-of-2") -> None:
+            store = await EmbeddedStore.open(directory)
+            try:
+                await store.put("/r/a", b"A", secondary_indexes={"i": "1"})
+            finally:
+                await store.close()
+
+        asyncio.run(write())
+    assert upgrade(data) == 0
+    out = capsys.readouterr().out
+    assert out.count("1 records rewritten in arrival order") == 2, out
+    for k in range(2):
+        assert contents(data / f"worker-{k}-of-2")[0] is False
+
+
+@pytest.mark.parametrize("problem", ["no store", "another store kind"])
+def test_where_it_cannot_work_it_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     problem: str) -> None:
+    if problem == "no store":
+        assert upgrade(tmp_path / "dta") == 2
+        expected = "holds no embedded store"
+        assert not (tmp_path / "dta").exists(), "nothing is created"
+    else:
+        assert main(["upgrade-store", "--store", "memory", "--data-dir", str(tmp_path)]) == 2
+        expected = "needs no upgrade"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
