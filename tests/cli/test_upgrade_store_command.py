@@ -18,10 +18,10 @@ import pytest
 
 from tc_server.bench.writer_floor import EARLIER_RECORDS
 from tc_server.cli import main
-from tc_server.client import connect
 from tc_server.coordinator.layout import TxnHeader, TxnState, header_path, txn_key
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore, records_keyed_by_key
 from tc_server.store.sqlite_writer import encode_entries
+from tests.support.routed_txns import end_txns, txns_on_coordinators
 from tests.support.server_process import TC_SERVER, ServerProcess, started
 
 RECORD_COLUMNS = "key, value, version, created_ms, modified_ms, partition_key, ephemeral, entries"
@@ -48,35 +48,14 @@ def upgrade(data: Path) -> int:
     return main(["upgrade-store", "--store", "embedded", "--data-dir", str(data)])
 
 
-async def new_txn(port: int) -> tuple[int, int]:
-    client = await connect("127.0.0.1", port)
-    try:
-        assert (await client.tc_client_connect(0)).error is None
-        txn = await client.new_txn(0, 600_000)
-        assert txn.error is None, txn
-        return txn.most, txn.least
-    finally:
-        client.close()
-
-
-async def end_txn(port: int, most: int, least: int) -> None:
-    client = await connect("127.0.0.1", port)
-    try:
-        assert (await client.tc_client_connect(most)).error is None
-        assert (await client.end_txn(most, least, commit=True)).error is None
-    finally:
-        client.close()
-
-
 def test_a_store_a_tc_server_wrote_in_key_order_comes_over_whole_and_is_served(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     make_earlier_file(data)
     server = started(ServerProcess(data, "--coordinators", "2"))
     try:
-        committed = asyncio.run(new_txn(server.port))
-        asyncio.run(end_txn(server.port, *committed))
-        still_open = asyncio.run(new_txn(server.port))
+        asyncio.run(txns_on_coordinators(server.port, 2, [0, 1], commit=True))
+        still_open = asyncio.run(txns_on_coordinators(server.port, 2, [0, 1], commit=None))
     finally:
         assert server.stop() == 0, server.log_tail()
     assert "records kept in key order" in server.log_tail(), "the open says how to upgrade the file"
@@ -91,8 +70,8 @@ def test_a_store_a_tc_server_wrote_in_key_order_comes_over_whole_and_is_served(
 
     server = started(ServerProcess(data, "--coordinators", "2"))
     try:
-        asyncio.run(end_txn(server.port, *still_open))  # recovered from the rewritten file
-        asyncio.run(end_txn(server.port, *asyncio.run(new_txn(server.port))))
+        asyncio.run(end_txns(server.port, 2, still_open))  # recovered from the rewritten file
+        asyncio.run(txns_on_coordinators(server.port, 2, [0, 1], commit=True))
     finally:
         assert server.stop() == 0, server.log_tail()
     assert "records kept in key order" not in server.log_tail()
@@ -106,7 +85,7 @@ def test_it_refuses_while_a_tc_server_holds_the_store(tmp_path: Path, capsys: py
         assert upgrade(data) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "in use by a tc-server process: stop it first" in err, err
-        asyncio.run(end_txn(server.port, *asyncio.run(new_txn(server.port))))  # untouched, serving
+        asyncio.run(txns_on_coordinators(server.port, 2, [0], commit=True))  # untouched, serving
     finally:
         assert server.stop() == 0, server.log_tail()
     assert contents(data)[0], "still in key order"

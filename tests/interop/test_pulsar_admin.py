@@ -31,7 +31,7 @@ import pytest
 
 from tc_server.client import connect
 from tc_server.client.connection import NO_AUTH, ClientAuth
-from tests.support.routed_txns import txns_on_coordinators
+from tests.support.routed_txns import end_txns, txns_on_coordinators
 from tests.support.server_process import ServerProcess, started
 
 JAR = Path(__file__).resolve().parent / "admin-java" / "target" / "tc-interop-admin.jar"
@@ -148,15 +148,6 @@ async def _with_participants(port: int) -> tuple[int, int]:
         client.close()
 
 
-async def _commit(port: int, most: int, least: int) -> None:
-    client = await connect("127.0.0.1", port)
-    try:
-        assert (await client.tc_client_connect(most)).error is None
-        assert (await client.end_txn(most, least, commit=True)).error is None
-    finally:
-        client.close()
-
-
 def _metadata(most: int, least: int) -> dict[str, Any]:
     return {"op": "metadata", "most": most, "least": least}
 
@@ -164,7 +155,7 @@ def _metadata(most: int, least: int) -> dict[str, Any]:
 def test_reads_deserialize_into_the_clients_types(server_with: Servers, admin_for: Admins) -> None:
     server = server_with("--coordinators", "2")
     open0, open1, done = asyncio.run(_open(server.port, [(0, 60_000), (1, 120_000), (0, 30_000)]))
-    asyncio.run(_commit(server.port, *done))
+    asyncio.run(end_txns(server.port, 2, [done]))
     coordinators, stats, stats0, meta, committed, slow_all, slow1, slow_long = admin_for(server.admin_url).run(
         {"op": "listCoordinators"}, {"op": "coordinatorStats"}, {"op": "coordinatorStatsById", "id": 0},
         _metadata(*open0), _metadata(*done), {"op": "slow", "timeoutMs": 0},

@@ -32,3 +32,22 @@ async def txns_on_coordinators(port: int, coordinators: int, tc_ids: Iterable[in
     finally:
         for client in {id(c): c for c in routed}.values():
             client.close()
+
+
+async def end_txns(port: int, coordinators: int, ids: Iterable[tuple[int, int]], *, commit: bool = True,
+                   auth: ClientAuth = NO_AUTH) -> None:
+    """END_TXN (commit, or abort with ``commit`` False) for each (most, least) of ``ids``, at the instance that
+    leads its coordinator, each answered without an error."""
+    routed = await connect_coordinators("127.0.0.1", port, coordinators, auth=auth)
+    try:
+        connected: set[int] = set()
+        for most, least in ids:
+            client = routed[most]
+            if most not in connected:
+                assert (await client.tc_client_connect(most)).error is None
+                connected.add(most)
+            ended = await client.end_txn(most, least, commit=commit)
+            assert ended.error is None, ended
+    finally:
+        for client in {id(c): c for c in routed}.values():
+            client.close()
