@@ -28,7 +28,8 @@ RECORD_COLUMNS = "key, value, version, created_ms, modified_ms, partition_key, e
 
 
 def make_earlier_file(directory: Path) -> None:
-    """An empty store file of the shape before 2026-11-30 (the rest of the schema as EmbeddedStore.open makes it)."""
+    """An empty store file whose records table has the shape before 2026-11-30 (the first open adds the rest of the
+    schema, as it does to such a file)."""
     directory.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(directory / DB_FILENAME) as old:
         old.execute("PRAGMA journal_mode=WAL")
