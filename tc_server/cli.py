@@ -401,6 +401,7 @@ def _upgrade_store(args: argparse.Namespace) -> int:
     into the current shape of its file, one line per store; 2 with a line naming the problem."""
     from tc_server.store.api import StoreError
     from tc_server.store.embedded import DB_FILENAME, rewrite_records_in_arrival_order
+    from tc_server.workers import store_directories
 
     try:
         settings = _settings(args, UPGRADE_SETTINGS)
@@ -412,8 +413,7 @@ def _upgrade_store(args: argparse.Namespace) -> int:
               "needs no upgrade", file=sys.stderr)
         return 2
     data_dir = Path(settings.data_dir)
-    stores = sorted(path.parent for path in [data_dir / DB_FILENAME, *data_dir.glob(f"worker-*-of-*/{DB_FILENAME}")]
-                    if path.is_file())
+    stores = [directory for directory in store_directories(data_dir) if (directory / DB_FILENAME).is_file()]
     if not stores:
         print(f"tc-server: {data_dir} holds no embedded store ({DB_FILENAME}, or worker-<k>-of-<N>/{DB_FILENAME}): "
               "check --data-dir / TC_SERVER_DATA_DIR", file=sys.stderr)

@@ -158,16 +158,23 @@ def check_worker_count(settings: Settings) -> None:
         raise ConfigError(f"--data-dir {settings.data_dir}: {where}{exc.strerror or exc}") from exc
 
 
+def store_directories(directory: Path) -> list[Path]:
+    """The embedded stores' directories in the data directory ``directory``: each ``worker-<k>-of-<N>``, and
+    ``directory`` itself when it holds a single process's store; sorted."""
+    found = [path for path in directory.iterdir()
+             if _STORE_DIRECTORY.fullmatch(path.name) is not None and path.is_dir()] if directory.is_dir() else []
+    if (directory / SINGLE_STORE_FILE).exists():
+        found.append(directory)
+    return sorted(found)
+
+
 def _stores_made(directory: Path) -> set[int]:
     """The N of every store directory ``worker-<k>-of-<N>`` in ``directory``, and 1 for a single
     process's store: what the data says, should the record be lost or replaced."""
     made: set[int] = set()
-    if directory.is_dir():
-        for path in directory.iterdir():
-            if (match := _STORE_DIRECTORY.fullmatch(path.name)) is not None and path.is_dir():
-                made.add(int(match[1]))
-    if (directory / SINGLE_STORE_FILE).exists():
-        made.add(1)
+    for path in store_directories(directory):
+        match = _STORE_DIRECTORY.fullmatch(path.name)
+        made.add(1 if path == directory or match is None else int(match[1]))
     return made
 
 
