@@ -22,6 +22,7 @@ import structlog
 from tc_server import __version__
 from tc_server.config import ENV_PREFIX, SETTING_NAMES, ConfigError, Settings, load_settings
 from tc_server.healthcheck import HEALTHCHECK_SETTINGS, check_health
+from tc_server.logs import configure_command_logging
 from tc_server.store import STORE_KINDS, store_kinds_help
 
 # Net new container objects between two youngest-generation collections of Python's cyclic GC
@@ -337,6 +338,7 @@ def _export(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    configure_command_logging()  # stdout is the count's line
     if not STORE_KINDS[settings.store].durable:
         # It lives in the memory of the tc-server that serves it: this process would open an empty one of its
         # own, whose export looks like a clean, empty store.
@@ -408,6 +410,7 @@ def _upgrade_store(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tc-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    configure_command_logging()  # stdout is one line per store
     if settings.store != "embedded":
         print(f"tc-server: upgrade-store rewrites the embedded store's file; --store is {settings.store}, which "
               "needs no upgrade", file=sys.stderr)

@@ -59,10 +59,27 @@ def _add_module_name(logger: Any, method_name: str, event_dict: Any) -> Any:
     return event_dict
 
 
-def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    """``fmt``: ``json``, ``console`` or ``auto`` (console when stderr is a TTY)."""
+class _CurrentStderr:
+    """``sys.stderr`` as it is when a line is written, not when logging was configured: a command run inside
+    another program (the tests call ``tc-server export`` in-process) writes where that program's stderr is
+    now."""
+
+    def write(self, data: str) -> int:
+        return sys.stderr.write(data)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR = cast(IO[Any], _CurrentStderr())
+
+
+def configure_logging(fmt: str = "auto", level: str = "info", cache: bool = True) -> None:
+    """``fmt``: ``json``, ``console`` or ``auto`` (console when stderr is a TTY). ``cache``: each module's
+    logger is built once, on its first line (the server's choice: a line costs less); False leaves a later
+    ``structlog.configure`` (the tests') in force for every logger."""
     use_console = resolved_format(fmt) == "console"
-    lines = cast(TextIO, LinesOrNothing(sys.stderr))
+    lines = cast(TextIO, LinesOrNothing(_STDERR))
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
@@ -78,13 +95,13 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         # What PrintLogger uses of a file is write() and flush().
         logger_factory=lambda *args: _NamedLines(lines, str(args[0]) if args else "tc_server"),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
     # The libraries' own logging (asyncio's "Task exception was never retrieved", aiohttp's, grpc's) in the
     # same format, with the logger's name: through logging's last-resort handler it came out as bare text
     # among the JSON lines, whatever --log-level said. Their warnings and errors only (their info lines are
     # theirs to tune, not an operator's); --log-level error leaves out their warnings too.
-    handler = _StdlibLines(cast(TextIO, LinesOrNothing(sys.stderr)))
+    handler = _StdlibLines(cast(TextIO, LinesOrNothing(_STDERR)))
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.stdlib.add_logger_name,
                            structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)],
@@ -93,6 +110,22 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _StdlibLines)] + [handler]  # once
     root.setLevel(max(logging.WARNING, getattr(logging, level.upper())))
+
+
+def unconfigure_logging() -> None:
+    """structlog's defaults again and configure_logging's handler off the root logger: what a program that ran a
+    command in-process (the tests) sets back after it."""
+    structlog.reset_defaults()
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _StdlibLines)]
+
+
+def configure_command_logging() -> None:
+    """The log of a command beside the server (``tc-server export``, ``upgrade-store``, the audit's export)
+    and of the benchmarks: warnings and errors, on stderr. Their stdout is what they print (a count, a
+    table), and structlog left unconfigured writes to stdout: a store's warning (a file of an earlier
+    shape) landed among a benchmark's table and broke the test that read it."""
+    configure_logging("auto", "warning", cache=False)
 
 
 # A process that cannot start (or go on) ends with one line saying why, starting with this, and an exit code.

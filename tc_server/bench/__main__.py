@@ -27,6 +27,7 @@ from typing import Any
 
 from tc_server.bench.process import ServerStartError, TcServerProcess
 from tc_server.client import ClientAuth, TcClient, connect_coordinators
+from tc_server.logs import configure_command_logging
 from tc_server.store import LOCAL_STORE_KINDS, STORE_KINDS
 
 
@@ -113,6 +114,7 @@ async def run_load(port: int, pairs: int, connections: int, concurrency: int, tc
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", action="append", choices=list(STORE_KINDS))

@@ -23,6 +23,7 @@ from pathlib import Path
 from tc_server.bench.process import TcServerProcess
 from tc_server.bench.pulsar_broker import PulsarBroker
 from tc_server.client import TcClient, connect
+from tc_server.logs import configure_command_logging
 
 PARTITIONS = 4
 COORDINATORS = 16
@@ -70,6 +71,7 @@ async def measure(server: TcServerProcess, topic: str, txns: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.delivery", description=__doc__.split("\n")[0])
     parser.add_argument("--txns", type=int, default=300, help="transactions of each kind, one at a time")
     parser.add_argument("--store", default="embedded", help="tc-server's --store")

@@ -22,6 +22,7 @@ from tc_server.bench.process import tree_cpu_seconds
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.coordinator.sweeps import collect_garbage
+from tc_server.logs import configure_command_logging
 from tc_server.metrics import Metrics
 from tc_server.store import LOCAL_STORE_KINDS, open_store
 from tc_server.store.api import MetadataStore, Put
@@ -64,6 +65,7 @@ async def run(kind: str, headers: int) -> str:
 
 
 def main() -> None:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.gc_pass", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--headers", type=int, default=50_000, help="ended headers to collect")

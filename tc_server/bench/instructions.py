@@ -42,6 +42,7 @@ from tc_server.bench.process import (
     keep_or_remove,
 )
 from tc_server.bench.pulsar_broker import REPO
+from tc_server.logs import configure_command_logging
 
 # tc-server's start under callgrind takes about a minute on the 2-core machine (imports at ~50x).
 READY_TIMEOUT_S = 600.0
@@ -143,6 +144,7 @@ def measure(name: str, args: argparse.Namespace, workdir: Path, env: dict[str, s
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.instructions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=2_000, help="counted pairs")

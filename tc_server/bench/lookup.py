@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from tc_server.bench.__main__ import bench_server, percentiles
 from tc_server.client import Endpoint, TcClient, connect, error_of
+from tc_server.logs import configure_command_logging
 from tc_server.wire import Command
 
 REQUEST_KINDS = ("LOOKUP", "PARTITIONED_METADATA")
@@ -85,6 +86,7 @@ async def run_kind(host: str, port: int, kind: str, topics: list[str], requests:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.lookup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--broker-url", required=True, help="pulsar://HOST:PORT of a running broker")

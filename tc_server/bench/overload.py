@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tc_server.logs import configure_command_logging
 from tc_server.store.embedded import EmbeddedStore
 
 UNBOUNDED_S = 1e9  # a queue delay no run reaches: every write is queued, as before the bound
@@ -83,6 +84,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.overload", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=10, help="seconds of offered load")

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 
+from tc_server.logs import configure_command_logging
 from tc_server.store.oxia import connect
 
 
@@ -60,6 +61,7 @@ async def run(address: str, ops: int, concurrency: int, value_size: int, target:
 
 
 def main(argv: list[str] | None = None) -> None:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", required=True, help="host:port of an Oxia server")

@@ -22,6 +22,7 @@ from tc_server.bench.__main__ import bench_server
 from tc_server.bench.memory_limit import MIB, MemoryLimit, open_memory_limit
 from tc_server.bench.process import rss_bytes_of
 from tc_server.client import connect
+from tc_server.logs import configure_command_logging
 from tc_server.store import DURABLE_STORE_KINDS
 
 
@@ -50,6 +51,7 @@ async def first_new_txn(port: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.recovery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--open", type=int, default=50_000, help="open transactions at the kill")

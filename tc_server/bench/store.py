@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tc_server.logs import configure_command_logging
 from tc_server.store import LOCAL_STORE_KINDS, open_store
 from tc_server.store.api import EXPECT_ABSENT, MetadataStore
 from tc_server.store.embedded import EmbeddedStore
@@ -72,6 +73,7 @@ async def bench(kind: str, ops: int, concurrency: int, data_dir: str) -> list[st
 
 
 def main(argv: list[str] | None = None) -> None:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(prog="python -m tc_server.bench.store",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--store", action="append", choices=LOCAL_STORE_KINDS,

@@ -38,6 +38,7 @@ from tc_server.bench import java_load
 from tc_server.bench.java_load import Target
 from tc_server.bench.process import TcServerProcess, baseline_env, baseline_src
 from tc_server.bench.pulsar_broker import PulsarBroker
+from tc_server.logs import configure_command_logging
 
 PULSAR = "pulsar"
 TC_SERVER = "tc-server"
@@ -111,6 +112,7 @@ def summary(runs: list[Run], concurrencies: list[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = java_load.load_parser("python -m tc_server.bench.txn_java", __doc__, "uncounted start of each run")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of each benchmark topic")
     parser.add_argument("--baseline-src", type=baseline_src,

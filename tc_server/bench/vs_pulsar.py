@@ -48,6 +48,7 @@ from tc_server.bench.java_load import (
 )
 from tc_server.bench.process import TcServerProcess, baseline_env, baseline_src
 from tc_server.bench.pulsar_broker import PulsarBroker
+from tc_server.logs import configure_command_logging
 
 # Where they stood before tc_server.bench.java_load held them (txn_java and scripts import them from here).
 __all__ = ["BROKER_MAKE", "HARNESS_JAR", "HARNESS_MAKE", "RUN_SLACK_S", "Run", "main", "private_harness", "run_load"]
@@ -129,6 +130,7 @@ def summary(runs: list[Run], concurrencies: list[int], tc_names: list[str],
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = load_parser("python -m tc_server.bench.vs_pulsar", __doc__,
                          "uncounted start of each run (JIT, connections)")
     parser.add_argument("--store", choices=["embedded", "memory"], default="embedded", help="tc-server's store")

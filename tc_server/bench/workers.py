@@ -31,6 +31,7 @@ from tc_server.bench.java_load import (
 )
 from tc_server.bench.process import TcServerProcess, keep_or_remove
 from tc_server.bench.vs_pulsar import Run, alternated_runs
+from tc_server.logs import configure_command_logging
 
 FIELDS = ("pairs_per_s", "pair_p50_ms", "pair_p99_ms", "server_cpu_us_per_pair")
 
@@ -49,6 +50,7 @@ def summary(runs: list[Run], concurrencies: list[int], names: list[str]) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = load_parser("python -m tc_server.bench.workers", __doc__,
                          "uncounted start of each run (JIT, connections)")
     parser.add_argument("--workers", type=int, action="append", help="a tc-server --workers value (repeatable)")

@@ -29,6 +29,7 @@ import structlog
 
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader, TxnState
+from tc_server.logs import configure_command_logging
 from tc_server.store.api import EXPECT_ABSENT
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
 from tc_server.store.sqlite_writer import PUT, Request, Writer
@@ -101,13 +102,14 @@ async def _create(directory: Path, earlier_shape: bool) -> None:
         earlier.executescript(EARLIER_RECORDS)
         earlier.close()
     # The rest of the schema, exactly as tc-server makes it. The open's warning about the earlier shape
-    # (tc-server upgrade-store) is left out: this file has it on purpose, and it would land among the table.
+    # (tc-server upgrade-store) is left out: this file has it on purpose (and run() is called in-process too).
     with structlog.testing.capture_logs():
         store = await EmbeddedStore.open(directory)
     await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_command_logging()  # stdout is the table's (tc_server/logs.py)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=20_000)
     parser.add_argument("--group", type=int, action="append", help="pairs per group (repeatable)")

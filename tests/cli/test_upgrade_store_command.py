@@ -173,3 +173,4 @@ def test_where_it_cannot_work_it_says_so_in_one_line(tmp_path: Path, capsys: pyt
         expected = "needs no upgrade"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+

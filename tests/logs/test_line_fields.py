@@ -17,7 +17,7 @@ import structlog
 
 from tc_server.client.connection import ClientAuth
 from tc_server.client.tc import connect
-from tc_server.logs import configure_logging
+from tc_server.logs import configure_logging, unconfigure_logging
 from tests.logs.support import events
 from tests.support.server_process import ServerProcess, started
 
@@ -33,7 +33,7 @@ def test_every_line_names_the_part_of_tc_server_that_wrote_it() -> None:
         structlog.get_logger("tc_server.delivery").warning("END_TXN_ON_PARTITION failing for 5 s")
     finally:
         sys.stderr = saved
-        structlog.reset_defaults()
+        unconfigure_logging()
     lines = [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
     assert [(line["logger"], line["event"]) for line in lines] == [
         ("tc_server.delivery", "END_TXN_ON_PARTITION failing for 5 s")]
