@@ -4,22 +4,27 @@ With --store oxia every worker reads the one shared store, and a worker's slowTr
 without ?coordinatorId= list every coordinator's txns (Coordinator.open_headers and
 AdminRoutes._participant_records scan all coordinators). The supervisor asked every worker and concatenated:
 each txn came once per worker (the STAND-IN Oxia; the real one cannot be installed here). On a shared store
-worker 0 now lists them all (a review's test)."""
+worker 0 now lists the slow txns (a review's test), and each undelivered txn is taken from the worker that leads
+its coordinator, the one that knows which participants' brokers acknowledged."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tc_server.admin.routes import PREFIX
+from tc_server.client import connect_coordinators
 from tests.support.oxia_standin import standin_oxia_process
 from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import started
+from tests.support.stand_in_broker import StandInBroker, acknowledge
 from tests.workers.helpers import COORDINATORS, workers_server
 
 
@@ -29,8 +34,13 @@ def oxia_address(tmp_path: Path) -> Iterator[str]:
         yield address
 
 
-def _pages(server, path: str, limit: int) -> list[list[str]]:
-    pages: list[list[str]] = []
+# The topics of txns left undelivered: one whose broker acknowledges the commit, one whose broker hangs.
+TOPIC = "persistent://public/default/t-partition-0"
+OTHER = "persistent://public/default/t-partition-1"
+
+
+def _pages(server, path: str, limit: int) -> list[list[Any]]:
+    pages: list[list[Any]] = []
     after: str | None = None
     while True:
         query = f"?limit={limit}" + (f"&after={urllib.parse.quote(after)}" if after else "")
@@ -59,8 +69,6 @@ async def test_slow_transactions_pages_are_full_on_the_oxia_store(tmp_path: Path
 
 async def test_undelivered_lists_each_txn_once_on_the_oxia_store(tmp_path: Path, oxia_address: str) -> None:
     """Decided txns whose participants were never told (no --upstream-url: the outbox keeps them)."""
-    from tc_server.client import connect_coordinators
-
     server = started(workers_server(tmp_path, "--oxia-address", oxia_address, "--participant-wait-s", "0.1",
                                     store="oxia"))
     try:
@@ -86,3 +94,46 @@ async def test_undelivered_lists_each_txn_once_on_the_oxia_store(tmp_path: Path,
         assert code == 200 and [doc["txnId"] for doc in merged] == sorted(decided), merged
     finally:
         assert server.stop() == 0
+
+
+async def test_undelivered_marks_acknowledged_participants_of_every_workers_coordinators(
+        tmp_path: Path, oxia_address: str) -> None:
+    """Only the worker that leads a coordinator knows which participants' brokers acknowledged its decisions: the
+    supervisor listed worker 0's page, so the txns of worker 1's coordinators had no "acknowledged" marks."""
+    # The broker acknowledges the commit for TOPIC and never answers for OTHER (a broker hung): each decision stays
+    # undelivered with one participant acknowledged.
+    broker = await StandInBroker(owns_every_topic=True, end_txn_answer=lambda command: (
+        acknowledge(command) if command.topic == TOPIC else None)).start()
+    server = started(workers_server(tmp_path, "--oxia-address", oxia_address, "--upstream-url", broker.url,
+                                    "--participant-wait-s", "0", store="oxia"))
+    try:
+        ended = []
+        routed = await connect_coordinators("127.0.0.1", server.port, COORDINATORS)
+        try:
+            for tc_id in range(COORDINATORS):
+                client = routed[tc_id]
+                assert (await client.tc_client_connect(tc_id)).error is None
+                opened = await client.new_txn(tc_id=tc_id)
+                for topic in (TOPIC, OTHER):
+                    assert (await client.add_partition(tc_id, opened.least, topic)).error is None
+                assert (await client.end_txn(tc_id, opened.least, commit=True)).error is None
+                ended.append((tc_id, opened.least))
+        finally:
+            for client in {id(c): c for c in routed}.values():
+                client.close()
+        expected = [{"topic": TOPIC, "acknowledged": True}, {"topic": OTHER}]
+        for _ in range(400):  # until each worker has heard TOPIC's acknowledgements (bounded)
+            listed = [doc for page in await asyncio.to_thread(_pages, server, "undelivered", 1) for doc in page]
+            if all(sorted(doc["participants"], key=lambda entry: entry["topic"]) == expected for doc in listed):
+                break
+            await asyncio.sleep(0.05)
+        assert [doc["txnId"] for doc in listed] == [f"({most},{least})" for most, least in sorted(ended)]
+        for doc in listed:
+            assert sorted(doc["participants"], key=lambda entry: entry["topic"]) == expected, doc
+        # Two a page: the seams fall between txns of one worker's coordinators and between the workers'.
+        pages = await asyncio.to_thread(_pages, server, "undelivered", 2)
+        assert [len(page) for page in pages] == [2, 2]
+        assert [doc["txnId"] for page in pages for doc in page] == [doc["txnId"] for doc in listed]
+    finally:
+        assert server.stop() == 0
+        broker.stop()
