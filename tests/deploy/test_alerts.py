@@ -1,5 +1,5 @@
 """The alert rules (deploy/prometheus/alerts.yml) with the real Prometheus tools, Debian's `prometheus`
-package (`make prometheus-tools`): promtool checks the rules and runs their unit tests
+package (`make debian-tools`): promtool checks the rules and runs their unit tests
 (tests/deploy/alerts_test.yml); a real Prometheus scrapes a real tc-server with the rules loaded, where every
 rule evaluates without error, every series the rules read is scraped, nothing fires on a healthy instance,
 and real failures (the embedded store's writer process killed, an upstream broker that refuses
@@ -62,7 +62,7 @@ def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         source = {"kubectl": "kubectl (README, *Requirements*)"}.get(
-            name, "`make prometheus-tools` installs Debian's prometheus package")
+            name, "`make debian-tools` installs Debian's prometheus package")
         pytest.fail(f"{name} not found on the PATH: {source}")
     return path
 

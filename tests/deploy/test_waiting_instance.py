@@ -47,7 +47,7 @@ class Prom:
     def __init__(self, workdir: Path, admin_ports: list[int]) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
-            pytest.fail("prometheus not on the PATH (make prometheus-tools)")
+            pytest.fail("prometheus not on the PATH (make debian-tools)")
         self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
