@@ -34,7 +34,7 @@ from tc_server.server.dispatch import Dispatcher
 from tc_server.server.listener import PulsarListener
 from tc_server.server.upstream import Upstream, host_port
 from tc_server.store import open_store
-from tc_server.store.api import MetadataStore, StoreUnavailableError
+from tc_server.store.api import MetadataStore, StoreError, StoreUnavailableError
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.workers import WorkerRole
 
@@ -454,6 +454,12 @@ def _on_stop_signal(stop: asyncio.Event, sig: signal.Signals, worker: WorkerRole
     os._exit(128 + sig)
 
 
+class StopFailed(Exception):
+    """A step of the graceful stop failed on its environment (a system call, the store): the process ends
+    without the steps after it. Said as such, not as a failure to start (which is what the same error during
+    the start would be)."""
+
+
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     """Run until SIGTERM, SIGINT or SIGHUP, then stop gracefully.
 
@@ -478,4 +484,7 @@ async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
         await stop_asked
     finally:
         stop_asked.cancel()
-    await app.stop()
+    try:
+        await app.stop()
+    except (OSError, StoreError) as exc:
+        raise StopFailed(f"{type(exc).__name__}: {exc}") from exc

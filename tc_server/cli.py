@@ -262,7 +262,7 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
     except ConfigError as exc:
         say_refusal(f"tc-server: configuration error: {exc}", _log_format_of(args))
         return 2
-    from tc_server.app import serve
+    from tc_server.app import StopFailed, serve
     from tc_server.coordinator.errors import ParallelismMismatch
     from tc_server.logs import configure_logging
     from tc_server.store.api import StoreError
@@ -294,6 +294,9 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
     except ConfigError as exc:  # key and certificate files are read at start
         say_refusal(f"tc-server: configuration error: {exc}", settings.log_format)
         return 2
+    except StopFailed as exc:  # after serving: not a failure to start (exit 2 says a setting or file is wrong)
+        say_refusal(f"tc-server: the stop did not finish: {exc}", settings.log_format)
+        return 1
     except (OSError, StoreError) as exc:  # ports, the data directory, the database file, the store
         say_refusal(f"tc-server: cannot start: {exc}", settings.log_format)
         return 2

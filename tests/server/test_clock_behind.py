@@ -1,12 +1,9 @@
 """A real tc-server restarted (after kill -9) with its system clock an hour behind the records it finds: the
 clock of the host that wrote them was an hour fast and has been corrected (NTP, a VM restored from a snapshot),
 or the data directory moved to a machine whose clock is behind. The records are written by a tc-server whose
-clock is faked an hour ahead with libfaketime (Debian's faketime, `make debian-tools`, preloaded: the process and
-its embedded store's writer see it, the kernel and this test do not); the restarted one runs on the real clock.
-That way round because libfaketime 0.9.10 breaks a faked process's own waits: with its monotonic clock left
-alone `time.sleep` fails with EINVAL (a stop waits for the writer process with it), with it faked too timed
-condition waits hang; the faked process is only ever killed. The in-process tests of the same logic are
-tests/coordinator/test_clock_steps.py.
+clock libfaketime puts an hour ahead (tests/support/faketime.py); the restarted one runs on the real clock. That
+way round because libfaketime breaks a faked process's graceful stop (see there): the faked one is only killed.
+The in-process tests of the same logic are tests/coordinator/test_clock_steps.py.
 
 What must hold: no txn id is handed out twice (ids start from the clock, which is now behind the ids handed out
 before), a decision stays as it was, a txn opened before the restart is neither aborted early nor kept open for
@@ -15,25 +12,20 @@ the clock's hour, and no header is stamped ended before it was created."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import time
 from pathlib import Path
-
-import pytest
 
 from tc_server.client import connect
 from tc_server.coordinator import layout
 from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.wire import ServerError
+from tests.support.faketime import faked_clock_env
 from tests.support.server_process import ServerProcess, started
 
 HOUR_MS = 3_600_000
-# Where Debian's libfaketime package puts the library (the faketime command preloads it the same way; started
-# through that command, tc-server would not be the process the test signals).
-LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"
-# The first process's clock an hour ahead; its monotonic clock left alone (see above).
-AHEAD = {"FAKETIME": "+1h", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+# The first process's clock.
+AHEAD = "+1h"
 # Bound on the abort of a txn of SHORT_TTL_MS after the restart (the timeout sweep runs every ~200 ms).
 ABORT_BOUND_S = 60.0
 SHORT_TTL_MS = 2_000
@@ -59,11 +51,8 @@ async def headers(data: Path, leasts: list[int]) -> dict[int, TxnHeader]:
 
 
 async def test_a_tc_server_restarted_an_hour_behind_its_records(tmp_path: Path) -> None:
-    library = sorted(glob.glob(LIBFAKETIME))
-    if not library:
-        pytest.fail(f"no {LIBFAKETIME}: `make debian-tools` installs Debian's faketime package")
     data = tmp_path / "data"
-    first = started(ServerProcess(data, "--coordinators", "1", env={"LD_PRELOAD": library[0], **AHEAD}))
+    first = started(ServerProcess(data, "--coordinators", "1", env=faked_clock_env(AHEAD)))
     try:
         client = await connect("127.0.0.1", first.port)
         assert (await client.tc_client_connect(0)).error is None
