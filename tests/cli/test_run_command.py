@@ -4,7 +4,6 @@ the setting, and /metrics without ``*_created`` series. Real processes on loopba
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tc_server.bench.process import free_port
-from tests.support.faketime import faked_clock_env
 
 # Starting (imports, SQLite, 16 elections) takes about a second; a loaded 2-core machine needs more.
 START_BOUND_S = 30.0
@@ -83,16 +81,29 @@ def test_orderly_stop_logs_its_start_and_its_end_and_metrics_have_no_created_ser
 
 
 
+# tc-server whose embedded store's close fails with EIO after closing (a disk that failed as the stop ended).
+FAILING_CLOSE = """
+import errno, sys
+from tc_server.store.embedded import EmbeddedStore
+closed = EmbeddedStore.close
+async def close_then_fail(self):
+    await closed(self)
+    raise OSError(errno.EIO, "Input/output error")
+EmbeddedStore.close = close_then_fail
+from tc_server.cli import main
+sys.exit(main())
+"""
+
+
 def test_a_stop_that_fails_is_said_as_such_not_as_a_failure_to_start(tmp_path: Path) -> None:
-    # A step of the stop failing on a system call: the line said "cannot start: [Errno 22] Invalid argument" with
-    # exit code 2, which says a setting or file is wrong. The failure is libfaketime's (tests/support/faketime.py:
-    # its time.sleep fails with EINVAL, and the stop waits for the store's writer process with it).
+    # A step of the stop failing on a system call: the line said "cannot start: [Errno 5] Input/output error" with
+    # exit code 2, which says a setting or file is wrong.
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            tc_server("run", "--store", "embedded", "--data-dir", str(tmp_path / "data"),
-                      "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"),
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **faked_clock_env("+1h")})
+            [sys.executable, "-c", FAILING_CLOSE, "run", "--store", "embedded", "--data-dir", str(tmp_path / "data"),
+             "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"],
+            stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_event(proc, log_path, "started")
         proc.send_signal(signal.SIGTERM)
@@ -103,7 +114,8 @@ def test_a_stop_that_fails_is_said_as_such_not_as_a_failure_to_start(tmp_path: P
             proc.wait()
     last = log_events(log_path)[-1]
     assert last["level"] == "error" and last["event"] == (
-        "tc-server: the stop did not finish: OSError: [Errno 22] Invalid argument"), log_path.read_text()
+        "tc-server: the stop did not finish: OSError: [Errno 5] Input/output error"), log_path.read_text()
+
 
 @pytest.mark.parametrize(("flag", "env"), [("--listen", "TC_SERVER_LISTEN"),
                                            ("--admin-listen", "TC_SERVER_ADMIN_LISTEN")])

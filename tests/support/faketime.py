@@ -4,7 +4,8 @@ into it, which its children (the embedded store's writer) inherit; the kernel an
 libfaketime 0.9.10 also breaks some of a faked process's own waits: with its monotonic clock left alone (as
 here: faked, an offset back could take it below zero) ``time.sleep`` fails with EINVAL (libfaketime's
 ``clock_nanosleep`` with an absolute deadline), and with it faked too, timed condition waits hang. A faked
-tc-server serves normally; its graceful stop waits for the writer process with ``time.sleep`` and fails."""
+tc-server serves normally, but its graceful stop waits for the writer process with ``time.sleep`` and fails:
+kill it."""
 
 from __future__ import annotations
 
