@@ -43,7 +43,10 @@ embedded store's records in a rowid table (``make soak``, 08:27-08:39 UTC on 45e
 stall. With the nudge (11:28-11:50 UTC, harsh): seed 4242 with ``--workers 2`` and 777 (direct) with ``--workers
 2`` did not stall; seed 4242 with ``--workers 1`` stalled on all four partitions (1,880 inputs, the broker's
 signature), one nudge drained them in 6 s, and every check held (55,504 inputs, 12,371 committed txns, 1,370
-deliberate aborts, audit clean).
+deliberate aborts, audit clean). A new seed, ``make soak CHAOS_SEED=20261201 CHAOS_PROFILE=harsh`` (15:51-16:02 UTC
+on aab272c): --workers 1 64,500 inputs, 14,260 committed txns, 1,591 deliberate aborts, 16 kill -9s (7 during
+deliveries) and 10 stops; --workers 2 72,500 inputs, 16,212 committed txns, 1,910 deliberate aborts, 12 kill -9s
+(5 during deliveries), 2 worker kills, 7 stops and 3 worker stops; every check held, no stall, audit clean.
 """
 
 from __future__ import annotations
