@@ -1008,8 +1008,10 @@ def rewrite_records_in_arrival_order(directory: Path) -> int | None:
     before 2026-11-30, copied into the rowid table files are made with now (rows in the order they were last
     written, which is their version's); None when the file is of that shape already, else the number of
     records. Run with the store stopped: it takes the file's lock (StoreInUseError while a tc-server holds
-    it). One SQLite transaction: stopped or killed half-way, the file is as it was. The old table's pages
-    stay in the file, free for the records written next (the file does not shrink)."""
+    it). One SQLite transaction: stopped or killed half-way, the file is as it was. Then the file is compacted
+    (VACUUM): the old table's pages had left it ~1.75x its size (a million records: 331 MB, 587 MB after the
+    copy, 340 MB compacted, in 3.9 + 2.0 s); killed during that, the file is upgraded and not compacted (its
+    free pages are reused by the next writes)."""
     path = directory / DB_FILENAME
     if not path.is_file():
         raise StoreUnavailableError(f"embedded store: there is no {path} to upgrade")
@@ -1040,7 +1042,9 @@ def rewrite_records_in_arrival_order(directory: Path) -> int | None:
             conn.execute(_RECORDS_EPHEMERAL_INDEX)
             conn.execute(f"PRAGMA user_version = {FILE_LAYOUT}")
             conn.execute("COMMIT")
-            # The copy went through the write-ahead log: moved into the file now, and the log emptied.
+            conn.execute("VACUUM")
+            # The copy and the compaction went through the write-ahead log: moved into the file now, and the
+            # log emptied.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return int(copied)
         except sqlite3.Error as exc:

@@ -119,7 +119,7 @@ def fill_earlier_file(directory: Path, count: int) -> None:
 def test_killed_half_way_the_file_is_as_it_was_and_a_second_run_finishes(tmp_path: Path) -> None:
     data = tmp_path / "data"
     fill_earlier_file(data, 300_000)
-    before = contents(data)
+    before, size_before = contents(data), (data / DB_FILENAME).stat().st_size
     wal = data / (DB_FILENAME + "-wal")
     upgrading = subprocess.Popen([TC_SERVER, "upgrade-store", "--store", "embedded", "--data-dir", str(data)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -136,6 +136,10 @@ def test_killed_half_way_the_file_is_as_it_was_and_a_second_run_finishes(tmp_pat
 
     assert upgrade(data) == 0
     assert contents(data) == (False, *before[1:])
+    # Compacted after the copy: the old table's pages had left the file ~1.75x its size.
+    size_after = (data / DB_FILENAME).stat().st_size
+    assert size_after < 1.2 * size_before, (size_before, size_after)
+    assert not (data / (DB_FILENAME + "-wal")).exists() or (data / (DB_FILENAME + "-wal")).stat().st_size == 0
 
 
 def test_every_worker_store_of_a_data_directory_is_upgraded(tmp_path: Path,
