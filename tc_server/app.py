@@ -395,7 +395,8 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             if started is not None:
                 await started.start(context)
         admin_host, admin_port = parse_hostport(settings.admin_listen)
-        routes = AdminRoutes(coordinator, metrics, other_admin_ports=worker.other_admin_ports if worker else None)
+        routes = AdminRoutes(coordinator, metrics, other_admin_ports=worker.other_admin_ports if worker else None,
+                             own_coordinators=worker.coordinators if worker else None)
         admin = AdminServer(routes, admin_host, admin_port, authentication=authentication,
                             authenticate_metrics=settings.authenticate_metrics_endpoint,
                             tls=tls if settings.admin_tls else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
 from urllib.parse import urlencode
@@ -188,13 +188,18 @@ class AdminRoutes:
     """``other_admin_ports``: with --workers, tc_id -> the admin port of the worker that leads it, for the
     coordinators another worker leads. A request about one of them is redirected there (307, as a broker
     redirects to a topic's owner, and PulsarAdmin follows): on the embedded store this worker's store does
-    not hold them, and it would answer "not found" for a transaction that exists."""
+    not hold them, and it would answer "not found" for a transaction that exists. ``own_coordinators``: with
+    --workers, the coordinators this worker leads, which its ``undelivered`` lists without ``coordinatorId``
+    (on Oxia every worker reads every coordinator's records, but only a coordinator's leader knows which of its
+    participants acknowledged; the supervisor merges the workers' listings)."""
 
     def __init__(self, coordinator: TransactionCoordinator, metrics: Metrics,
-                 other_admin_ports: dict[int, int] | None = None) -> None:
+                 other_admin_ports: dict[int, int] | None = None,
+                 own_coordinators: frozenset[int] | None = None) -> None:
         self._tc = coordinator
         self._metrics = metrics
         self._other_admin_ports = other_admin_ports or {}
+        self._own_coordinators = own_coordinators
         self._listing_scans = asyncio.Semaphore(LISTING_SCANS)
         self._stopping = False
 
@@ -398,10 +403,16 @@ class AdminRoutes:
 
     async def _participant_records(self, coordinator_id: int | None,
                                    after: tuple[int, int] | None) -> AsyncIterator[Record]:
-        """The participant records of one coordinator (None: each in turn), of txns after ``after``.
-        One range per coordinator: Oxia orders keys with more '/' after those with fewer, so one range
-        from ``pad(0)`` to ``~`` over every coordinator's ``<most>/<least>`` keys finds nothing there."""
-        wanted = range(self._tc.num_partitions) if coordinator_id is None else (coordinator_id,)
+        """The participant records of one coordinator (None: each of this instance's in turn, see the class
+        text), of txns after ``after``. One range per coordinator: Oxia orders keys with more '/' after those
+        with fewer, so one range from ``pad(0)`` to ``~`` over every coordinator's ``<most>/<least>`` keys finds
+        nothing there."""
+        if coordinator_id is not None:
+            wanted: Iterable[int] = (coordinator_id,)
+        elif self._own_coordinators is not None:
+            wanted = sorted(self._own_coordinators)
+        else:
+            wanted = range(self._tc.num_partitions)
         for tc_id in wanted:
             if after is not None and tc_id < after[0]:
                 continue
@@ -503,9 +514,9 @@ class AdminRoutes:
 
     async def undelivered(self, request: web.Request) -> web.Response:
         """Decided txns whose participant brokers have not all acknowledged the decision (the outbox,
-        docs/participants.md), from the store, every coordinator (``?coordinatorId=`` for one): txn id,
-        decision, when it was decided, and its participants, those whose brokers acknowledged already marked
-        ``"acknowledged": true`` where this instance leads the coordinator. One page in txn id order
+        docs/participants.md), from the store, every coordinator or a worker's own (``?coordinatorId=`` for
+        one): txn id, decision, when it was decided, and its participants, those whose brokers acknowledged
+        already marked ``"acknowledged": true`` where this instance leads the coordinator. One page in txn id order
         (``?limit=``, ``?after=``; see DEFAULT_PAGE); unreadable records are listed first on the first page."""
         query = request.query.get("coordinatorId")
         coordinator_id = None if query is None else number(query, "coordinatorId")

@@ -6,9 +6,9 @@ holds them. An operator gives ``pulsar-admin`` one admin URL, the one they confi
 supervisor forwards a request about one coordinator (a txn id's ``most``, or ``?coordinatorId=``) to the
 worker that leads it, and asks every worker for a listing over all coordinators (``coordinatorStats``,
 ``slowTransactions`` and ``undelivered`` without ``coordinatorId``), merged into one answer: one page in
-txn id order with the paging headers a worker gives (routes.py, DEFAULT_PAGE). On Oxia, where every worker
-reads the one store, worker 0 lists every coordinator's slow txns itself, and each undelivered txn is taken from
-the listing of the worker that leads its coordinator (which marks the participants acknowledged). What a worker answers
+txn id order with the paging headers a worker gives (routes.py, DEFAULT_PAGE). A worker's ``undelivered`` lists
+its own coordinators on either store (on Oxia it marks the participants acknowledged only for those); on Oxia,
+where every worker reads the one store, worker 0 lists every coordinator's slow txns itself. What a worker answers
 (its errors included) is passed on as it is; a worker that does not answer is a 503 naming it and the
 coordinators it leads.
 
@@ -126,11 +126,13 @@ class WorkersAdmin:
         if request.method == "GET" and tail.startswith("slowTransactions/"):
             if self._shared_store:
                 # Every worker reads every coordinator's txns from the one store (Oxia): one lists them all.
+                # Merged, each txn came once per worker.
                 return await self._forward(0, request)
             return await self._listing(request, slow=True)
         if request.method == "GET" and tail == "undelivered":
-            # Every worker is asked, on Oxia too: the "acknowledged" marks are the memory of the worker that leads
-            # the txn's coordinator (worker 0 alone listed the others' txns without them).
+            # Each worker lists its own coordinators' (routes.py, own_coordinators), on Oxia too: the
+            # "acknowledged" marks are the memory of the worker that leads the txn's coordinator (worker 0 alone
+            # listed every coordinator's, the other workers' txns without them).
             return await self._listing(request, slow=False)
         # coordinators (every worker knows every coordinator's leader), and what no coordinator answers
         # (the brokers' stats paths, scaling, unknown paths): worker 0 answers as any worker would.
@@ -216,14 +218,11 @@ class WorkersAdmin:
         answers = await self._ask_all(request)
         if isinstance(answers, web.Response):
             return answers
-        workers = len(self._urls)
         entries: list[tuple[tuple[int, int], str, object]] = []
         unreadable: list[object] = []
-        # The smallest id at which a worker's page ended with more to follow: above it, a txn may be on that
-        # worker's next page, so this page ends there at the latest.
-        ends: list[tuple[int, int]] = [parse_txn_id(headers[NEXT_HEADER], NEXT_HEADER)
-                                       for _, headers in answers if NEXT_HEADER in headers]
-        for k, (doc, _) in enumerate(answers):
+        more_elsewhere = False
+        for doc, headers in answers:
+            more_elsewhere |= NEXT_HEADER in headers
             if slow:
                 assert isinstance(doc, dict)
                 entries.extend((parse_txn_id(key, "txnId"), key, value) for key, value in doc.items())
@@ -231,19 +230,12 @@ class WorkersAdmin:
             assert isinstance(doc, list)
             for item in doc:
                 if item.get("txnId") is None:
-                    if not self._shared_store or k == 0:  # on one store, every worker finds the same damage
-                        unreadable.append(item)
-                    continue
-                txn = parse_txn_id(item["txnId"], "txnId")
-                # On one store every worker lists every txn: each is taken from the worker that leads its
-                # coordinator (coordinator i: worker i mod N), which knows which brokers acknowledged.
-                if not self._shared_store or txn[0] % workers == k:
-                    entries.append((txn, item["txnId"], item))
-        last = min(ends) if ends else None
+                    unreadable.append(item)
+                else:
+                    entries.append((parse_txn_id(item["txnId"], "txnId"), item["txnId"], item))
         entries.sort(key=lambda entry: entry[0])
-        if last is not None:
-            entries = [entry for entry in entries if entry[0] <= last]
-        if len(entries) > limit:
+        last = None
+        if len(entries) > limit or (more_elsewhere and len(entries) == limit):
             entries = entries[:limit]
             last = entries[-1][0]
         body: object = {key: value for _, key, value in entries} if slow else unreadable + [v for _, _, v in entries]
