@@ -15,11 +15,13 @@ TEST_DEPS += debian-tools
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo -n)
 APT_GET = $(AS_ROOT) env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=120
 DEBIAN_TOOLS = prometheus faketime
+# Where Debian's libfaketime puts the library the clock test preloads (tests/support/faketime.py, LIBFAKETIME).
+LIBFAKETIME = /usr/lib/*/faketime/libfaketime.so.1
 
 debian-tools:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v faketime >/dev/null; then \
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! ls $(LIBFAKETIME) >/dev/null 2>&1; then \
 	    echo "setup: Debian's $(DEBIAN_TOOLS) packages for the tests"; \
 	    { $(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends $(DEBIAN_TOOLS) >/dev/null; } || { \
 	        echo "error: could not install Debian's packages (as root: apt-get install $(DEBIAN_TOOLS));" \
-	             "the tests need promtool, prometheus and faketime on the PATH" >&2; exit 1; }; \
+	             "the tests need promtool and prometheus on the PATH and $(LIBFAKETIME)" >&2; exit 1; }; \
 	fi
