@@ -46,7 +46,11 @@ signature), one nudge drained them in 6 s, and every check held (55,504 inputs, 
 deliberate aborts, audit clean). A new seed, ``make soak CHAOS_SEED=20261201 CHAOS_PROFILE=harsh`` (15:51-16:02 UTC
 on aab272c): --workers 1 64,500 inputs, 14,260 committed txns, 1,591 deliberate aborts, 16 kill -9s (7 during
 deliveries) and 10 stops; --workers 2 72,500 inputs, 16,212 committed txns, 1,910 deliberate aborts, 12 kill -9s
-(5 during deliveries), 2 worker kills, 7 stops and 3 worker stops; every check held, no stall, audit clean.
+(5 during deliveries), 2 worker kills, 7 stops and 3 worker stops; every check held, no stall, audit clean. And
+``make soak CHAOS_SEED=31337`` (16:53-17:05 UTC on b814a90): --workers 1 100,500 inputs, 22,166 committed txns,
+2,450 deliberate aborts, 12 kill -9s (8 during deliveries), 6 stops; --workers 2 104,500 inputs, 23,080 committed
+txns, 2,562 deliberate aborts, 7 kill -9s (4 during deliveries), 4 worker kills, 5 stops and 2 worker stops; every
+check held, no stall, audit clean.
 """
 
 from __future__ import annotations
