@@ -11,10 +11,10 @@ from tc_server.client.connection import NO_AUTH, ClientAuth
 
 
 @asynccontextmanager
-async def _coordinator_clients(port: int, coordinators: int,
-                               auth: ClientAuth) -> AsyncIterator[Callable[[int], Awaitable[TcClient]]]:
-    """A function giving the client of the instance that leads a coordinator, its TC_CLIENT_CONNECT sent before
-    its first use; every client closed on leaving."""
+async def coordinator_clients(port: int, coordinators: int,
+                              auth: ClientAuth = NO_AUTH) -> AsyncIterator[Callable[[int], Awaitable[TcClient]]]:
+    """A function giving the client of the instance that leads a coordinator (LOOKUP at the service ``port``), its
+    TC_CLIENT_CONNECT sent before its first use; every client closed on leaving."""
     routed = await connect_coordinators("127.0.0.1", port, coordinators, auth=auth)
     connected: set[int] = set()
 
@@ -36,7 +36,7 @@ async def txns_on_coordinators(port: int, coordinators: int, tc_ids: Iterable[in
                                ttl_ms: int = 600_000, auth: ClientAuth = NO_AUTH) -> list[tuple[int, int]]:
     """A txn on each of ``tc_ids`` (an id again for another), in that order, then committed, aborted
     (``commit`` False) or left open (None); their (most, least). ``auth``: the clients' credentials."""
-    async with _coordinator_clients(port, coordinators, auth) as client_for:
+    async with coordinator_clients(port, coordinators, auth) as client_for:
         ids = []
         for tc_id in tc_ids:
             client = await client_for(tc_id)
@@ -53,7 +53,7 @@ async def end_txns(port: int, coordinators: int, ids: Iterable[tuple[int, int]],
                    auth: ClientAuth = NO_AUTH) -> None:
     """END_TXN (commit, or abort with ``commit`` False) for each (most, least) of ``ids``, at the instance that
     leads its coordinator, each answered without an error."""
-    async with _coordinator_clients(port, coordinators, auth) as client_for:
+    async with coordinator_clients(port, coordinators, auth) as client_for:
         for most, least in ids:
             ended = await (await client_for(most)).end_txn(most, least, commit=commit)
             assert ended.error is None, ended

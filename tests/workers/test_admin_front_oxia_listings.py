@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from tc_server.admin.routes import PREFIX
-from tc_server.client import connect_coordinators
 from tests.support.oxia_standin import standin_oxia_process
-from tests.support.routed_txns import txns_on_coordinators
+from tests.support.routed_txns import coordinator_clients, txns_on_coordinators
 from tests.support.server_process import started
 from tests.support.stand_in_broker import StandInBroker, acknowledge
 from tests.workers.helpers import COORDINATORS, workers_server
@@ -72,21 +71,16 @@ async def test_undelivered_lists_each_txn_once_on_the_oxia_store(tmp_path: Path,
     server = started(workers_server(tmp_path, "--oxia-address", oxia_address, "--participant-wait-s", "0.1",
                                     store="oxia"))
     try:
-        routed = await connect_coordinators("127.0.0.1", server.port, COORDINATORS)
         decided = []
-        try:
+        async with coordinator_clients(server.port, COORDINATORS) as client_for:
             for tc_id in (0, 1):
-                client = routed[tc_id]
-                assert (await client.tc_client_connect(tc_id)).error is None
+                client = await client_for(tc_id)
                 opened = await client.new_txn(tc_id=tc_id, ttl_ms=600_000)
                 assert opened.error is None
                 assert (await client.add_partition(opened.most, opened.least, f"persistent://public/default/t{tc_id}")
                         ).error is None
                 assert (await client.end_txn(opened.most, opened.least, commit=True)).error is None
                 decided.append(f"({opened.most},{opened.least})")
-        finally:
-            for client in {id(c): c for c in routed}.values():
-                client.close()
         # A worker's own port lists its own coordinators' (coordinator 0 is worker 0's), though it reads every
         # coordinator's records from the shared store: it knows the acknowledgements of those alone.
         code, own = server.get_json(f"{PREFIX}/undelivered", worker=0)
@@ -110,19 +104,14 @@ async def test_undelivered_marks_acknowledged_participants_of_every_workers_coor
                                     "--participant-wait-s", "0", store="oxia"))
     try:
         ended = []
-        routed = await connect_coordinators("127.0.0.1", server.port, COORDINATORS)
-        try:
+        async with coordinator_clients(server.port, COORDINATORS) as client_for:
             for tc_id in range(COORDINATORS):
-                client = routed[tc_id]
-                assert (await client.tc_client_connect(tc_id)).error is None
+                client = await client_for(tc_id)
                 opened = await client.new_txn(tc_id=tc_id)
                 for topic in (TOPIC, OTHER):
                     assert (await client.add_partition(tc_id, opened.least, topic)).error is None
                 assert (await client.end_txn(tc_id, opened.least, commit=True)).error is None
                 ended.append((tc_id, opened.least))
-        finally:
-            for client in {id(c): c for c in routed}.values():
-                client.close()
         expected = [{"topic": TOPIC, "acknowledged": True}, {"topic": OTHER}]
         for _ in range(400):  # until each worker has heard TOPIC's acknowledgements (bounded)
             listed = [doc for page in await asyncio.to_thread(_pages, server, "undelivered", 1) for doc in page]
