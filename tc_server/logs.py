@@ -83,15 +83,19 @@ def configure_logging(fmt: str = "auto", level: str = "info", cache: bool = True
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
+    # Into the list loggers already built hold (structlog.testing.capture_logs edits it the same way): a new list
+    # left every logger cached before with the old chain, out of reach of a later capture_logs.
+    processors = structlog.get_config()["processors"]
+    processors[:] = [
+        structlog.contextvars.merge_contextvars,
+        _add_module_name,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            _add_module_name,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         # What PrintLogger uses of a file is write() and flush().
         logger_factory=lambda *args: _NamedLines(lines, str(args[0]) if args else "tc_server"),
@@ -112,10 +116,22 @@ def configure_logging(fmt: str = "auto", level: str = "info", cache: bool = True
     root.setLevel(max(logging.WARNING, getattr(logging, level.upper())))
 
 
-def unconfigure_logging() -> None:
-    """structlog's defaults again and configure_logging's handler off the root logger: what a program that ran a
-    command in-process (the tests) sets back after it."""
-    structlog.reset_defaults()
+def logging_state() -> dict[str, Any]:
+    """structlog's configuration now, its processors copied: what :func:`restore_logging` sets back."""
+    state = structlog.get_config()
+    return {**state, "processors": list(state["processors"])}
+
+
+def restore_logging(state: dict[str, Any]) -> None:
+    """structlog configured as in ``state`` (:func:`logging_state`) and configure_logging's handler off the root
+    logger: what a program that ran a command in-process (the tests) sets back after it. The processors go into
+    the list loggers already hold, as in configure_logging: structlog.reset_defaults() made a new one, and the
+    loggers bound before no longer reached a later capture_logs (a CI run: two tests captured nothing)."""
+    processors = structlog.get_config()["processors"]
+    processors[:] = state["processors"]
+    structlog.configure(processors=processors, wrapper_class=state["wrapper_class"],
+                        context_class=state["context_class"], logger_factory=state["logger_factory"],
+                        cache_logger_on_first_use=state["cache_logger_on_first_use"])
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _StdlibLines)]
 

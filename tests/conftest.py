@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import structlog
 
 from tc_server.bench.process import TcServerProcess
-from tc_server.logs import unconfigure_logging
+from tc_server.logs import logging_state, restore_logging
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import PulsarBroker, running_broker
 
@@ -81,12 +80,12 @@ def _signals_left_as_they_were() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _logging_left_as_it_was() -> Iterator[None]:
     """A test that runs a command in-process (``tc-server export``, a benchmark's main) has logging configured
-    as that command does (tc_server/logs.py, configure_command_logging): unconfigured after it, as the suite
-    runs, so that no later test logs under a command's level and format."""
-    configured = structlog.is_configured()
+    as that command does (tc_server/logs.py, configure_command_logging): set back after it, as the suite runs,
+    so that no later test logs under a command's level and format."""
+    state = logging_state()
     yield
-    if not configured and structlog.is_configured():
-        unconfigure_logging()
+    if logging_state() != state:
+        restore_logging(state)
 
 
 @pytest.fixture(scope="session")

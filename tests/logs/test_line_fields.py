@@ -17,7 +17,7 @@ import structlog
 
 from tc_server.client.connection import ClientAuth
 from tc_server.client.tc import connect
-from tc_server.logs import configure_logging, unconfigure_logging
+from tc_server.logs import configure_logging, logging_state, restore_logging
 from tests.logs.support import events
 from tests.support.server_process import ServerProcess, started
 
@@ -27,13 +27,13 @@ def test_every_line_names_the_part_of_tc_server_that_wrote_it() -> None:
     buffer = io.StringIO()
     saved = sys.stderr
     sys.stderr = buffer
+    state = logging_state()
     try:
-        structlog.reset_defaults()
         configure_logging("json", "info")
         structlog.get_logger("tc_server.delivery").warning("END_TXN_ON_PARTITION failing for 5 s")
     finally:
         sys.stderr = saved
-        unconfigure_logging()
+        restore_logging(state)
     lines = [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
     assert [(line["logger"], line["event"]) for line in lines] == [
         ("tc_server.delivery", "END_TXN_ON_PARTITION failing for 5 s")]
