@@ -483,7 +483,7 @@ class Supervisor:
 
     async def run(self) -> int:
         """Serve the admin port, keep the workers running until stopped; the exit code."""
-        from tc_server.app import cannot_bind
+        from tc_server.app import StopFailed, cannot_bind
 
         host, port = parse_hostport(self.settings.admin_listen)
         # The admin port's server (request limits, JSON errors): probes and worker readiness, and the
@@ -518,14 +518,19 @@ class Supervisor:
         try:
             await self._stopping.wait()
         finally:
-            await self._stop_workers()
-            await asyncio.gather(*keepers, return_exceptions=True)
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            for pool in (self._polling, self._forwarding):
-                await pool.close()
-            await admin.stop()
+            try:
+                await self._stop_workers()
+                await asyncio.gather(*keepers, return_exceptions=True)
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+                for pool in (self._polling, self._forwarding):
+                    await pool.close()
+                await admin.stop()
+            except OSError as exc:
+                # Said as a stop that did not finish (exit 1), as a single process's is: the caller's "cannot
+                # start" (exit 2) would send the operator to the settings and files.
+                raise StopFailed(f"{type(exc).__name__}: {exc}") from exc
         if self.failure is not None:
             code, message = self.failure
             say_refusal(message, self.settings.log_format)

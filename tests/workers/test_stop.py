@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,3 +67,33 @@ async def test_a_killed_supervisor_with_a_hung_worker_can_be_started_again_at_on
                              bound_s=10)
         started(server)
         assert server.stop() == 0
+
+
+# A supervisor whose admin server's stop fails with EIO once it has stopped (the workers are its children, run as
+# usual: the patch is this process's own).
+SUPERVISOR_FAILING_ADMIN_STOP = """
+import errno, sys
+from tc_server.admin.http import AdminServer
+stopped = AdminServer.stop
+async def stop_then_fail(self):
+    await stopped(self)
+    raise OSError(errno.EIO, "Input/output error")
+AdminServer.stop = stop_then_fail
+from tc_server.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_supervisor_stop_that_fails_is_said_as_such_not_as_a_failure_to_start(tmp_path: Path) -> None:
+    # It said "tc-server: cannot start: [Errno 5] Input/output error", exit 2 (a setting or a file is wrong).
+    server = started(TcServerProcess(tmp_path / "data", "--workers", "2", "--coordinators", "4",
+                                     command=[sys.executable, "-c", SUPERVISOR_FAILING_ADMIN_STOP],
+                                     log_path=tmp_path / "server.log"))
+    pids = worker_pids(server)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(40) == 1, server.log_tail()  # a bound on a hang, not a measure
+    assert not any(alive(pid) for pid in pids), "a worker outlived the supervisor"
+    last = server.log_path.read_text().strip().splitlines()[-1]
+    assert "tc-server: the stop did not finish: OSError: [Errno 5] Input/output error" in last, server.log_tail()
+    assert "cannot start" not in server.log_path.read_text(), server.log_tail()
