@@ -427,15 +427,25 @@ def _upgrade_store(args: argparse.Namespace) -> int:
     for directory in stores:
         started = time.monotonic()
         try:
-            copied = rewrite_records_in_arrival_order(directory)
+            upgraded = rewrite_records_in_arrival_order(directory)
         except StoreError as exc:
             print(f"tc-server: cannot upgrade: {exc}", file=sys.stderr)
             return 2
-        if copied is None:
-            print(f"{directory / DB_FILENAME}: of the current shape already, unchanged")
+        file = directory / DB_FILENAME
+        if upgraded is None:
+            print(f"{file}: of the current shape already, unchanged")
+            continue
+        took = f"{time.monotonic() - started:.1f} s"
+        if upgraded.records is None:
+            print(f"{file}: of the current shape already; compacted" + (" (failed)" if upgraded.not_compacted else "")
+                  + f" in {took}")
         else:
-            print(f"{directory / DB_FILENAME}: {copied:,} records rewritten in arrival order in "
-                  f"{time.monotonic() - started:.1f} s")
+            print(f"{file}: {upgraded.records:,} records rewritten in arrival order in {took}")
+        if upgraded.not_compacted is not None:
+            # Upgraded all the same: the next stores are upgraded too, and the exit code says success.
+            print(f"tc-server: {file} is upgraded but not compacted ({upgraded.not_compacted}): it keeps the earlier "
+                  "table's free pages, which later writes reuse; run `tc-server upgrade-store` again with room for a "
+                  "copy of the file to compact it", file=sys.stderr)
     return 0
 
 

@@ -60,7 +60,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import structlog
 
@@ -1003,15 +1003,23 @@ def records_keyed_by_key(conn: sqlite3.Connection) -> bool:
     return not any(row[1] == "id" for row in conn.execute("PRAGMA table_info(records)"))
 
 
-def rewrite_records_in_arrival_order(directory: Path) -> int | None:
+class Upgraded(NamedTuple):
+    """What ``rewrite_records_in_arrival_order`` did to a file of the earlier shape."""
+
+    records: int | None  # copied into the rowid table (committed); None: the file had that shape already
+    not_compacted: str | None  # why the compaction failed (the file is upgraded all the same)
+
+
+def rewrite_records_in_arrival_order(directory: Path) -> Upgraded | None:
     """``tc-server upgrade-store``: the records of the store in ``directory``, kept in key order by a file made
     before 2026-11-30, copied into the rowid table files are made with now (rows in the order they were last
-    written, which is their version's); None when the file is of that shape already, else the number of
-    records. Run with the store stopped: it takes the file's lock (StoreInUseError while a tc-server holds
-    it). One SQLite transaction: stopped or killed half-way, the file is as it was. Then the file is compacted
-    (VACUUM): the old table's pages had left it ~1.75x its size (a million records: 331 MB, 587 MB after the
-    copy, 340 MB compacted, in 3.9 + 2.0 s); killed during that, the file is upgraded and not compacted (its
-    free pages are reused by the next writes)."""
+    written, which is their version's). Run with the store stopped: it takes the file's lock (StoreInUseError
+    while a tc-server holds it). One SQLite transaction: stopped or killed half-way, the file is as it was.
+    Then the file is compacted (VACUUM): the old table's pages had left it ~1.75x its size (a million records:
+    331 MB, 587 MB after the copy, 340 MB compacted, in 3.9 + 2.0 s); killed during that, or the compaction
+    failing (no room for its copy), the file is upgraded and not compacted (its free pages are reused by the
+    next writes), and a second run compacts it. None when the file is of the current shape and at most a
+    quarter of it is free pages: nothing to do."""
     path = directory / DB_FILENAME
     if not path.is_file():
         raise StoreUnavailableError(f"embedded store: there is no {path} to upgrade")
@@ -1024,35 +1032,65 @@ def rewrite_records_in_arrival_order(directory: Path) -> int | None:
             raise StoreInUseError(f"embedded store: {path} is in use by a tc-server process: stop it first")
         conn = sqlite3.connect(path, isolation_level=None)
         try:
-            _require_known_layout(conn, path)
-            _require_store_tables(conn, path)
-            _require_wal(conn, path)
-            conn.execute("PRAGMA synchronous=FULL")
-            if not records_keyed_by_key(conn):
+            copied = _copy_into_rowid_table(conn, path)
+            if copied is None and not _mostly_free(conn, path):
                 return None
-            conn.execute("BEGIN IMMEDIATE")
-            _upgrade_index_entries(conn)  # a file from before records.entries: the copy takes the column
-            # The old table renamed first, so the new one is made under its own name, its key's index too.
-            conn.execute("ALTER TABLE records RENAME TO records_keyed_by_key")
-            conn.execute(f"CREATE TABLE records {_RECORDS_COLUMNS}")
-            columns = "key, value, version, created_ms, modified_ms, partition_key, ephemeral, entries"
-            copied = conn.execute(f"INSERT INTO records ({columns}) SELECT {columns} FROM records_keyed_by_key"  # noqa: S608
-                                  " ORDER BY version").rowcount
-            conn.execute("DROP TABLE records_keyed_by_key")  # and its records_ephemeral index
-            conn.execute(_RECORDS_EPHEMERAL_INDEX)
-            conn.execute(f"PRAGMA user_version = {FILE_LAYOUT}")
-            conn.execute("COMMIT")
-            conn.execute("VACUUM")
-            # The copy and the compaction went through the write-ahead log: moved into the file now, and the
-            # log emptied.
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            return int(copied)
-        except sqlite3.Error as exc:
-            raise _unavailable(f"upgrading {path}", exc) from exc
+            # Upgraded from here on: a compaction that fails is said as such, not as an upgrade that failed
+            # (an operator told so might restore a backup and lose what was written since).
+            return Upgraded(copied, _compact(conn))
         finally:
             conn.close()
     finally:
         os.close(lock_fd)
+
+
+def _copy_into_rowid_table(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The records of ``conn``'s file (of the earlier shape) copied into a rowid table, in one committed
+    transaction; their number, None when the file is of the current shape already."""
+    try:
+        _require_known_layout(conn, path)
+        _require_store_tables(conn, path)
+        _require_wal(conn, path)
+        conn.execute("PRAGMA synchronous=FULL")
+        if not records_keyed_by_key(conn):
+            return None
+        conn.execute("BEGIN IMMEDIATE")
+        _upgrade_index_entries(conn)  # a file from before records.entries: the copy takes the column
+        # The old table renamed first, so the new one is made under its own name, its key's index too.
+        conn.execute("ALTER TABLE records RENAME TO records_keyed_by_key")
+        conn.execute(f"CREATE TABLE records {_RECORDS_COLUMNS}")
+        columns = "key, value, version, created_ms, modified_ms, partition_key, ephemeral, entries"
+        copied = conn.execute(f"INSERT INTO records ({columns}) SELECT {columns} FROM records_keyed_by_key"  # noqa: S608
+                              " ORDER BY version").rowcount
+        conn.execute("DROP TABLE records_keyed_by_key")  # and its records_ephemeral index
+        conn.execute(_RECORDS_EPHEMERAL_INDEX)
+        conn.execute(f"PRAGMA user_version = {FILE_LAYOUT}")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise _unavailable(f"upgrading {path}", exc) from exc
+    return int(copied)
+
+
+def _mostly_free(conn: sqlite3.Connection, path: Path) -> bool:
+    """Whether over a quarter of the pages of ``conn``'s file ``path`` are free (an upgrade whose compaction
+    failed)."""
+    try:
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return bool(free * 4 > conn.execute("PRAGMA page_count").fetchone()[0])
+    except sqlite3.Error as exc:
+        raise _unavailable(f"reading the page counts of {path}", exc) from exc
+
+
+def _compact(conn: sqlite3.Connection) -> str | None:
+    """VACUUM the file of ``conn``, then move its write-ahead log into it (the copy and the compaction went
+    through the log) and empty the log, also after a VACUUM that failed; None, or what failed."""
+    failed = []
+    for step in ("VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
+        try:
+            conn.execute(step)
+        except sqlite3.Error as exc:
+            failed.append(f"{step}: {type(exc).__name__}: {exc}")
+    return "; ".join(failed) or None
 
 
 def index_names(conn: sqlite3.Connection) -> set[str]:

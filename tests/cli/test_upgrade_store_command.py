@@ -7,12 +7,14 @@ was, and a second run finishes it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,3 +180,44 @@ def test_where_it_cannot_work_it_says_so_in_one_line(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
 
+
+
+class VacuumFails(sqlite3.Connection):
+    """A connection whose VACUUM fails as on a disk without room for its copy (SQLITE_FULL): a real full disk
+    (a small tmpfs) failed it so, by hand; a mount is not for the suite."""
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "VACUUM":
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, *args)
+
+
+def test_a_compaction_that_fails_leaves_the_upgrade_done_and_a_second_run_compacts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # It said "cannot upgrade: ... database or disk is full", exit 2, of a file already upgraded, and left the
+    # other workers' stores without a word.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "workers").write_text("2\n")
+    stores = [data / f"worker-{k}-of-2" for k in range(2)]
+    for store in stores:
+        fill_earlier_file(store, 20_000)
+    before = [contents(store) for store in stores]
+    sizes = [(store / DB_FILENAME).stat().st_size for store in stores]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=VacuumFails))
+        assert upgrade(data) == 0
+    out, err = capsys.readouterr()
+    assert out.count("20,000 records rewritten in arrival order") == 2, out
+    assert err.count("is upgraded but not compacted (VACUUM: OperationalError: database or disk is full)") == 2, err
+    assert "cannot upgrade" not in err, err
+    assert [contents(store) for store in stores] == [(False, *b[1:]) for b in before]
+
+    assert upgrade(data) == 0
+    out, err = capsys.readouterr()
+    assert out.count("of the current shape already; compacted in") == 2 and not err, (out, err)
+    for store, size in zip(stores, sizes, strict=True):
+        assert (store / DB_FILENAME).stat().st_size < 1.2 * size
+    assert [contents(store) for store in stores] == [(False, *b[1:]) for b in before]
+    assert upgrade(data) == 0 and capsys.readouterr().out.count("of the current shape already, unchanged") == 2
