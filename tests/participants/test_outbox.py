@@ -649,6 +649,29 @@ async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, mo
         assert await records(store, 0, least) == {}
 
 
+async def test_a_delivery_to_start_over_holds_its_txn_whatever_a_sibling_delivery_does(
+        store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second delivery of the same txn (a late participant record, a retried END_TXN adopting the decision, a
+    # drop) that ended well let the txn leave the outbox while the first one waited to start over: the
+    # watermark then went past a txn whose participants were not all told (a review).
+    monkeypatch.setattr(partition_module, "OUTBOX_RETRY_MAX_S", 0.5)
+    sender = FailingOnceSender()
+    async with led(store, sender) as tc:
+        p = tc.partition(0)
+        least = await p.new_txn(60_000, None)
+        await p.add_participants(least, None, [Participant(TOPIC)])
+        await p.end_txn(least, commit=True, principal=None)
+        assert await eventually(lambda: sender.failed)
+        outbox = p._undelivered[least]
+        assert await eventually(lambda: not outbox.tasks)  # the failed one ended, its restart due later
+        sibling = p._start_delivery(least, TxnState.COMMITTED, None, outbox.decided_ms)
+        await sibling
+        assert await eventually(lambda: not outbox.tasks)
+        assert least in p.undelivered(), "left the outbox before its failed delivery started over"
+        assert await eventually(lambda: not p.undelivered())  # the restart, then out
+        assert [t.least for t in sender.told] == [least]
+
+
 async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> None:
     store = await open_store("memory", data_dir="")
     async with led(store) as tc:
@@ -660,6 +683,44 @@ async def test_watermark_stays_below_an_old_open_txn_while_thousands_end() -> No
         await p.end_txn(oldest, commit=False, principal=None)
         newest = await p.new_txn(60_000, None)
         assert p.low_watermark() == newest - 1
+        await store.close()
+
+
+async def test_delivered_commits_leave_nothing_behind_in_memory(store: MetadataStore) -> None:
+    # Each delivered decision's id stayed in the outbox's heap: only a lowest_held() popped it, which a workload
+    # that only commits never asks (a review: ~700 MB an hour at 5,000 commits/s).
+    sender = RecordingSender()
+    async with led(store, sender) as tc:
+        partition = tc.partition(0)
+        for _ in range(3000):
+            least = await partition.new_txn(60_000, None)
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await (await partition.end_txn(least, commit=True, principal=None) or asyncio.sleep(0))
+        assert await eventually(lambda: not partition.undelivered())
+        assert len(partition._undelivered_ids) <= 1024  # the heap's own bound (_compact) for an empty outbox
+
+
+async def test_a_txns_own_command_is_covered_only_up_to_the_next_txn_held() -> None:
+    # The watermark a txn's own END_TXN_ON_* carries leaves that txn out of the held set, and only that txn:
+    # read from the outbox's heap (it was a pass over the whole outbox at every send).
+    store = await open_store("memory", data_dir="")
+    tc = coordinator(store)  # no sender: decisions stay undelivered (the outbox)
+    await tc.start()
+    try:
+        partition = tc.partition(0)
+        await tc.wait_recovered()
+        ids = [await partition.new_txn(60_000, None) for _ in range(3)]
+        for least in ids:
+            await partition.add_participants(least, None, [Participant(TOPIC)])
+            await partition.end_txn(least, commit=True, principal=None)
+        assert partition.undelivered().keys() == set(ids)
+        assert partition.low_watermark(ids[0]) == ids[1] - 1
+        assert partition.low_watermark(ids[1]) == ids[0] - 1
+        assert partition.low_watermark(ids[0]) == ids[1] - 1, "the txn left out stays held"
+        assert partition.low_watermark() == ids[0] - 1
+        assert partition.lowest_held() == ids[0]
+    finally:
+        await tc.stop()
         await store.close()
 
 
