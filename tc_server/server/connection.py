@@ -85,7 +85,13 @@ STOPPING = "this tc-server instance is stopping: retry at the coordinator's next
 NOT_FORWARDED = ("not served on tc-server's service URL, which forwards lookups only (FORWARDED_COMMANDS); "
                  "producers and consumers connect to the broker a LOOKUP names")
 # Why a connection was closed at once (the label values of tc_server_connections_refused_total).
-REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_tls_handshakes", "max_buffered_input")
+REFUSAL_REASONS = ("max_connections", "max_connections_per_address", "max_tls_handshakes", "max_buffered_input",
+                   "answers_unread")
+# Answers held for a client past this (its transport's buffer and our queue) when a forwarded answer comes: the
+# client reads nothing while the brokers answer what it sent, up to ~5 MiB an answer (a namespace's topics),
+# so a few hundred KB of pipelined requests held GiBs (a review: 2 GiB from 2,000 GET_TOPICS_OF_NAMESPACE).
+# Pausing its reads bounds the requests, not the answers to those already forwarded: it is closed.
+MAX_ANSWERS_HELD_BYTES = 32 * 1024 * 1024
 # Past the input budget, a connection still holding more than this after serving what it can is
 # growing a large unfinished frame (TC commands are far smaller): it is the one closed.
 SMALL_INPUT_BYTES = 16 * 1024
@@ -254,8 +260,9 @@ class ClientConnection(asyncio.Protocol):
         self._forwarding: ForwardingSession | None = None
         # Set once this connection is carried to a broker byte for byte (relay.py).
         self._relay: BrokerSide | None = None
-        # While the broker of a relayed connection reads nothing (RELAY_STALL_KEEPALIVES, below).
+        # While the broker of a relayed connection reads nothing, or its client (RELAY_STALL_KEEPALIVES, below).
         self._relay_stall: asyncio.TimerHandle | None = None
+        self._relay_client_stall: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -302,8 +309,9 @@ class ClientConnection(asyncio.Protocol):
         self._ctx.metrics.connections.dec()
         if self._forwarding is not None:
             self._forwarding.close()
-        if self._relay_stall is not None:
-            self._relay_stall.cancel()
+        for stall in (self._relay_stall, self._relay_client_stall):
+            if stall is not None:
+                stall.cancel()
         if self._relay is not None and self._relay.transport is not None:
             # Bounded as close() is: a broker that stopped reading never drains what waits for it, and
             # the socket stayed open for good, tracked by nothing.
@@ -395,9 +403,18 @@ class ClientConnection(asyncio.Protocol):
         # broker, the broker's bytes) until it does.
         if self._relay is not None and self._relay.transport is not None:
             self._relay.transport.pause_reading()
+            # The broker's side is no longer read, so its close (its keep-alive's, which the client's silence
+            # fails) went unnoticed, and the client's connection stayed open for good, its slot and buffers held
+            # (a review). A client that reads nothing for this long is given up, as the broker gives it up.
+            if self._relay_client_stall is None:
+                self._relay_client_stall = self._loop.call_later(
+                    RELAY_STALL_KEEPALIVES * self._ctx.keepalive_s, self._relay_stalled, "client")
         self._pause_reading("write-buffer")
 
     def resume_writing(self) -> None:
+        if self._relay_client_stall is not None:
+            self._relay_client_stall.cancel()
+            self._relay_client_stall = None
         if self._relay is not None and self._relay.transport is not None:
             self._relay.transport.resume_reading()
         self._resume_reading("write-buffer")
@@ -790,7 +807,7 @@ class ClientConnection(asyncio.Protocol):
         # broker's stayed open for good. A broker that reads nothing for this long is given up.
         if self._relay_stall is None:
             self._relay_stall = self._loop.call_later(RELAY_STALL_KEEPALIVES * self._ctx.keepalive_s,
-                                                      self._relay_stalled)
+                                                      self._relay_stalled, "broker")
 
     def resume_client_reading(self) -> None:
         if self._relay_stall is not None:
@@ -798,11 +815,15 @@ class ClientConnection(asyncio.Protocol):
             self._relay_stall = None
         self._resume_reading("relay-write-buffer")
 
-    def _relay_stalled(self) -> None:
-        self._relay_stall = None
+    def _relay_stalled(self, side: str) -> None:
+        """The ``side`` ("broker" or "client") of a relayed connection read nothing for RELAY_STALL_KEEPALIVES."""
+        if side == "broker":
+            self._relay_stall = None
+        else:
+            self._relay_client_stall = None
         if self._closing:
             return
-        self._log.warning("the broker of a relayed connection read nothing; closing it",
+        self._log.warning(f"the {side} of a relayed connection read nothing; closing it",
                           waited_s=RELAY_STALL_KEEPALIVES * self._ctx.keepalive_s)
         if self._relay is not None and self._relay.transport is not None:
             self._relay.transport.abort()
@@ -913,8 +934,19 @@ class ClientConnection(asyncio.Protocol):
         self._out.add(encode_command(cmd))
 
     def _send_bytes(self, data: bytes) -> None:
-        """Queue an already encoded frame (a forwarded answer), in order with everything else we send."""
+        """Queue an already encoded frame (a forwarded answer), in order with everything else we send; close
+        a client that leaves more than MAX_ANSWERS_HELD_BYTES unread."""
         if self._transport is None or self._closing:
+            return
+        held = self._transport.get_write_buffer_size() + self._out.queued_bytes
+        if held + len(data) > MAX_ANSWERS_HELD_BYTES:
+            self._ctx.metrics.connections_refused.labels("answers_unread").inc()
+            if (left_out := self._ctx.log_limiter.allow("answers unread")) is not None:
+                self._log.warning("closing: the client reads none of its answers", held_bytes=held,
+                                  limit_bytes=MAX_ANSWERS_HELD_BYTES, closed_since_last_line=left_out)
+            # Cut, not flushed: it reads nothing, and a flushing close held all of it CLOSE_FLUSH_S more.
+            self._closing = True
+            self._transport.abort()
             return
         self._out.add(data)
 

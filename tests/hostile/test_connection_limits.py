@@ -74,7 +74,7 @@ async def test_past_max_connections_a_connection_is_closed_at_once(
     extra = [await open_from(app, f"127.0.0.{5 + i}", handshake=False) for i in range(30)]
     assert all([await refused(c) for c in extra])
     assert refusals(app) == {"max_connections": 30, "max_connections_per_address": 0, "max_tls_handshakes": 0,
-                             "max_buffered_input": 0}
+                             "max_buffered_input": 0, "answers_unread": 0}
     # One log line for the burst, not one per connection.
     lines = [e for e in server_log if e["event"] == "connection refused"]
     assert len(lines) == 1 and lines[0]["reason"] == "max_connections", lines

@@ -10,6 +10,7 @@ door is tests/e2e/test_front_door.py.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
@@ -591,6 +592,47 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
         assert [line["waited_s"] for line in logged
                 if line["event"] == "the broker of a relayed connection read nothing; closing it"] == [1.0]
         writer.close()
+
+
+async def test_a_relayed_connection_whose_client_reads_nothing_is_closed_after_two_keepalives(settings):
+    # The broker's side is not read while the client does not read: the broker's own close (its keep-alive,
+    # which the silent client fails) went unnoticed, and the client's connection stayed open for good.
+    broker_left = asyncio.Event()
+
+    async def pushing_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while decoder.next_frame() is None:
+            decoder.feed(await reader.read(65536))
+        writer.write(encode_command(Connected("stand-in", 21)))
+        for _ in range(200):  # 12.5 MiB toward a client that reads nothing
+            writer.write(b"m" * 65536)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.5)
+        writer.transport.abort()
+        broker_left.set()
+
+    owner = await asyncio.start_server(pushing_broker, "127.0.0.1", 0)
+    owner_port = owner.sockets[0].getsockname()[1]
+    upstream = StandInBroker(connect_to(f"pulsar://127.0.0.1:{owner_port}"))
+    try:
+        async with front_door(replace(settings, keepalive_s=0.5), [upstream]) as (app, client):
+            await client.lookup(TOPIC)  # names the owner: tc-server may carry connections there
+            silent = socket.socket()
+            silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            silent.connect(("127.0.0.1", app.listeners[0].port))
+            silent.sendall(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner_port}")))
+            try:
+                await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+                (relayed,) = [c for c in app.context.connections if c._relay is not None]
+                with capture_logs() as logged:
+                    await asyncio.wait_for(broker_left.wait(), 10)
+                    await eventually(lambda: relayed._closing, 30)  # a bound for a failing test, not a timing check
+                assert [line["waited_s"] for line in logged
+                        if line["event"] == "the client of a relayed connection read nothing; closing it"] == [1.0]
+            finally:
+                silent.close()
+    finally:
+        owner.close()
 
 
 async def test_a_relay_slower_to_set_up_than_the_keepalive_interval_is_not_closed_for_it(settings, monkeypatch):
