@@ -226,7 +226,16 @@ class PulsarConnection(asyncio.Protocol):
         connect = self._connect
         if connect is None:
             return
-        data = self.auth_data_source() if self.auth_data_source is not None else connect.auth_data
+        try:
+            data = self.auth_data_source() if self.auth_data_source is not None else connect.auth_data
+        except Exception as exc:  # noqa: BLE001 - a token file being replaced, a variable unset (ConfigError)
+            # Not into the event loop from data_received (asyncio logged a fatal error with a traceback and
+            # cut the connection anyway, a review): said, and what waits on the connection fails as closed,
+            # which callers retry on a new one (its credentials read again).
+            log.warning("cannot answer the peer's credential challenge; closing the connection", peer=self.url,
+                        error=str(exc))
+            self.abort(f"cannot answer the peer's credential challenge: {exc}")
+            return
         self.send(AuthResponse(connect.client_version, connect.auth_method_name, data, connect.protocol_version))
 
     def set_listener(self, on_command: CommandListener | None) -> None:

@@ -6,8 +6,13 @@ of the same role keeps the connection; anything else, or no refresh support, clo
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
+from structlog.testing import capture_logs
+
+from tc_server.auth.broker_client import TOKEN_PLUGIN, broker_client_credentials
 from tc_server.client import TcClient, connect
+from tc_server.config import Settings
 from tc_server.wire import AuthResponse, Connect, FeatureFlags, ServerError
 from tests.security.pki import data_url, make_token
 from tests.security.support import WAIT_S, token_auth
@@ -147,3 +152,36 @@ async def test_an_expiring_token_taken_in_a_refresh_is_checked_as_one_given_at_c
     async with asyncio.timeout(WAIT_S):
         await client.closed  # challenged once the short token expired, answered with it again: refused
     assert challenges
+
+
+async def test_a_refresh_whose_credentials_cannot_be_read_closes_the_connection_with_a_line(start, secret, tmp_path):
+    # tc-server's own connections to brokers answer a refresh from a token file read again; a file being
+    # replaced (or an env: variable unset) raised ConfigError out of data_received into the event loop, which
+    # logged a fatal error with a traceback (a review). Here tc-server challenges, as a broker does.
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret),
+                      authentication_refresh_check_s=CHECK_S)
+    token_file = tmp_path / "proxy.token"
+    token_file.write_text(make_token(secret, "HS256", "alice", expires_in_s=SHORT_LIFE_S))
+    credentials = broker_client_credentials(replace(Settings(), broker_client_auth_plugin=TOKEN_PLUGIN,
+                                                    broker_client_auth_params=f"file://{token_file}"))
+    loop = asyncio.get_running_loop()
+    escaped: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: escaped.append(context))
+    client = await connect("127.0.0.1", app.listener.port, handshake=False)
+    try:
+        client.auth_data_source = credentials.auth_data
+        await client.handshake(Connect("refresh-test-client", 21, auth_method_name="token",
+                                       auth_data=credentials.auth_data(),
+                                       feature_flags=FeatureFlags(supports_auth_refresh=True)))
+        token_file.unlink()  # being replaced when the challenge comes
+        with capture_logs() as logged:
+            async with asyncio.timeout(WAIT_S):
+                await client.closed
+        assert not escaped, escaped
+        (line,) = [e for e in logged if e["event"] == "cannot answer the peer's credential challenge; closing the "
+                   "connection"]
+        assert "cannot read" in line["error"] and str(token_file) in line["error"], line
+    finally:
+        loop.set_exception_handler(previous)
+        client.close()
