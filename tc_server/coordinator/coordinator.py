@@ -94,6 +94,8 @@ class TransactionCoordinator:
         )
         self._pending_recovery: set[int] = set()
         self._recovery_task: asyncio.Task[None] | None = None
+        # Partition stops under way (_stop_partition): awaited by stop() too, whoever started them.
+        self._partition_stops: set[asyncio.Future[None]] = set()
         self._gc_task: asyncio.Task[None] | None = None
         self._overdue_task: asyncio.Task[None] | None = None
         # The overdue scan reads an unreadable header again every OVERDUE_SCAN_INTERVAL_S: one line per key an
@@ -138,8 +140,15 @@ class TransactionCoordinator:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self._election.stop()
+        # Once more: a coordinator won while the tasks above were awaited (the election still ran) started a
+        # recovery, which outlived the stop, scanning a closed store forever (a review).
+        if self._recovery_task is not None:
+            self._recovery_task.cancel()
+            await asyncio.gather(self._recovery_task, return_exceptions=True)
         for tc_id in list(self._partitions):
             await self._lost(tc_id)
+        # A step-down the election's stop cut short (its task cancelled while the partition stopped) finishes here.
+        await asyncio.gather(*self._partition_stops)
 
     # -- what the server asks --------------------------------------------------------------------
 
@@ -335,7 +344,7 @@ class TransactionCoordinator:
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:
-            await stale.stop()
+            await self._stop_partition(stale)
         partition.start()
         self._partitions[tc_id] = partition
         self.metrics.leader.labels(**self.metrics.tc(tc_id)).set(1)
@@ -397,7 +406,16 @@ class TransactionCoordinator:
         # partition, which it would otherwise keep alive (with its open-txn maps) until led again.
         self.metrics.active.labels(**self.metrics.tc(tc_id)).set_function(lambda: 0)
         if partition is not None:
-            await partition.stop()
+            await self._stop_partition(partition)
+
+    async def _stop_partition(self, partition: CoordinatorPartition) -> None:
+        """Stop ``partition``, to the end even if the caller is cancelled: a step-down is run by the election's
+        task, which a stop cancels, and a partition stop cut half-way (no longer in _partitions) left its
+        deliveries running and END_TXNs waiting after the stop returned (a review). stop() awaits it."""
+        stopping = asyncio.ensure_future(partition.stop())
+        self._partition_stops.add(stopping)
+        stopping.add_done_callback(self._partition_stops.discard)
+        await asyncio.shield(stopping)
 
     async def abort_overdue(self) -> tuple[int, int]:
         """Abort every OPEN txn of a led partition found overdue in the deadline index. Returns how

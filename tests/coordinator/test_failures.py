@@ -1061,3 +1061,85 @@ async def test_events_owed_by_a_crashed_leader_are_written_whatever_one_op_recor
         assert await decision_events(store) == expected
     finally:
         await tc.stop()
+
+
+class GatedLeaderCreates(MemoryStore):
+    """Creates of leader records wait for ``gate``: a campaign whose create is in flight."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend)
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def put(self, key: str, value: bytes, **kwargs: Any) -> Record:
+        if key.startswith(layout.LEADER_PREFIX):
+            await self.gate.wait()
+        return await super().put(key, value, **kwargs)
+
+
+async def test_a_coordinator_won_as_the_instance_stops_leaves_no_recovery_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # stop() cancelled the recovery task it found, then waited for the others while the election still ran:
+    # a coordinator won meanwhile started a new recovery, which outlived the stop and scanned the closed store
+    # every second, failing, for good (a review).
+    monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
+    backend = MemoryBackend()
+    a_store, b_store = GatedLeaderCreates(backend), MemoryStore(backend)
+
+    def config(url: str) -> CoordinatorConfig:
+        return CoordinatorConfig(partitions=2, advertised_url=url, partition=PartitionConfig(id_block_size=10))
+
+    b = TransactionCoordinator(b_store, config("pulsar://b:2"), Metrics("b"), FakeClock())
+    await b.start()
+    a = TransactionCoordinator(a_store, config("pulsar://a:1"), Metrics("a"), FakeClock())
+    await a.start()
+    await a.wait_recovered()
+    assert await eventually(lambda: len(a.led_partitions()) == 1 and len(b.led_partitions()) == 1)
+    a_store.gate.clear()
+    await b.stop()  # B leaves: A campaigns for B's coordinator, its create held
+    await b_store.close()
+    await asyncio.sleep(0.2)
+    stopping = asyncio.create_task(a.stop())
+    await asyncio.sleep(0)  # stop() is waiting for its first task
+    a_store.gate.set()  # the create lands: A wins during its stop
+    await stopping
+    assert a._recovery_task is None or a._recovery_task.done()
+    await a_store.close()
+
+
+class NeverAcknowledges:
+    """Participant brokers that never answer."""
+
+    async def end_txn_on(self, *args: Any, **kwargs: Any) -> None:
+        await asyncio.Event().wait()
+
+    async def remind_txn_on(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+
+async def test_a_stop_during_a_step_down_still_stops_the_partition_to_the_end() -> None:
+    # The stop cancelled the election's task that was stopping the coordinator it had lost (already out of the
+    # coordinator's map): that partition's deliveries ran on after stop() returned, its END_TXNs waited, its
+    # outbox stayed counted (a review).
+    store = FailEvents()
+    config = CoordinatorConfig(partitions=1, timeout_sweep=False, partition=PartitionConfig(id_block_size=10))
+    tc = TransactionCoordinator(store, config, Metrics("t"), FakeClock(), participant_sender=NeverAcknowledges())
+    await tc.start()
+    await tc.wait_recovered()
+    old = tc.partition(0)
+    least = await old.new_txn(60_000, None)
+    await old.add_participants(least, None, [Participant(TOPIC)])
+    delivered = await old.end_txn(least, commit=True, principal=None)  # its brokers not told yet
+    assert delivered is not None
+    await committed_without_events(store, old)  # one decision owes its events: the partition's stop writes them
+    store.gate.clear()  # slowly
+    await store.delete(layout.leader_path(0))  # the leader record goes (an Oxia session expired)
+    assert await eventually(lambda: not tc.leads(0))  # the step-down is under way, writing the events
+    stopping = asyncio.create_task(tc.stop())  # SIGTERM meanwhile
+    await asyncio.sleep(0.1)
+    store.gate.set()
+    await stopping
+    outbox = old._undelivered.get(least)
+    assert delivered.done() and (outbox is None or not outbox.tasks)
+    assert old._undelivered not in tc.outboxes
+    await store.close()
