@@ -861,3 +861,62 @@ async def test_close_waits_for_the_deletion_of_its_ephemeral_records_when_offset
         assert [(n.type, n.key) async for n in stream] == [(NotificationType.DELETED, "/e/leader")]
     finally:
         await store.close()
+
+
+async def test_notifications_follow_a_shard_to_its_new_leader() -> None:
+    # The pump kept streaming from the deposed leader: one that stays up (cut off from its peers, not from us)
+    # keeps the stream open and silent, and no change of the shard reached a subscriber again (a review).
+    old_leader, new_leader = StandinOxia(shards=1), StandinOxia(shards=1)
+    # The new leader takes over shard 0 with its state and log (Oxia replicates both).
+    new_leader.shards, new_leader.sessions = old_leader.shards, old_leader.sessions
+    new_leader._session_ids = old_leader._session_ids
+    await old_leader.start()
+    await new_leader.start()
+    store = await connect(old_leader.address)
+    try:
+        stream = store.notifications("/n/")
+        store._assignments._install(ShardMap([ShardInfo(0, new_leader.address, 0, HASH_SPACE_MAX)]))
+        await store.put("/n/1", b"x")
+        note = await asyncio.wait_for(anext(stream), WAIT)
+        assert (note.key, note.type) == ("/n/1", NotificationType.CREATED)
+        assert new_leader.notification_requests, "the stream moved to the new leader"
+    finally:
+        await store.close()
+        await new_leader.stop()
+        await old_leader.stop()
+
+
+async def test_a_new_shard_ends_the_subscriptions_made_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A shard that appears after start (a split) was streamed from its commit offset when its stream opened:
+    # a change made on it in between never reached the subscribers, and nothing told them (a review). They
+    # are ended with an error (their consumers read again and subscribe again), and a new one sees the shard.
+    async def one_shard(self: standin._Servicer, request: object, context: object) -> object:
+        message = pb.ShardAssignments()
+        namespace = message.namespaces[self.oxia.namespace]
+        namespace.shard_key_router = pb.XXHASH3
+        assignment = namespace.assignments.add(shard=0, leader=self.oxia.address)
+        assignment.int32_hash_range.min_hash_inclusive = 0
+        assignment.int32_hash_range.max_hash_inclusive = HASH_SPACE_MAX
+        yield message
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(standin._Servicer, "GetShardAssignments", one_shard)
+    oxia = StandinOxia(shards=2)
+    await oxia.start()
+    first, second = oxia.shard(0), oxia.shard(1)
+    store = await connect(oxia.address)
+    try:
+        stream = store.notifications("/n/")
+        store._assignments._install(ShardMap([ShardInfo(0, oxia.address, first.min_hash, first.max_hash),
+                                              ShardInfo(1, oxia.address, second.min_hash, second.max_hash)]))
+        with pytest.raises(StoreUnavailableError, match="shards changed"):
+            await asyncio.wait_for(anext(stream), WAIT)
+        on_second = [key for key in (f"/n/{i}" for i in range(200)) if key_hash(key) >= second.min_hash][:2]
+        await store.put(on_second[0], b"x")  # before the next subscription: not notified to it
+        await eventually(lambda: 1 in store._pump._offsets, "the new shard's stream received its first batch")
+        again = store.notifications("/n/")
+        await store.put(on_second[1], b"y")
+        assert (await asyncio.wait_for(anext(again), WAIT)).key == on_second[1]
+    finally:
+        await store.close()
+        await oxia.stop()

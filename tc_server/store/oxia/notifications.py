@@ -100,6 +100,7 @@ class NotificationPump:
         self._versions: dict[int, int] = {}  # per shard: the highest version id in the batches received
         self._own_versions: dict[int, int] = {}  # per shard: the highest version id of this client's puts
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._leaders: dict[int, str] = {}  # per shard: its leader in the last assignment (update)
         self._first: dict[int, asyncio.Event] = {}
         self._subscribers: set[OxiaSubscription] = set()
         # Set after every batch, for drain() to re-check its condition.
@@ -113,14 +114,36 @@ class NotificationPump:
         self._own_ephemeral: dict[str, list[int | bool]] = {}
 
     def update(self, shards: ShardMap) -> None:
-        """Follow the shard set of a new assignment: start streams for new shards, stop removed."""
-        wanted = {s.shard for s in shards.shards}
-        for shard in wanted - self._tasks.keys():
-            self._first[shard] = asyncio.Event()
+        """Follow a new assignment: start streams for new shards, stop removed ones, and move a shard's stream
+        to its new leader (from the last offset received): a deposed leader that stays up keeps its stream
+        open and silent, and the subscribers heard nothing of the shard's changes any more (a review).
+
+        A shard added or removed after subscriptions were made (a split) ends them with an error, so that
+        their consumers read again and subscribe again: a new shard's stream starts at its commit offset when
+        it opens, after changes made on it since the assignment, and a removed shard's last batches may
+        never arrive."""
+        leaders = {info.shard: info.leader for info in shards.shards}
+        added, removed = leaders.keys() - self._tasks.keys(), self._tasks.keys() - leaders.keys()
+        moved = {shard for shard in leaders.keys() & self._tasks.keys() if self._leaders.get(shard) != leaders[shard]}
+        self._leaders = leaders
+        for shard in removed:
+            self._tasks.pop(shard).cancel()
+            # Nothing more will be seen of it: drain() would wait out its timeout for its versions and ephemerals.
+            for per_shard in (self._offsets, self._versions, self._own_versions, self._first):
+                per_shard.pop(shard, None)
+            for key in [key for key, owned in self._own_ephemeral.items() if owned[0] == shard]:
+                del self._own_ephemeral[key]
+        for shard in moved:
+            self._tasks.pop(shard).cancel()
+        for shard in added | moved:
+            self._first.setdefault(shard, asyncio.Event())
             self._tasks[shard] = asyncio.get_running_loop().create_task(
                 self._run(shard), name=f"oxia-notifications-{shard}")
-        for shard in self._tasks.keys() - wanted:
-            self._tasks.pop(shard).cancel()
+        if (added or removed) and self._subscribers:
+            error = StoreUnavailableError("the Oxia shards changed (a split or a merge): changes made meanwhile may "
+                                          "not be notified; read again and subscribe again")
+            for sub in list(self._subscribers):
+                sub.end(error)
 
     def note_own_version(self, shard: int, version: int) -> None:
         """Record the version id of one of this client's own acknowledged puts."""
@@ -183,6 +206,15 @@ class NotificationPump:
         for sub in list(self._subscribers):
             sub.end(None)
 
+    def _end_subscriptions_without(self, shard: int) -> None:
+        """End, with an error, the subscriptions made before ``shard``'s stream received anything: the stream
+        starts at the shard's commit offset when it opened, and changes made between the subscription and
+        then were never to reach them (their consumers read again and subscribe again)."""
+        for sub in list(self._subscribers):
+            if shard not in sub._offsets:
+                sub.end(StoreUnavailableError(f"the Oxia notifications of shard {shard} started after this "
+                                              "subscription: read again and subscribe again"))
+
     def _end_own_ephemeral(self, shard: int, items: list[Notification]) -> None:
         """Drop the own ephemeral records that ``items`` changed after their put. The put's own
         notification (at its version) and older ones, still arriving, do not count."""
@@ -209,6 +241,8 @@ class NotificationPump:
                     backoff.reset()
                     self._first[shard].set()
                     last = self._offsets.get(shard)
+                    if last is None and self._subscribers:
+                        self._end_subscriptions_without(shard)
                     if last is not None and batch.offset <= last:
                         continue
                     self._offsets[shard] = batch.offset
