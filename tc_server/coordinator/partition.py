@@ -581,17 +581,21 @@ class CoordinatorPartition:
                 except ValueError as exc:
                     # The detail (which may quote stored bytes) goes to the log, not to the client.
                     self._log.warning("unreadable txn header", txn=f"({self.tc_id},{least})", error=str(exc)[:200])
+                    if principal is not None and not superuser:
+                        # Its owner cannot be read: a role answered otherwise than for an id that does not
+                        # exist learnt that this one does (a review). The log line above says what it is.
+                        raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found") from None
                     raise StoreCorrupted(f"header of ({self.tc_id},{least}) is unreadable") from None
                 version = record.version
-                if header.state.terminal and least in self._open:
-                    # Decided on disk but still open here: a CAS of this leader whose answer was lost
-                    # (below), or an earlier leader's. Take the decision's own steps now, before
-                    # anything answers from this header.
-                    await self._adopt_decision(least, header)
             if not (superuser or header.owner is None or header.owner == principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed: the
                 # same words as for an id that does not exist (above), not a word more.
                 raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found")
+            if cached is None and header.state.terminal and least in self._open:
+                # Decided on disk but still open here: a CAS of this leader whose answer was lost (below), or an
+                # earlier leader's. Take the decision's own steps now, before anything answers from this header
+                # (after the owner check: another role's request learnt of the id from how they went).
+                await self._adopt_decision(least, header)
             now = self._clock()
             decision = decide(header.state, request, now >= self._deadline_of(least, header))
             if decision in (Decision.COMMIT, Decision.ABORT, Decision.EXPIRE):

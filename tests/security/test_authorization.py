@@ -5,6 +5,7 @@ on them (as the broker answers: it does not reveal that the txn exists); a super
 from __future__ import annotations
 
 from tc_server.client import connect
+from tc_server.coordinator import layout
 from tc_server.wire import ServerError
 from tests.security.pki import data_url, make_token
 from tests.security.support import token_auth
@@ -80,3 +81,24 @@ async def test_the_role_claim_not_sub_decides_who_is_superuser(start, secret):
         admin.close()
 
 
+
+
+async def test_an_unreadable_header_is_not_found_to_a_role_and_unreadable_to_a_superuser(start, secret):
+    # Its owner cannot be read: bob was answered MetadataError "header of (1,N) is unreadable", where an id that
+    # does not exist is TransactionNotFound, and so learnt that the id exists (a review).
+    app = await start(authentication_providers="token", token_secret_key=data_url(secret), superuser_roles="admin")
+    bob, admin = await clients(app, secret, "bob", "admin")
+    most, damaged = 1, 10_000
+    await app.coordinator.store.put(layout.header_path(most, damaged), b"{not json",
+                                    partition_key=layout.txn_key(most, damaged))
+    try:
+        for least in (damaged, damaged + 1):
+            answer = await bob.end_txn(most, least, commit=False)
+            assert (answer.error, answer.message) == (ServerError.TransactionNotFound,
+                                                      f"transaction ({most},{least}) not found"), answer
+        answer = await admin.end_txn(most, damaged, commit=False)
+        assert (answer.error, answer.message) == (ServerError.MetadataError,
+                                                  f"header of ({most},{damaged}) is unreadable"), answer
+    finally:
+        bob.close()
+        admin.close()
