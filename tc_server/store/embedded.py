@@ -443,7 +443,7 @@ class EmbeddedStore(StoreWrites):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._writer = subprocess.Popen(
-                command(_PACKAGE_ROOT, self.path, theirs.fileno(), self._lock_fd, self._max_group_ops),
+                command(_PACKAGE_ROOT, self.path, theirs.fileno(), self._lock_fd, self._max_group_ops, os.getpid()),
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(), self._lock_fd))
         except BaseException:
             ours.close()
@@ -460,7 +460,30 @@ class EmbeddedStore(StoreWrites):
     def _send_outbox(self) -> None:
         outbox, self._outbox = self._outbox, []
         if outbox and self._channel is not None:
-            self._send(encode_frame(outbox))
+            try:
+                frame = encode_frame(outbox)
+            except Exception:  # noqa: BLE001 - a request pickle cannot take: its caller hears of it, the others go
+                frame = self._frame_of_the_sendable(outbox)
+            if frame:
+                self._send(frame)
+
+    def _frame_of_the_sendable(self, outbox: list[tuple[int, Any]]) -> bytes:
+        """The frame of the requests of ``outbox`` that encode on their own; each that does not fails its caller
+        (nothing of it was sent). Raised out of the turn's callback, one such request (a value of a type pickle
+        cannot take) left every request of the turn unsent and unanswered, and the writer "behind" for good: no
+        write was taken again until a restart (a review)."""
+        sendable = []
+        for request in outbox:
+            try:
+                encode_frame(request)
+            except Exception as exc:  # noqa: BLE001 - as above
+                _, future = self._pending.pop(request[0])
+                if not future.done():
+                    future.set_exception(InvalidOperationError(
+                        f"embedded store: a write that cannot be sent to the writer process ({exc!r}); not applied"))
+                continue
+            sendable.append(request)
+        return encode_frame(sendable) if sendable else b""
 
     def _send(self, data: bytes) -> None:
         if self._unsent:  # the channel is full: keep the order, the writable callback sends it

@@ -37,6 +37,7 @@ module of another WRITER_LAYOUT (the package replaced in place under a running t
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import socket
@@ -112,7 +113,8 @@ class FrameBuffer:
         return messages
 
 
-def command(package_root: Path, db_path: Path, socket_fd: int, lock_fd: int, max_group_ops: int) -> list[str]:
+def command(package_root: Path, db_path: Path, socket_fd: int, lock_fd: int, max_group_ops: int,
+            parent_pid: int) -> list[str]:
     """The command line of a writer process. ``-I -S``: no user site, no ``PYTHONPATH``, no site packages
     (it needs only the standard library and this package, imported from ``package_root``, the very code
     of the tc-server that starts it), and a start in tens of milliseconds."""
@@ -123,11 +125,13 @@ def command(package_root: Path, db_path: Path, socket_fd: int, lock_fd: int, max
             f"sys.exit(main(sys.argv[1:]) if WRITER_LAYOUT == {WRITER_LAYOUT} else "
             f"'tc-server: the embedded store writer on disk ({{}}) is not of this tc-server (layout "
             f"{WRITER_LAYOUT}): was the package replaced under the running server? Restart it'.format(WRITER_LAYOUT))")
-    return [sys.executable, "-I", "-S", "-c", code, str(db_path), str(socket_fd), str(lock_fd), str(max_group_ops)]
+    return [sys.executable, "-I", "-S", "-c", code, str(db_path), str(socket_fd), str(lock_fd), str(max_group_ops),
+            str(parent_pid)]
 
 
 def main(argv: list[str]) -> int:
     db_path, socket_fd, lock_fd, max_group_ops = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    parent_pid = int(argv[4]) if len(argv) > 4 else None
     # tc-server stops this process by closing the socket, after its last write: a Ctrl-C, SIGTERM or a
     # closing terminal's SIGHUP sent to the whole process group must not cut a group commit short (nor
     # the stop's own writes, which follow the signal).
@@ -136,6 +140,11 @@ def main(argv: list[str]) -> int:
     # Killed with tc-server however it ends: a writer stopped or stalled on a disk never reads the EOF
     # that ends it otherwise, and would hold the file's lock against the next tc-server.
     die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        # tc-server ended before the request above was made (the interpreter's start takes tens of ms): nothing
+        # will kill this process, and stopped or stalled it would hold the file's lock against the next one.
+        print(f"tc-server store writer: tc-server (pid {parent_pid}) is gone; exiting", file=sys.stderr)
+        return 4
     channel = socket.socket(fileno=socket_fd)
     channel.setblocking(True)
     # lock_fd stays open for the life of this process, unused: it holds the store's flock (see the module
@@ -200,6 +209,9 @@ class Writer:
                         waiting.extend(message)
             except BlockingIOError:
                 pass
+            if not waiting:
+                # Only part of a frame has arrived: an empty group would cost a commit and an fsync (a review).
+                continue
             group: list[Request] = []
             size = 0
             while waiting and (not group or size < self._max_group_ops):

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -551,7 +552,7 @@ def test_a_writer_of_other_code_on_disk_refuses_to_start(tmp_path: Path) -> None
         (package / "tc_server" / "__init__.py").write_text("")
         (package / "tc_server" / "store" / "__init__.py").write_text("")
         (package / "tc_server" / "store" / "sqlite_writer.py").write_text(module)
-        ended = subprocess.run(sqlite_writer.command(package, tmp_path / DB_FILENAME, 0, 0, 1),
+        ended = subprocess.run(sqlite_writer.command(package, tmp_path / DB_FILENAME, 0, 0, 1, os.getpid()),
                                capture_output=True, text=True, timeout=60)
         assert ended.returncode == 1 and says in ended.stderr, ended
 
@@ -974,3 +975,68 @@ async def test_a_file_of_a_later_layout_is_refused_naming_it_and_left_unchanged(
     store = await EmbeddedStore.open(tmp_path)
     assert (await store.get("/k")) is not None
     await store.close()
+
+
+async def test_a_write_that_cannot_be_sent_fails_its_own_caller_only(tmp_path: Path) -> None:
+    # A delete whose key pickle cannot take (the store's callers are this code: a bug) raised out of the turn's
+    # send, leaving that turn's other writes unsent and unanswered, and the writer "behind" for good: every
+    # write was refused until a restart (a review).
+    store = await EmbeddedStore.open(tmp_path)
+    try:
+        unsendable = Delete(threading.Lock())  # type: ignore[arg-type]
+        outcomes = await asyncio.wait_for(asyncio.gather(
+            store.put("/a", b"1"), store.write_batch([unsendable]), store.put("/c", b"3"), return_exceptions=True), 30)
+        assert [type(outcome).__name__ for outcome in outcomes] == ["Record", "InvalidOperationError", "Record"]
+        assert "cannot be sent to the writer process" in str(outcomes[1]) and "not applied" in str(outcomes[1])
+        assert (await store.put("/d", b"4")).key == "/d"
+        assert store.write_problem() is None
+    finally:
+        await store.close()
+
+
+async def test_a_frame_that_arrives_in_parts_is_committed_once(tmp_path: Path) -> None:
+    # The writer committed (and fsynced) an empty group for each part of a frame that did not complete one
+    # request: more commits than groups when the writer reads faster than tc-server sends (a review).
+    store = await EmbeddedStore.open(tmp_path)
+    await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None, check_same_thread=False)
+    commits: list[str] = []
+    conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    ours, theirs = socket.socketpair()
+    serving = threading.Thread(target=sqlite_writer.Writer(conn, 1000).serve, args=(theirs,))
+    serving.start()
+    try:
+        frame = sqlite_writer.encode_frame(
+            [(0, [(sqlite_writer.PUT, "/k", b"v" * 1000, None, None, False, False, None)])])
+        ours.settimeout(30)  # a bound for a failing test, not a timing check
+        ours.sendall(frame[:10])
+        time.sleep(0.2)  # the writer has read the part (and, before, committed an empty group for it)
+        ours.sendall(frame[10:])
+        answers = sqlite_writer.FrameBuffer().feed(ours.recv(65536))
+        assert [answer[0] for answer in answers] == [sqlite_writer.COMMITTED]
+        assert [request_id for request_id, _ in answers[0][2]] == [0]
+        assert commits == ["COMMIT"]
+    finally:
+        ours.close()
+        serving.join()
+        theirs.close()
+        conn.close()
+
+
+def test_a_writer_whose_tc_server_is_gone_before_it_asked_to_die_with_it_exits(tmp_path: Path) -> None:
+    # prctl(PR_SET_PDEATHSIG) comes tens of ms after the writer's start: a tc-server ended meanwhile signals
+    # nothing, and a writer stopped or stalled then held the file's lock against the next one (a review).
+    ours, theirs = socket.socketpair()
+    lock_fd = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
+    try:
+        not_its_parent = 1  # init: what a writer whose tc-server died is reparented to
+        ended = subprocess.run(
+            sqlite_writer.command(embedded._PACKAGE_ROOT, tmp_path / DB_FILENAME, theirs.fileno(), lock_fd, 8,
+                                  not_its_parent),
+            pass_fds=(theirs.fileno(), lock_fd), capture_output=True, text=True, timeout=60)
+        assert ended.returncode == 4 and "tc-server (pid 1) is gone; exiting" in ended.stderr, ended
+        assert not (tmp_path / DB_FILENAME).exists(), "nothing opened"
+    finally:
+        ours.close()
+        theirs.close()
+        os.close(lock_fd)
