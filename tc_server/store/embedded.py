@@ -274,7 +274,7 @@ class EmbeddedStore(StoreWrites):
         self._writer: subprocess.Popen[bytes] | None = None
         self._channel: socket.socket | None = None
         self._frames = FrameBuffer()
-        self._unsent = b""  # what the channel did not take yet (it is sent when writable again)
+        self._unsent: bytes | bytearray = b""  # what the channel did not take yet (it is sent when writable again)
         self._outbox: list[tuple[int, list[tuple[Any, ...]] | None]] = []  # this turn's requests
         # Sent or to be sent, by request id, in order: each request and the future its caller awaits.
         self._pending: dict[int, tuple[_WriteRequest, asyncio.Future[_WriteRequest]]] = {}
@@ -487,6 +487,10 @@ class EmbeddedStore(StoreWrites):
 
     def _send(self, data: bytes) -> None:
         if self._unsent:  # the channel is full: keep the order, the writable callback sends it
+            if type(self._unsent) is bytes:
+                # Appended to in place from here: bytes copied all that waited at each append, quadratic in
+                # a stalled writer's backlog (a review: loop turns 0.2 -> 1.1 ms with 60,000 writes waiting).
+                self._unsent = bytearray(self._unsent)
             self._unsent += data
             return
         self._unsent = data
@@ -504,7 +508,11 @@ class EmbeddedStore(StoreWrites):
         except OSError as exc:
             self._writer_lost(f"sending to it failed: {exc}")
             return
-        self._unsent = self._unsent[sent:]
+        unsent = self._unsent
+        if isinstance(unsent, bytearray):
+            del unsent[:sent]
+        else:
+            self._unsent = unsent[sent:]
         if self._unsent:
             self._loop.add_writer(channel.fileno(), self._send_unsent)
         else:

@@ -1040,3 +1040,27 @@ def test_a_writer_whose_tc_server_is_gone_before_it_asked_to_die_with_it_exits(t
         ours.close()
         theirs.close()
         os.close(lock_fd)
+
+
+async def test_writes_queued_while_the_channel_is_full_are_sent_whole_and_in_order(tmp_path: Path) -> None:
+    # What the channel does not take waits in one buffer appended to in place (a bytes buffer was copied whole
+    # at each append: quadratic in a stalled writer's backlog, a review's).
+    store = await EmbeddedStore.open(tmp_path, max_queue_delay_s=600)
+    try:
+        await store.put("/warm", b"")
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)  # a stalled disk: the channel fills up
+        puts: list[asyncio.Future[Any]] = []
+        while not isinstance(store._unsent, bytearray) or len(puts) % 100:
+            assert len(puts) < 100_000, "the channel never filled up"
+            puts.append(asyncio.ensure_future(store.put(f"/q/{len(puts):06d}", b"v" * 1000)))
+            await asyncio.sleep(0)
+        os.kill(writer.pid, signal.SIGCONT)
+        records = await asyncio.wait_for(asyncio.gather(*puts), 120)  # a bound for a failing test
+        assert [record.key for record in records] == [f"/q/{n:06d}" for n in range(len(puts))]
+        versions = [record.version for record in records]
+        assert versions == sorted(set(versions))  # committed in the order they were written, each once
+        assert not store._unsent
+    finally:
+        await store.close()
