@@ -354,13 +354,17 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
         if broker_credentials is not None:
             # Decisions reach today's brokers (docs/participants.md); without an upstream the
             # participant records wait for an instance that has one.
-            # The credentials' TLS context only with a TLS upstream: it is there whenever trust certificates
-            # are set (peer relays use them too), and the pool refuses every plain URL given one
-            # (Endpoint.with_tls): plain brokers were never told a decision.
+            # A TLS context with a TLS upstream only (the pool refuses every plain URL given one,
+            # Endpoint.with_tls: plain brokers were never told a decision), and always then: the credentials'
+            # own when they have one (trust certificates set, a client certificate), else the forwarding one
+            # (the system's CAs, --broker-client-tls-hostname-verification). Without one, a pulsar:// URL a
+            # lookup named in its TLS field was connected to in plain, tc-server's token in the clear (a review).
             broker_pool = ConnectionPool(
                 connect_command(broker_credentials.client_auth()),
-                ssl_context=broker_credentials.ssl_context if settings.upstream_tls else None,
-                timeout_s=settings.request_timeout_s, auth_data_source=broker_credentials.auth_data)
+                ssl_context=(broker_credentials.ssl_context or forwarding_tls_context(settings))
+                if settings.upstream_tls else None,
+                timeout_s=settings.request_timeout_s, auth_data_source=broker_credentials.auth_data,
+                keepalive_s=settings.keepalive_s)
             delivery = BrokerDelivery(settings.upstream_urls, broker_pool, request_timeout_s=settings.request_timeout_s,
                                       max_in_flight=settings.delivery_max_in_flight,
                                       max_in_flight_per_broker=settings.delivery_max_in_flight_per_broker,

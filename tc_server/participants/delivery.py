@@ -99,6 +99,10 @@ class BrokerDelivery:
         # One timer per 100 ms of requests rather than an asyncio.timeout() each (~5 us, issue 13).
         self._deadlines = RequestDeadlines(request_timeout_s)
         self._overall = asyncio.Semaphore(max_in_flight)
+        # Lookups under way at once (each a topic's, shared by every delivery to it): a bound of their own. Under
+        # _overall, every delivery waiting for one topic's slow lookup held a slot, and 1,000 of them stalled the
+        # deliveries to every other broker (a review).
+        self._lookup_gate = asyncio.Semaphore(max_in_flight)
         self._per_broker_limit = max_in_flight_per_broker
         self._per_broker: dict[str, asyncio.Semaphore] = {}
         # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
@@ -186,10 +190,9 @@ class BrokerDelivery:
         ClientError or TimeoutError."""
         # The deadlines bound the lookup and the request, not the wait for a slot under the
         # gates: a queue of decisions is not a broker failure.
-        async with self._overall:
-            broker = self._owners.get(participant.topic)
-            if broker is None:  # a remembered owner needs no lookup
-                broker = await self._owner(participant.topic)
+        broker = self._owners.get(participant.topic)
+        if broker is None:  # a remembered owner needs no lookup
+            broker = await self._owner(participant.topic)
         # The broker's own gate first, and an overall slot only inside it: a delivery queued
         # for a broker that does not answer must not hold a slot the others need.
         async with self._broker_gate(broker), self._overall:
@@ -208,7 +211,7 @@ class BrokerDelivery:
         lookup's deadline."""
         shared = self._lookups.get(topic)
         if shared is None:
-            task = asyncio.create_task(self._look_up(topic), name=f"lookup {topic}")
+            task = asyncio.create_task(self._gated_look_up(topic), name=f"lookup {topic}")
             shared = self._lookups[topic] = _SharedLookup(task)
             task.add_done_callback(functools.partial(self._lookup_done, topic, shared))
         shared.waiters += 1
@@ -237,6 +240,10 @@ class BrokerDelivery:
         if not lookup.cancelled():
             lookup.exception()  # retrieved here too: with every waiter gone, asyncio would log it as lost
 
+    async def _gated_look_up(self, topic: str) -> str:
+        async with self._lookup_gate:
+            return await self._look_up(topic)
+
     async def _look_up(self, topic: str) -> str:
         asking: list[str] = []  # the upstream URL being connected to or asked (_upstream_connection)
         try:
@@ -264,6 +271,10 @@ class BrokerDelivery:
         owner = answer.broker_service_url_tls if self._use_tls else answer.broker_service_url
         if not owner:
             raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named no broker URL")
+        if self._use_tls and not owner.startswith("pulsar+ssl://"):
+            # As follow_lookup refuses such a redirect: the brokers are reached over TLS, and this URL is not.
+            raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named {owner[:256]!r} in its TLS "
+                              "field, not a pulsar+ssl:// URL (the broker's advertised listeners?)")
         if len(self._owners) >= MAX_REMEMBERED_OWNERS:
             self._owners.clear()
         self._owners[topic] = owner

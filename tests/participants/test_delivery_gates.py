@@ -74,6 +74,38 @@ async def test_deliveries_queued_for_a_hanging_broker_do_not_hold_the_others_bac
         await asyncio.gather(*queued, return_exceptions=True)
 
 
+UPSTREAM = "pulsar://upstream:6650"
+
+
+async def test_deliveries_waiting_for_one_slow_lookup_do_not_hold_the_others_back() -> None:
+    # Every delivery waiting for the one lookup of its topic held an overall slot: 4 of them (1,000 with the
+    # default bound, one second of commits to a hot partition) stalled the deliveries to every other broker
+    # until that lookup's deadline (a review).
+    class NoAnswer:
+        def next_request_id(self) -> int:
+            return 1
+
+        async def request_frame(self, frame: bytes, request_id: int, timeout_s: float | None = None) -> Any:
+            await asyncio.Event().wait()
+
+    pool = StandInPool()
+    pool.brokers[UPSTREAM] = NoAnswer()  # type: ignore[assignment]
+    delivery = BrokerDelivery([UPSTREAM], pool, request_timeout_s=60.0,  # type: ignore[arg-type]
+                              max_in_flight=4, max_in_flight_per_broker=100, metrics=Metrics("lookup_gates"))
+    delivery._owners["healthy"] = HEALTHY  # its owner is known: no lookup
+    waiting = [asyncio.create_task(delivery.end_txn_on(Participant("slow-topic"), 0, n, True, lambda: -1))
+               for n in range(4)]
+    await asyncio.sleep(0.05)  # all four wait for the one lookup of slow-topic
+    try:
+        await asyncio.wait_for(delivery.end_txn_on(Participant("healthy"), 0, 99, True, lambda: -1), 30.0)
+        assert pool.brokers[HEALTHY].answered == 1
+        assert not any(task.done() for task in waiting), "the slow lookup is still under way"
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+
 def owner_broker() -> SocketStandIn:
     """A broker on a real socket that acknowledges every END_TXN_ON_PARTITION at once (``end_txns`` holds them)."""
     return SocketStandIn(end_txn_answer=acknowledge)

@@ -33,7 +33,13 @@ def broker_context(ca: TestCa) -> ssl.SSLContext:
     return context
 
 
-async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tls_field(start, ca):
+@pytest.mark.parametrize("trust", ["trust-certs setting", "system CAs"])
+async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tls_field(start, ca, trust, monkeypatch):
+    # With the system's CAs (no --broker-client-tls-trust-certs) the delivery's connections had no TLS context of
+    # their own, and a plain URL was connected to in plain: the token crossed in the clear (a review).
+    settings = {"broker_client_tls_trust_certs": str(ca.cert_file)} if trust == "trust-certs setting" else {}
+    if trust == "system CAs":
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca.cert_file))
     plain_owner = owner_broker()  # a broker's plain port: whatever reaches it crossed the network in the clear
     await plain_owner.start()
     tls = StandInBroker(ssl_context=broker_context(ca))
@@ -41,7 +47,7 @@ async def test_delivery_never_sends_the_superuser_token_to_a_plain_url_in_the_tl
     tls.answer = lambda c: LookupResponse(c.request_id, LookupType.CONNECT, broker_service_url=plain_owner.url,
                                           broker_service_url_tls=plain_owner.url)
     await tls.start()
-    app = await start(upstream_url=tls.url, broker_client_tls_trust_certs=str(ca.cert_file),
+    app = await start(upstream_url=tls.url, **settings,
                       broker_client_auth_plugin="org.apache.pulsar.client.impl.auth.AuthenticationToken",
                       broker_client_auth_params=f"token:{BROKER_TOKEN}", participant_wait_s=2.0)
     client = await connect("127.0.0.1", app.listener.port)
