@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import ssl
@@ -178,6 +179,8 @@ class _Worker:
     # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
     was_ready: bool = False
     last_error: str = ""  # its last "tc-server: ..." line (logs.say_refusal)
+    # Killed for its silence before it was ready (_kill_if_hung): a failed start, though by a signal.
+    killed_silent: bool = False
 
 
 class Supervisor:
@@ -282,7 +285,7 @@ class Supervisor:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            worker.ready, worker.ready_at, worker.answered_at = False, None, None
+            worker.ready, worker.ready_at, worker.answered_at, worker.killed_silent = False, None, None, False
             try:
                 worker.proc = await self._start_process(worker.index)
                 worker.started_at = loop.time()
@@ -311,8 +314,11 @@ class Supervisor:
                 return
             if worker.ready_at is None:
                 # Ended by itself (an error line and exit code 2 for a setting, a bug): a start that
-                # retrying will not mend. Killed by a signal (the OOM killer, an operator) it was not.
-                if code >= 0:
+                # retrying will not mend. Killed by a signal (the OOM killer, an operator) it was not, unless
+                # the signal was ours for a start that stayed silent: repeated, that start loops for good, each
+                # kill undoing its work (an embedded store's open taking longer than WORKER_START_SILENT_S), and
+                # said nothing but the kills (a review).
+                if code >= 0 or worker.killed_silent:
                     worker.start_failures += 1
             else:
                 worker.start_failures = 0
@@ -388,6 +394,11 @@ class Supervisor:
                 ready = resp.status == 200
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
             # OSError: also a certificate file that cannot be read while a rotation replaces it.
+            if _closed_by_the_worker(exc) and worker.proc is proc:
+                # Taken and closed at once: its event loop runs, so it is not hung, whatever else it is (its admin
+                # port's budget full of other local clients' connections; counted as silence, a healthy worker
+                # was killed as hung and again after each restart: a review).
+                worker.answered_at = asyncio.get_running_loop().time()
             return False, f"its admin port {worker.admin_url} did not answer: {exc!r}"
         if ready and worker.ready_at is None and worker.proc is proc:
             # Seen by the probe rather than once the poll round is over: a worker that died just after its
@@ -425,6 +436,11 @@ class Supervisor:
             log.error("worker not answering; killing it", worker=worker.index, pid=proc.pid,
                       silent_s=round(silent_s, 1), answered_since_start=answered_at is not None,
                       was_ready=worker.ready_at is not None)
+            if worker.ready_at is None:
+                worker.killed_silent = True
+                worker.last_error = (f"its admin port answered nothing for {bound_s:.0f} s after its start (a store "
+                                     "that takes longer to open: on the embedded store, `tc-server upgrade-store` or "
+                                     "one start with --workers 1 does that work once)")
             worker.started_at = None  # once: its exit is awaited by _keep_running, which starts the next
             kill_worker(proc)
 
@@ -537,6 +553,15 @@ class Supervisor:
             return code
         log.info("stopped")
         return 0
+
+
+def _closed_by_the_worker(exc: BaseException) -> bool:
+    """Whether a probe's failure says the worker's admin port took the connection and closed it (reset, or
+    closed before answering): what a process whose event loop runs does, not a hung one (its kernel takes the
+    connection, and nothing answers or closes it)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
 async def supervise(settings: Settings, argv: list[str]) -> int:
