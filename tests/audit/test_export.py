@@ -137,6 +137,16 @@ def test_pulsar_op_record_is_exported() -> None:
     }
 
 
+def test_an_op_whose_store_create_time_is_past_year_9999_is_one_reject() -> None:
+    # It was exported as it was, and the job then refused the whole snapshot (exit 2, no finding reported) for a
+    # value its format does not allow (a review).
+    raw = b'{"kind":"WRITE","segment":"segment://public/default/orders/0","ledgerId":1,"entryId":2}'
+    key = "/txn/op/3_17-00000000000000000002"
+    with pytest.raises(RejectedRecord, match="create time out of range"):
+        parse_op(Record(key=key, value=raw, version=1, created_ms=MAX_TIME_MS + 1))
+    assert parse_op(Record(key=key, value=raw, version=1, created_ms=MAX_TIME_MS))["created_ms"] == MAX_TIME_MS
+
+
 def test_module_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # `python -m tc_server.audit.export` is `tc-server export`: here on an (empty) embedded store.
     asyncio.run(_closed_embedded_store(tmp_path / "data"))
