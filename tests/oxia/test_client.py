@@ -568,6 +568,17 @@ def test_children_range_holds_children_under_every_order(prefix: str) -> None:
             assert not in_hierarchical, key
 
 
+async def two_leaders_of_one_shard() -> tuple[StandinOxia, StandinOxia]:
+    """Two started stand-ins for shard 0's leader before and after a move: the new one takes over the shard with its
+    state, its sessions and its log (Oxia replicates them)."""
+    old_leader, new_leader = StandinOxia(shards=1), StandinOxia(shards=1)
+    new_leader.shards, new_leader.sessions = old_leader.shards, old_leader.sessions
+    new_leader._session_ids = old_leader._session_ids
+    await old_leader.start()
+    await new_leader.start()
+    return old_leader, new_leader
+
+
 async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # CreateSession is answered only after the move (patched before the servers bind their handlers).
@@ -581,12 +592,7 @@ async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
         return await create_session(self, request, context)
 
     monkeypatch.setattr(standin._Servicer, "CreateSession", create_after_the_move)
-    old_leader, new_leader = StandinOxia(shards=1), StandinOxia(shards=1)
-    # The new leader takes over shard 0 with its state (Oxia replicates sessions and data).
-    new_leader.shards, new_leader.sessions = old_leader.shards, old_leader.sessions
-    new_leader._session_ids = old_leader._session_ids
-    await old_leader.start()
-    await new_leader.start()
+    old_leader, new_leader = await two_leaders_of_one_shard()
     store = await connect(old_leader.address)
     try:
         put = asyncio.ensure_future(store.put("/c/leader", b"me", ephemeral=True))
@@ -866,12 +872,7 @@ async def test_close_waits_for_the_deletion_of_its_ephemeral_records_when_offset
 async def test_notifications_follow_a_shard_to_its_new_leader() -> None:
     # The pump kept streaming from the deposed leader: one that stays up (cut off from its peers, not from us)
     # keeps the stream open and silent, and no change of the shard reached a subscriber again (a review).
-    old_leader, new_leader = StandinOxia(shards=1), StandinOxia(shards=1)
-    # The new leader takes over shard 0 with its state and log (Oxia replicates both).
-    new_leader.shards, new_leader.sessions = old_leader.shards, old_leader.sessions
-    new_leader._session_ids = old_leader._session_ids
-    await old_leader.start()
-    await new_leader.start()
+    old_leader, new_leader = await two_leaders_of_one_shard()
     store = await connect(old_leader.address)
     try:
         stream = store.notifications("/n/")
