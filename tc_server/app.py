@@ -8,6 +8,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 from dataclasses import dataclass, field
 
 import structlog
@@ -356,12 +357,12 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
             # participant records wait for an instance that has one.
             # A TLS context with a TLS upstream only (the pool refuses every plain URL given one,
             # Endpoint.with_tls: plain brokers were never told a decision), and always then: the credentials'
-            # own when they have one (trust certificates set, a client certificate), else the forwarding one
-            # (the system's CAs, --broker-client-tls-hostname-verification). Without one, a pulsar:// URL a
-            # lookup named in its TLS field was connected to in plain, tc-server's token in the clear (a review).
+            # own when they have one (trust certificates set, a client certificate), else the system's CAs with
+            # host names checked, as each connection made its own before. Without one, a pulsar:// URL a lookup
+            # named in its TLS field was connected to in plain, tc-server's token in the clear (a review).
             broker_pool = ConnectionPool(
                 connect_command(broker_credentials.client_auth()),
-                ssl_context=(broker_credentials.ssl_context or forwarding_tls_context(settings))
+                ssl_context=(broker_credentials.ssl_context or ssl.create_default_context())
                 if settings.upstream_tls else None,
                 timeout_s=settings.request_timeout_s, auth_data_source=broker_credentials.auth_data,
                 keepalive_s=settings.keepalive_s)

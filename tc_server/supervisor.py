@@ -286,6 +286,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             worker.ready, worker.ready_at, worker.answered_at, worker.killed_silent = False, None, None, False
+            worker.last_error = ""  # this start's, not an earlier one's
             try:
                 worker.proc = await self._start_process(worker.index)
                 worker.started_at = loop.time()
@@ -438,7 +439,7 @@ class Supervisor:
                       was_ready=worker.ready_at is not None)
             if worker.ready_at is None:
                 worker.killed_silent = True
-                worker.last_error = (f"its admin port answered nothing for {bound_s:.0f} s after its start (a store "
+                worker.last_error = (f"its admin port answered nothing for {bound_s:.0f} s while it started (a store "
                                      "that takes longer to open: on the embedded store, `tc-server upgrade-store` or "
                                      "one start with --workers 1 does that work once)")
             worker.started_at = None  # once: its exit is awaited by _keep_running, which starts the next

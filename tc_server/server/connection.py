@@ -942,7 +942,7 @@ class ClientConnection(asyncio.Protocol):
         if held + len(data) > MAX_ANSWERS_HELD_BYTES:
             self._ctx.metrics.connections_refused.labels("answers_unread").inc()
             if (left_out := self._ctx.log_limiter.allow("answers unread")) is not None:
-                self._log.warning("closing: the client reads none of its answers", held_bytes=held,
+                self._log.warning("closing: the client leaves its answers unread", held_bytes=held,
                                   limit_bytes=MAX_ANSWERS_HELD_BYTES, closed_since_last_line=left_out)
             # Cut, not flushed: it reads nothing, and a flushing close held all of it CLOSE_FLUSH_S more.
             self._closing = True
