@@ -531,8 +531,11 @@ class AdminRoutes:
         chosen: dict[tuple[int, int], dict[str, object]] = {}
         left_out: tuple[int, int] | None = None  # the last txn found still OPEN (its other records follow)
         unreadable: list[dict[str, object]] = []
-        # Per txn, the participants its leader here knows were told (read once per txn, not per record).
-        told_of: dict[tuple[int, int], AbstractSet[str]] = {}
+        # The participants its leader here knows were told, of the txn whose records are at hand (they come
+        # together): read once per txn, and only for a txn of the page. A dict of every txn scanned held memory for
+        # the whole range scanned, open txns included, not for the page (a review: 13.7 MB for 40,000 open txns).
+        told_txn: tuple[int, int] | None = None
+        told: AbstractSet[str] = frozenset()
         async with self._listing_scans:
             async for record in self._yielding(self._participant_records(coordinator_id, after)):
                 try:
@@ -552,13 +555,6 @@ class AdminRoutes:
                     entry = {"topic": participant.topic}
                     if participant.subscription is not None:
                         entry["subscription"] = participant.subscription
-                told = told_of.get(txn)
-                if told is None:
-                    told = told_of[txn] = self._tc.partition(txn[0]).told(txn[1]) if self._tc.leads(txn[0]) else set()
-                if record.key in told:
-                    # Its broker acknowledged; the record stays until every participant's has (a review on two
-                    # brokers: the listing named the broker that had answered as well as the one that had not).
-                    entry["acknowledged"] = True
                 doc = chosen.get(txn)
                 if doc is None:
                     if txn == left_out or (len(heap) > limit and txn > (-heap[0][0], -heap[0][1])):
@@ -573,6 +569,13 @@ class AdminRoutes:
                     else:
                         heapq.heappush(heap, (-txn[0], -txn[1]))
                     chosen[txn] = doc
+                if txn != told_txn:
+                    told_txn = txn
+                    told = self._tc.partition(txn[0]).told(txn[1]) if self._tc.leads(txn[0]) else frozenset()
+                if record.key in told:
+                    # Its broker acknowledged; the record stays until every participant's has (a review on two
+                    # brokers: the listing named the broker that had answered as well as the one that had not).
+                    entry["acknowledged"] = True
                 participants = doc["participants"]
                 assert isinstance(participants, list)
                 participants.append(entry)
