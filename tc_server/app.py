@@ -25,7 +25,7 @@ from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
 from tc_server.client import ConnectionPool, connect_command
-from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, parse_hostport
+from tc_server.config import ENV_PREFIX, Settings, ephemeral_port_range, is_wildcard, parse_hostport, url_host
 from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
 from tc_server.coordinator.partition import PartitionConfig
 from tc_server.metrics import Metrics
@@ -126,13 +126,13 @@ def worker_port_of(worker: WorkerRole | None) -> str:
 def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
     """The URL LOOKUP hands out when none is set: the listen address, or 127.0.0.1 when that is every
     address (which only a client on this host can follow: said once at start)."""
-    if host in ("0.0.0.0", "::", ""):
+    if is_wildcard(host):  # every spelling of it ("[0::0]" too)
         url = f"{scheme}://127.0.0.1:{port}"
         log.warning("no advertised URL set and listening on every address: LOOKUP names " + url + ", which "
                     "clients on other hosts cannot reach; set --advertised-url / TC_SERVER_ADVERTISED_URL "
                     "(resp. --advertised-url-tls)", advertised_url=url)
         return url
-    return f"{scheme}://{host}:{port}"
+    return f"{scheme}://{url_host(host)}:{port}"  # an IPv6 address in brackets: pulsar://::1:6650 splits no way
 
 
 async def open_configured_store(settings: Settings, *, read_only: bool = False) -> MetadataStore:

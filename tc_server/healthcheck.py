@@ -65,8 +65,12 @@ def admin_probe_tls_context(settings: Settings) -> ssl.SSLContext | None:
 def check_health(settings: Settings, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
     """None when /healthz answers 200; otherwise why not, in one line."""
     url = health_url(settings)
+    # No proxy: the probe asks this host's own admin port. urlopen took http_proxy / https_proxy from the
+    # environment, and a container with a corporate proxy there was unhealthy for good (a review).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                         urllib.request.HTTPSHandler(context=admin_probe_tls_context(settings)))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s, context=admin_probe_tls_context(settings)) as response:  # noqa: S310
+        with opener.open(url, timeout=timeout_s) as response:
             status = int(response.status)
     except urllib.error.HTTPError as exc:
         status = exc.code

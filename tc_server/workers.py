@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tc_server.config import ConfigError, Settings, parse_hostport, url_host
+from tc_server.config import ConfigError, Settings, is_wildcard, parse_hostport, url_host
 from tc_server.healthcheck import admin_base_url
 
 # Holds N in the data directory of a supervisor's workers (plain decimal text).
@@ -56,7 +56,7 @@ def _advertised_host_port(advertised: str, listen: str) -> tuple[str, int]:
         assert parts.hostname is not None and parts.port is not None  # Settings.validate checked
         return url_host(parts.hostname), parts.port
     host, port = parse_hostport(listen)
-    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else url_host(host)), port
+    return ("127.0.0.1" if is_wildcard(host) else url_host(host)), port
 
 
 def worker_url(settings: Settings, index: int) -> str:

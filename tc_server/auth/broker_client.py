@@ -158,11 +158,11 @@ def _tls_params(params: str, setting: str) -> tuple[str, str]:
     cert_file, key_file = values.get("tlsCertFile"), values.get("tlsKeyFile")
     if not cert_file or not key_file:
         raise ConfigError(f"{setting}: the TLS plugin needs tlsCertFile:/path,tlsKeyFile:/path")
-    return _path(cert_file), _path(key_file)
+    return _path(setting, cert_file), _path(setting, key_file)
 
 
-def _path(value: str) -> str:
-    return str(file_url_path(value)) if value.startswith("file:") else value
+def _path(setting: str, value: str) -> str:
+    return str(file_url_path(setting, value)) if value.startswith("file:") else value
 
 
 def forwarding_tls_context(settings: Settings) -> ssl.SSLContext | None:

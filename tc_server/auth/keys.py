@@ -32,18 +32,29 @@ def read_secret_text(setting: str, value: str) -> str:
     """A secret given inline or as ``file:///path`` (the file's text, surrounding whitespace removed,
     so a trailing newline of ``echo token > file`` does not count). Raises ConfigError."""
     if value.startswith("file:"):
-        return _file_url(setting, value).decode("utf-8", errors="strict").strip()
+        try:
+            return _file_url(setting, value).decode("utf-8", errors="strict").strip()
+        except UnicodeDecodeError:
+            # Not the traceback of a start (exit 1) but the setting's one line (exit 2), like every other bad file.
+            raise ConfigError(f"{setting}: the file it names is not UTF-8 text") from None
     return value
 
 
-def file_url_path(value: str) -> Path:
-    """``file:///a/b`` and ``file:/a/b`` name /a/b (as java.net.URI does)."""
+def file_url_path(setting: str, value: str) -> Path:
+    """``file:///a/b`` and ``file:/a/b`` name /a/b (as java.net.URI does). Raises ConfigError for a path that is
+    not UTF-8 once its %-escapes are decoded, or that holds a NUL (no file has such a name)."""
     parts = urlsplit(value)
-    return Path(unquote_to_bytes(parts.path).decode())
+    try:
+        path = unquote_to_bytes(parts.path).decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{setting}: the file: URL's path is not UTF-8 once its %-escapes are decoded") from None
+    if "\0" in path:
+        raise ConfigError(f"{setting}: the file: URL's path holds a NUL byte")
+    return Path(path)
 
 
 def _file_url(setting: str, value: str) -> bytes:
-    path = file_url_path(value)
+    path = file_url_path(setting, value)
     try:
         return path.read_bytes()
     except OSError as exc:

@@ -52,3 +52,15 @@ def test_healthcheck_usage_errors_do_not_exit_with_dockers_reserved_code(args: l
     # the one that comes to mind passes the same flag to healthcheck, and argparse exits 2.
     done = tc_server(["healthcheck", *args], clean_env())
     assert done.returncode in (0, 1), (done.returncode, done.stderr)
+
+
+def test_healthcheck_asks_its_own_admin_port_past_a_proxy_in_the_environment(tmp_path: Path) -> None:
+    # urlopen took http_proxy from the environment: a container with a corporate proxy there asked the proxy
+    # for 127.0.0.1's /healthz, and was unhealthy for good (a review). Here the proxy named refuses connections.
+    with started(tmp_path) as (server, outcome):
+        assert outcome.code is None, outcome.output
+        healthy_admin(server)
+        dead_proxy = f"http://127.0.0.1:{free_port()}"
+        done = tc_server(["healthcheck"], clean_env(TC_SERVER_ADMIN_LISTEN=f"127.0.0.1:{server.admin_port}",
+                                                    http_proxy=dead_proxy, HTTP_PROXY=dead_proxy))
+    assert done.returncode == 0, done.stderr

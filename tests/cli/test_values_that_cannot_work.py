@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tc_server.config import ConfigError, load_settings
+from tc_server.app import advertised_url_for
+from tc_server.config import ConfigError, load_settings, parse_hostport
 from tests.cli.run_as_operator import start_outcome
 
 
@@ -41,3 +42,36 @@ def test_a_config_file_with_a_utf8_byte_order_mark_is_read_or_named(tmp_path: Pa
         assert "BOM" in str(exc) or "byte order mark" in str(exc).lower(), str(exc)
     else:
         assert settings.cluster == "prod"
+
+
+@pytest.mark.parametrize(("setting", "value", "says"), [
+    ("--broker-client-auth-params", "file://{not_utf8}", "the file it names is not UTF-8 text"),
+    ("--broker-client-auth-params", "file:///tmp/%ff", "path is not UTF-8 once its %-escapes are decoded"),
+    ("--broker-client-auth-params", "file:///tmp/a%00b", "path holds a NUL byte"),
+    ("--token-secret-key", "file:///tmp/%ff", "path is not UTF-8 once its %-escapes are decoded"),
+    ("--token-public-key", "file:///tmp/x%00", "path holds a NUL byte"),
+])
+def test_a_file_setting_that_cannot_be_read_as_named_is_one_line_not_a_traceback(
+        tmp_path: Path, setting: str, value: str, says: str) -> None:
+    # A token file that is not UTF-8, or a file: URL whose path decodes to no file name, ended the start with a
+    # traceback and exit 1, where every other bad file is one line naming the setting and exit 2 (a review).
+    not_utf8 = tmp_path / "token"
+    not_utf8.write_bytes(b"\xff\xfe\x00bad")
+    flags = [setting, value.format(not_utf8=not_utf8)]
+    if setting == "--broker-client-auth-params":
+        flags += ["--upstream-url", "pulsar://127.0.0.1:1", "--broker-client-auth-plugin", "token"]
+    else:
+        flags += ["--authentication-providers", "token"]
+    outcome = start_outcome(tmp_path, *flags)
+    assert outcome.code == 2, outcome.output
+    assert "Traceback" not in outcome.output, outcome.output
+    name = setting.removeprefix("--").replace("-", "_")
+    assert f"tc-server: configuration error: {name}: " in outcome.output and says in outcome.output, outcome.output
+
+
+@pytest.mark.parametrize(("listen", "url"), [("[::1]:6650", "pulsar://[::1]:6650"), ("[0::0]:6650", "pulsar://127.0.0.1:6650"),
+                                           ("0.0.0.0:6650", "pulsar://127.0.0.1:6650"), ("h:6650", "pulsar://h:6650")])
+def test_the_url_handed_out_for_a_listener_is_one_clients_can_split(listen: str, url: str) -> None:
+    # Without --advertised-url, LOOKUP named pulsar://::1:PORT (no client can split it), and the wildcard
+    # spelled [0::0] itself, without the warning the other spellings of every address get (a review).
+    assert advertised_url_for(*parse_hostport(listen)) == url
