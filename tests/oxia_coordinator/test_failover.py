@@ -57,13 +57,19 @@ async def test_survivor_takes_every_coordinator_and_nothing_decided_changes(tmp_
         raise
     try:
 
+        seen: dict[str, set[int]] = {}
+
         async def split() -> bool:
             led_a, led_b = await led(a), await led(b)
-            return led_a is not None and led_b is not None and len(led_a) == len(led_b) == 8 and led_a | led_b == ALL
+            if led_a is not None and led_b is not None and len(led_a) == len(led_b) == 8 and led_a | led_b == ALL:
+                seen["a"] = led_a
+                return True
+            return False
 
         await poll(split, "two instances split the 16 coordinators 8/8")
-        led_by_a = await led(a)
-        assert led_by_a is not None
+        # What the poll saw, not a second /readyz: in a fresh-clone run on a machine loaded by benchmarks beside it,
+        # the second read found the instance not ready for a moment and failed the test (its logs were not kept).
+        led_by_a = seen["a"]
 
         # Before: each coordinator's client goes to the leader its LOOKUP names (TC_CLIENT_CONNECT
         # succeeds only there), half of them on each instance.
