@@ -465,6 +465,10 @@ class StopFailed(Exception):
     without the steps after it. Said as such, not as a failure to start (which is what the same error during
     the start would be)."""
 
+    @classmethod
+    def of(cls, exc: BaseException) -> StopFailed:
+        return cls(f"{type(exc).__name__}: {exc}")
+
 
 async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     """Run until SIGTERM, SIGINT or SIGHUP, then stop gracefully.
@@ -493,4 +497,4 @@ async def serve(settings: Settings, worker: WorkerRole | None = None) -> None:
     try:
         await app.stop()
     except (OSError, StoreError) as exc:
-        raise StopFailed(f"{type(exc).__name__}: {exc}") from exc
+        raise StopFailed.of(exc) from exc

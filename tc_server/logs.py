@@ -83,17 +83,14 @@ def configure_logging(fmt: str = "auto", level: str = "info", cache: bool = True
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
-    # Into the list loggers already built hold (structlog.testing.capture_logs edits it the same way): a new list
-    # left every logger cached before with the old chain, out of reach of a later capture_logs.
-    processors = structlog.get_config()["processors"]
-    processors[:] = [
+    processors = _held_processors([
         structlog.contextvars.merge_contextvars,
         _add_module_name,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         renderer,
-    ]
+    ])
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
@@ -116,6 +113,15 @@ def configure_logging(fmt: str = "auto", level: str = "info", cache: bool = True
     root.setLevel(max(logging.WARNING, getattr(logging, level.upper())))
 
 
+def _held_processors(processors: list[Any]) -> list[Any]:
+    """``processors`` written into the list loggers already built hold (structlog.testing.capture_logs edits it
+    the same way), which is returned: a new list left every logger cached before with the old chain, out of
+    reach of a later capture_logs."""
+    held: list[Any] = structlog.get_config()["processors"]
+    held[:] = processors
+    return held
+
+
 def logging_state() -> dict[str, Any]:
     """structlog's configuration now, its processors copied: what :func:`restore_logging` sets back."""
     state = structlog.get_config()
@@ -127,9 +133,7 @@ def restore_logging(state: dict[str, Any]) -> None:
     logger: what a program that ran a command in-process (the tests) sets back after it. The processors go into
     the list loggers already hold, as in configure_logging: structlog.reset_defaults() made a new one, and the
     loggers bound before no longer reached a later capture_logs (a CI run: two tests captured nothing)."""
-    processors = structlog.get_config()["processors"]
-    processors[:] = state["processors"]
-    structlog.configure(processors=processors, wrapper_class=state["wrapper_class"],
+    structlog.configure(processors=_held_processors(state["processors"]), wrapper_class=state["wrapper_class"],
                         context_class=state["context_class"], logger_factory=state["logger_factory"],
                         cache_logger_on_first_use=state["cache_logger_on_first_use"])
     root = logging.getLogger()

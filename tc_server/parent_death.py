@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 from typing import Final
 
@@ -25,3 +26,12 @@ def die_with_parent() -> None:
     where prctl is missing (not Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def parent_gone(parent_pid: int | None) -> bool:
+    """After :func:`die_with_parent`: whether the parent ended before the request took effect (the interpreter's
+    start takes tens of ms), so that nothing will signal this process: it was handed to init or a subreaper.
+    ``parent_pid``: the parent's pid, as the parent passed it; compared with it, not with 1, since a parent may be
+    PID 1 itself (a container's first process). None (not passed): init as the parent says so."""
+    parent = os.getppid()
+    return parent == 1 if parent_pid is None else parent != parent_pid

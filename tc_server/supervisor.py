@@ -50,7 +50,7 @@ from tc_server.config import Settings, parse_hostport
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import REFUSAL_PREFIX, LinesOrNothing, refusal_in, resolved_format, say_refusal
 from tc_server.metrics import build_info, process_series, ready_gauge, tls_certificate_expiry
-from tc_server.parent_death import die_with_parent
+from tc_server.parent_death import die_with_parent, parent_gone
 from tc_server.store import STORE_KINDS
 from tc_server.workers import worker_admin_url, worker_main_url
 
@@ -117,11 +117,9 @@ def follow_supervisor(supervisor_pid: int | None, log_format: str = "auto") -> N
     PID 1 itself. None (a worker started by hand, without it): init as the parent means the supervisor
     is gone, as before that option; the process says so instead of exiting without a word."""
     die_with_parent()
-    parent = os.getppid()
-    gone = parent == 1 if supervisor_pid is None else parent != supervisor_pid
-    if gone:
+    if parent_gone(supervisor_pid):
         say_refusal(f"tc-server: worker: its supervisor (pid {supervisor_pid or 'unknown'}) is gone (parent pid "
-                    f"{parent}); exiting", log_format)
+                    f"{os.getppid()}); exiting", log_format)
         sys.exit(1)
 
 
@@ -179,8 +177,6 @@ class _Worker:
     # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
     was_ready: bool = False
     last_error: str = ""  # its last "tc-server: ..." line (logs.say_refusal)
-    # Killed for its silence before it was ready (_kill_if_hung): a failed start, though by a signal.
-    killed_silent: bool = False
 
 
 class Supervisor:
@@ -285,7 +281,7 @@ class Supervisor:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            worker.ready, worker.ready_at, worker.answered_at, worker.killed_silent = False, None, None, False
+            worker.ready, worker.ready_at, worker.answered_at = False, None, None
             worker.last_error = ""  # this start's, not an earlier one's
             try:
                 worker.proc = await self._start_process(worker.index)
@@ -318,8 +314,8 @@ class Supervisor:
                 # retrying will not mend. Killed by a signal (the OOM killer, an operator) it was not, unless
                 # the signal was ours for a start that stayed silent: repeated, that start loops for good, each
                 # kill undoing its work (an embedded store's open taking longer than WORKER_START_SILENT_S), and
-                # said nothing but the kills (a review).
-                if code >= 0 or worker.killed_silent:
+                # said nothing but the kills (a review). _kill_if_hung marks its kill by started_at None.
+                if code >= 0 or worker.started_at is None:
                     worker.start_failures += 1
             else:
                 worker.start_failures = 0
@@ -438,7 +434,6 @@ class Supervisor:
                       silent_s=round(silent_s, 1), answered_since_start=answered_at is not None,
                       was_ready=worker.ready_at is not None)
             if worker.ready_at is None:
-                worker.killed_silent = True
                 worker.last_error = (f"its admin port answered nothing for {bound_s:.0f} s while it started (a store "
                                      "that takes longer to open: on the embedded store, `tc-server upgrade-store` or "
                                      "one start with --workers 1 does that work once)")
@@ -547,7 +542,7 @@ class Supervisor:
             except OSError as exc:
                 # Said as a stop that did not finish (exit 1), as a single process's is: the caller's "cannot
                 # start" (exit 2) would send the operator to the settings and files.
-                raise StopFailed(f"{type(exc).__name__}: {exc}") from exc
+                raise StopFailed.of(exc) from exc
         if self.failure is not None:
             code, message = self.failure
             say_refusal(message, self.settings.log_format)

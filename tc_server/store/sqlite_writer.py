@@ -37,7 +37,6 @@ module of another WRITER_LAYOUT (the package replaced in place under a running t
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import socket
@@ -49,7 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from tc_server.parent_death import die_with_parent
+from tc_server.parent_death import die_with_parent, parent_gone
 from tc_server.store.api import EXPECT_ABSENT, Outcome, sequence_key
 from tc_server.store.keys import now_ms, sequence_suffix, sequence_upper_bound
 from tc_server.store.writes import version_matches
@@ -140,9 +139,8 @@ def main(argv: list[str]) -> int:
     # Killed with tc-server however it ends: a writer stopped or stalled on a disk never reads the EOF
     # that ends it otherwise, and would hold the file's lock against the next tc-server.
     die_with_parent()
-    if parent_pid is not None and os.getppid() != parent_pid:
-        # tc-server ended before the request above was made (the interpreter's start takes tens of ms): nothing
-        # will kill this process, and stopped or stalled it would hold the file's lock against the next one.
+    if parent_pid is not None and parent_gone(parent_pid):
+        # Stopped or stalled, it would hold the file's lock against the next tc-server.
         print(f"tc-server store writer: tc-server (pid {parent_pid}) is gone; exiting", file=sys.stderr)
         return 4
     channel = socket.socket(fileno=socket_fd)
