@@ -219,6 +219,10 @@ class CoordinatorPartition:
         # value: whether that decision was the timeout's (EXPIRE), which the header does not tell (a client's
         # ABORT after the deadline is not a timeout); _adopt_decision counts it as it was decided.
         self._unsure: dict[int, bool] = {}
+        # Open txns whose NEW_TXN header write ended with an unknown outcome: counted as created when a read
+        # finds the header (_apply), or its timeout abort was counted with no creation to match, and
+        # TcServerTransactionsTimingOut's ratio grew past 1 with store trouble (a review).
+        self._created_unsure: set[int] = set()
         # least -> the deadline of an adopted txn stamped by a clock ahead of this one (adopt_one), which the
         # decisions go by instead of its header's; empty but for such txns.
         self._capped: dict[int, int] = {}
@@ -465,6 +469,7 @@ class CoordinatorPartition:
                 # whole timeout. expire() forgets an id without a header and puts one whose header exists
                 # back at its deadline; one that lands after that look is the overdue scan's.
                 self._track(least, min(header.deadline_ms, self._clock() + TIMEOUT_RETRY_MS))
+                self._created_unsure.add(least)
             return
         if least not in self._open and not self._stopped:
             # The write was slower than the txn's timeout: the sweep looked for the header before it
@@ -587,6 +592,9 @@ class CoordinatorPartition:
                         raise TransactionNotFound(f"transaction ({self.tc_id},{least}) not found") from None
                     raise StoreCorrupted(f"header of ({self.tc_id},{least}) is unreadable") from None
                 version = record.version
+                if least in self._created_unsure:  # its NEW_TXN's header did land
+                    self._created_unsure.discard(least)
+                    self._created.inc()
             if not (superuser or header.owner is None or header.owner == principal):
                 # Pulsar answers TransactionNotFound here, so the id's existence is not revealed: the
                 # same words as for an id that does not exist (above), not a word more.
@@ -746,6 +754,7 @@ class CoordinatorPartition:
             self._principals.remove(owner)
         self._headers.pop(least, None)
         self._unsure.pop(least, None)
+        self._created_unsure.discard(least)
         self._capped.pop(least, None)
         self._recorded.pop(least, None)
         self._complete.discard(least)
