@@ -35,7 +35,11 @@ class Health:
         """``component`` failed just now; ``until_recovered``: it stands until :meth:`recovered`."""
         now = self._clock()
         previous = self._failures.get(component)
-        since = previous.since if previous is not None else now
+        # A failure that no longer stood (aged out unseen) is not the start of this one: /readyz said
+        # "failing for an hour" of a store that had been healthy and ready in between (a review).
+        since = now
+        if previous is not None and (previous.sticky or now - previous.last <= FRESH_S):
+            since = previous.since
         self._failures[component] = _Failure(since, now, message[:300], until_recovered)
 
     def recovered(self, component: str) -> None:

@@ -120,6 +120,12 @@ async def test_failing_writes_make_readyz_fail_with_a_reason(settings: Settings)
         store.disk_full = False
         clock.now += FRESH_S + 1
         await until_status(app, 200)
+        # A failure an hour later is new: not "failing for 3631 s" from the aged-out one (a review).
+        clock.now += 3600
+        store.disk_full = True
+        assert (await client.new_txn(tc_id=1)).error is not None
+        doc = await until_status(app, 503)
+        assert any(p.startswith("metadata store failing for 0 s") for p in doc["problems"]), doc
         client.close()
     finally:
         await app.stop()
