@@ -183,7 +183,7 @@ async def open_store_waiting(settings: Settings, admin_tls: ServerTlsContext | N
     if settings.store != "oxia":
         return OpenedStore(await open_configured_store(settings))
     backoff = Backoff(STORE_RETRY_INITIAL_S, STORE_RETRY_MAX_S)
-    routes = StartingRoutes(settings.cluster, settings.coordinators)
+    routes = StartingRoutes(settings.cluster, settings.coordinators, admin_tls)
     routes.problem = f"metadata store: connecting to {settings.oxia_address}"
     # Bound before the first try, which an Oxia that takes connections and answers nothing holds for the
     # whole --request-timeout-s: a liveness probe meanwhile found no port, and restarted the container

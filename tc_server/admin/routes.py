@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from tc_server.auth.certificates import ServerTlsContext
 from tc_server.coordinator import events, layout
 from tc_server.coordinator.coordinator import TransactionCoordinator
 from tc_server.coordinator.errors import CoordinatorNotFound, InvalidTxnStatus, StoreCorrupted, TransactionNotFound
@@ -33,6 +34,7 @@ from tc_server.metrics import (
     build_info,
     process_series,
     ready_gauge,
+    tls_certificate_expiry,
 )
 from tc_server.store.api import Record, StoreError
 
@@ -153,7 +155,7 @@ class StartingRoutes:
     """The admin port while the start waits for a store that does not answer yet (app.open_store_waiting):
     the process lives (/healthz 200), and is not ready (/readyz 503 naming the store's last error)."""
 
-    def __init__(self, cluster: str, coordinators: int) -> None:
+    def __init__(self, cluster: str, coordinators: int, tls: ServerTlsContext | None = None) -> None:
         self.problem = "waiting for the metadata store"
         # tc_server_ready (0) and build_info: a scrape meanwhile finds an instance that is not ready, not one that is
         # down (a failed scrape), and the alert rules say which (deploy/prometheus/alerts.yml). And no leader known
@@ -165,6 +167,10 @@ class StartingRoutes:
         process_series(self._registry)
         unknown = ScrapedGauge(HAS_LEADER, HAS_LEADER_HELP, TC_LABELS, self._registry)
         unknown.read = lambda: [((cluster, str(tc_id)), 0.0) for tc_id in range(coordinators)]
+        if tls is not None:
+            # Its certificate is served meanwhile: the expiry alerts were blind to an instance that waited long
+            # for Oxia (a review).
+            tls_certificate_expiry(self._registry).read = tls.expiry_samples
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)

@@ -9,12 +9,15 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import urllib.request
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
 
+from tc_server.app import start_app
 from tc_server.client import (
     ClientAuth,
     ConnectionFailed,
@@ -437,3 +440,40 @@ async def test_a_tls_client_sent_directly_to_a_broker_without_tls_is_told_why(st
     finally:
         client.close()
         broker.stop()
+
+
+async def test_an_instance_waiting_for_its_store_serves_its_certificate_expiry(ca, tmp_path):
+    """While the start waits for an Oxia that does not answer, the admin port serves HTTPS with the certificate
+    (--admin-tls): its expiry is on /metrics there too, or the expiry alerts are blind to an instance that
+    waits long (a review: the waiting port's /metrics held tc_server_ready 0 and no expiry)."""
+    from tests.support.server_process import free_port
+
+    server = ca.issue("localhost", "server", server=True)
+    admin_port = free_port()
+    settings = Settings(store="oxia", oxia_address=f"127.0.0.1:{free_port()}", listen="127.0.0.1:0",
+                        admin_listen=f"127.0.0.1:{admin_port}", admin_tls=True, tls_cert_file=str(server.cert_file),
+                        tls_key_file=str(server.key_file), data_dir=str(tmp_path / "data"))
+    starting = asyncio.create_task(start_app(settings))
+
+    def scrape() -> str:
+        url = f"https://localhost:{admin_port}/metrics"
+        with urllib.request.urlopen(url, context=client_context(ca), timeout=5) as response:  # noqa: S310
+            return str(response.read().decode())
+
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                try:
+                    text = await asyncio.to_thread(scrape)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+        samples = {sample.name: sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples}
+        assert samples["tc_server_ready"] == 0, text  # still waiting
+        assert samples["tc_server_tls_certificate_expiry_timestamp_seconds"] == \
+            server.certificate.not_valid_after_utc.timestamp()
+    finally:
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
