@@ -405,6 +405,10 @@ class TransactionCoordinator:
         # The gauge reads the partition when scraped (set_function); point it away from the lost
         # partition, which it would otherwise keep alive (with its open-txn maps) until led again.
         self.metrics.active.labels(**self.metrics.tc(tc_id)).set_function(lambda: 0)
+        if tc_id == self.config.gc_coordinator:
+            # The sweep's count is the GC leader's to give (_run_gc): zeroed at the next tick only, up to
+            # --gc-interval-s later, it was summed with the new leader's meanwhile (a review).
+            self.metrics.outstanding_ops.set(0)
         if partition is not None:
             await self._stop_partition(partition)
 

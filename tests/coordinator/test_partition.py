@@ -537,3 +537,22 @@ async def test_the_outstanding_ops_gauge_is_zero_on_an_instance_that_does_not_ru
     finally:
         await tc.stop()
         await store.close()
+
+
+async def test_the_outstanding_ops_gauge_is_zeroed_as_the_gc_coordinator_is_lost():
+    # Zeroed only at the next GC tick (--gc-interval-s, 300 s by default) after another instance took over:
+    # meanwhile both exported a count, and sums over instances counted the records twice (a review).
+    store = MemoryStore()
+    metrics = Metrics("test")
+    config = CoordinatorConfig(partitions=1, timeout_sweep=False, gc_interval_s=3600)
+    tc = TransactionCoordinator(store, config, metrics, FakeClock())
+    await tc.start()
+    try:
+        assert await eventually(lambda: tc.leads(0))
+        metrics.outstanding_ops.set(7)  # what its sweep counted while it led coordinator 0
+        await store.delete(layout.leader_path(0))  # its leader record goes (an Oxia session expired)
+        assert await eventually(lambda: metrics.registry.get_sample_value(
+            "pulsar_txn_metadata_store_outstanding_op_records") == 0, attempts=100, delay=0.05)
+    finally:
+        await tc.stop()
+        await store.close()
