@@ -242,6 +242,7 @@ class ClientConnection(asyncio.Protocol):
         self._auth: AuthSession | None = None
         self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
+        self._eof_unread_at_tick = False  # half-closed, its answers unread at the last keep-alive tick
         self._keepalive: asyncio.TimerHandle | None = None
         # When a refresh challenge was sent because a broker refused the client's credentials (loop time;
         # None: none unanswered).
@@ -1026,6 +1027,16 @@ class ClientConnection(asyncio.Protocol):
         # bound): a healthy client's PONG waits unread, and closing lost every answer in flight on it. A
         # client that does not read its answers (write-buffer) is closed as before.
         pong_unread = self._flow.paused and not self._flow.paused_for("write-buffer")
+        # Half-closed and its answers unread for a whole interval: _close_if_done() waits for reading to resume
+        # (frames may wait in the decoder), which only the client's reading brings, and the ticks below skip
+        # a half-closed client, so one that never read held its slot and buffers for good (a review). Closed
+        # as a client that does not PONG is; close() still gives it CLOSE_FLUSH_S to take its answers.
+        unread = self._eof and self._flow.paused_for("write-buffer")
+        if unread and self._eof_unread_at_tick:
+            self._log.warning("half-closed client reads none of its answers; closing")
+            self.close()
+            return
+        self._eof_unread_at_tick = unread
         # A client that shut down its sending side (eof_received: its answers still due) cannot PONG, and a
         # broker pings no peer below protocol version 1 (PulsarHandler.handleKeepAliveTimeout): neither is
         # dead for a missing PONG. The first closes once its requests are answered (_close_if_done); the
