@@ -28,6 +28,7 @@ from tc_server.client.errors import (
 )
 from tc_server.outgoing import OutgoingFrames
 from tc_server.wire import (
+    MESSAGE_SIZE_FRAME_PADDING,
     AuthChallenge,
     AuthResponse,
     Command,
@@ -53,6 +54,9 @@ PROTOCOL_VERSION = 21
 # What a broker may send us: its frames are bounded by its maxMessageSize (5 MiB default) + 10 KiB,
 # and the answers we wait for are far smaller; a peer announcing more is broken.
 MAX_FRAME_SIZE = 5 * 1024 * 1024 + 10 * 1024
+# A peer's CONNECTED may announce more (its maxMessageSize): frames up to that are taken from it, up to what a
+# 32-bit size field holds.
+MAX_ANNOUNCED_FRAME_SIZE = 2**31 - 1
 
 # Called with every command that answers no pending request (pushes, late answers, unmatched ERRORs).
 CommandListener = Callable[[Command, bytes], None]
@@ -203,7 +207,14 @@ class PulsarConnection(asyncio.Protocol):
             return
         if self._connect is not None and not self._connected.done():
             if kind is Connected:
-                self._connected.set_result(cast(Connected, cmd))
+                connected = cast(Connected, cmd)
+                if connected.max_message_size:
+                    # Its frames from here are bounded by what it announces, as the Java client's decoder is: a
+                    # broker with a larger maxMessageSize answered a forwarded GET_SCHEMA over 5 MiB in a frame
+                    # that failed this connection, and the client heard MetadataError on every retry (a review).
+                    self._decoder.max_frame_size = max(self._decoder.max_frame_size, min(
+                        connected.max_message_size + MESSAGE_SIZE_FRAME_PADDING, MAX_ANNOUNCED_FRAME_SIZE))
+                self._connected.set_result(connected)
                 self._schedule_keepalive()
                 return
             if kind is Error:

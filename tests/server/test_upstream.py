@@ -25,6 +25,7 @@ from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.app import App, start_app
 from tc_server.client import (
     ClientAuth,
+    ConnectionClosed,
     HandshakeRefused,
     PulsarConnection,
     TcClient,
@@ -772,3 +773,38 @@ async def test_a_broker_past_its_connection_limit_leaves_the_next_upstream_url_t
         answer = await client.lookup(TOPIC)
     assert answer.response is LookupType.CONNECT, answer
     assert full.connects and healthy.connections_total == 1
+
+
+@pytest.mark.parametrize("announced", [None, 10 << 20])
+async def test_answers_are_taken_up_to_the_size_the_broker_announces(announced: int | None) -> None:
+    # A broker's frames are bounded by the maxMessageSize its CONNECTED announces, as the Java client's decoder
+    # takes them: a broker with a larger one answered a forwarded GET_SCHEMA over 5 MiB in a frame that failed
+    # tc-server's connection to it, and the client heard MetadataError on every retry (a review).
+    big = "x" * (6 << 20)
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder(1 << 20)
+        while data := await reader.read(65536):
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                command = decode_command(frame)
+                if isinstance(command, Connect):
+                    writer.write(encode_command(Connected("stand-in", 21, announced)))
+                elif isinstance(command, Lookup):
+                    writer.write(encode_command(LookupResponse(command.request_id, LookupType.FAILED, message=big)))
+        writer.close()
+
+    server = await asyncio.start_server(broker, "127.0.0.1", 0)
+    try:
+        connection = await open_connection(f"pulsar://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            if announced is None:  # the default bound, 5 MiB + 10 KiB: the frame fails the connection
+                with pytest.raises(ConnectionClosed):
+                    await connection.request(Lookup(TOPIC, 1), timeout_s=10)
+            else:
+                answer = await connection.request(Lookup(TOPIC, 1), timeout_s=10)
+                assert isinstance(answer, LookupResponse) and answer.message == big
+        finally:
+            connection.close()
+    finally:
+        server.close()
