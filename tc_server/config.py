@@ -68,6 +68,15 @@ def is_wildcard(host: str) -> bool:
         return False
 
 
+def is_ip_address(host: str) -> bool:
+    """``host`` (as parse_hostport gives it) is an address, not a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def url_host(host: str) -> str:
     """``host`` as a URL or HOST:PORT writes it: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
@@ -416,7 +425,9 @@ class Settings:
             for second in derived[i + 1:]:
                 host_a, port_a = parse_hostport(getattr(self, first))
                 host_b, port_b = parse_hostport(getattr(self, second))
-                same_host = host_a == host_b or is_wildcard(host_a) or is_wildcard(host_b)
+                # Apart only as two different addresses: a name (localhost) may be the other's address.
+                same_host = host_a == host_b or is_wildcard(host_a) or is_wildcard(host_b) or not (
+                    is_ip_address(host_a) and is_ip_address(host_b))
                 check(not (same_host and abs(port_a - port_b) <= n), second,
                       f"its ports {port_b}-{port_b + n} overlap {first}'s {port_a}-{port_a + n} (with --workers "
                       f"{n} each takes its port + 1 to + {n}): set them more than {n} apart")

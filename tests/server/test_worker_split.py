@@ -94,6 +94,9 @@ def test_a_worker_index_outside_the_workers_is_refused() -> None:
      "tls_listen: its ports 6651-6653 overlap listen's 6650-6652 .*set them more than 2 apart"),
     ({"workers": "2", "listen": "127.0.0.1:6650", "admin_listen": "127.0.0.1:6648"},
      "listen: its ports 6650-6652 overlap admin_listen's 6648-6650"),
+    # A name may be the other's address (the check compared the strings: a worker's bind failed instead).
+    ({"workers": "2", "listen": "localhost:6650", "admin_listen": "127.0.0.1:6648"},
+     "listen: its ports 6650-6652 overlap admin_listen's 6648-6650"),
 ])
 def test_settings_that_cannot_make_workers_are_refused(flags: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
