@@ -57,24 +57,24 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` (as parse_hostport gives it) as an IP address; None for a name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
 def is_wildcard(host: str) -> bool:
     """``host`` (as parse_hostport gives it) is every address of the machine: one to listen on, which a
     client on another host reads as itself."""
-    if not host:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
+    address = _ip_address(host)
+    return not host or (address is not None and address.is_unspecified)
 
 
 def is_ip_address(host: str) -> bool:
     """``host`` (as parse_hostport gives it) is an address, not a name."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    return _ip_address(host) is not None
 
 
 def url_host(host: str) -> str:

@@ -25,6 +25,10 @@ class _Failure:
     message: str
     sticky: bool
 
+    def stands(self, now: float) -> bool:
+        """Whether it still makes the instance unready: until recovered, or FRESH_S after it was last seen."""
+        return self.sticky or now - self.last <= FRESH_S
+
 
 class Health:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -37,9 +41,7 @@ class Health:
         previous = self._failures.get(component)
         # A failure that no longer stood (aged out unseen) is not the start of this one: /readyz said
         # "failing for an hour" of a store that had been healthy and ready in between (a review).
-        since = now
-        if previous is not None and (previous.sticky or now - previous.last <= FRESH_S):
-            since = previous.since
+        since = previous.since if previous is not None and previous.stands(now) else now
         self._failures[component] = _Failure(since, now, message[:300], until_recovered)
 
     def recovered(self, component: str) -> None:
@@ -52,4 +54,4 @@ class Health:
         now = self._clock()
         return [f"{component} failing for {now - failure.since:.0f} s: {failure.message}"
                 for component, failure in sorted(self._failures.items())
-                if failure.sticky or now - failure.last <= FRESH_S]
+                if failure.stands(now)]
