@@ -409,6 +409,12 @@ async def open_connection(
     except (OSError, TimeoutError) as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
         raise ConnectionFailed(url, f"cannot connect: {reason}") from None
+    except UnicodeError as exc:
+        # A host name the resolver cannot encode ("a..b", a label over 63 characters), as a broker's REDIRECT
+        # may name: it escaped as a ValueError, and the client whose lookup followed it was never answered
+        # (a review).
+        raise ConnectionFailed(url, f"cannot connect: the host name {endpoint.host[:256]!r} is not valid: "
+                                    f"{exc}") from None
     conn.url = url
     try:
         await conn.handshake(connect or connect_command(), timeout_s)

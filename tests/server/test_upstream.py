@@ -123,6 +123,22 @@ async def test_a_broker_url_that_does_not_parse_fails_the_lookup_with_a_typed_an
         assert (await client.lookup(TOPIC)).response is LookupType.FAILED
 
 
+@pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example"], ids=["empty-label", "label-over-63"])
+async def test_a_redirect_to_a_host_name_that_cannot_be_encoded_fails_the_lookup_with_a_typed_answer(settings, host):
+    # Found by a review: the resolver's UnicodeError (a ValueError) escaped the forward, and the client got no
+    # answer at all (its operation timeout), with a traceback logged per lookup.
+    broker = StandInBroker(lambda lookup: LookupResponse(lookup.request_id, LookupType.REDIRECT,
+                                                         broker_service_url=f"pulsar://{host}:6650"))
+    with capture_logs() as logged:
+        async with front_door(settings, [broker]) as (_, client):
+            async with asyncio.timeout(1.0):  # well inside tc-server's request timeout (2 s)
+                failed = await client.lookup(TOPIC)
+            assert failed.response is LookupType.FAILED and failed.error is ServerError.MetadataError, failed
+            assert host in (failed.message or ""), failed
+            assert (await client.lookup(TOPIC)).response is LookupType.FAILED  # the connection goes on
+    assert not [line for line in logged if line.get("exc_info")], logged
+
+
 async def ask_to_be_relayed(app: App, owner: StandInBroker, **connect_fields: Any) -> asyncio.StreamWriter:
     """A raw client connection to ``app`` whose CONNECT asks to be carried to ``owner`` (proxy_to_broker_url)."""
     _, writer = await asyncio.open_connection("127.0.0.1", app.listeners[0].port)
