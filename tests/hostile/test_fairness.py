@@ -111,3 +111,34 @@ async def test_a_client_that_connects_after_the_flood_is_handshaken_and_served(s
             client.close()
     finally:
         await app.stop()
+
+
+async def test_sockets_that_never_connect_take_no_share_of_the_bound(settings: Settings) -> None:
+    # Found by a review: every accepted socket shared the bound, so 400 sockets sending nothing (no CONNECT,
+    # no authentication needed) cut every client's share from 2,048 requests in flight to 10. Only the
+    # connections served here share it now.
+    store = GatedStore()
+    app = await start_app(replace(settings, max_requests_in_flight=BOUND), store=store)
+    idle: list[asyncio.StreamWriter] = []
+    try:
+        context = app.context
+        for _ in range(50):
+            idle.append((await asyncio.open_connection("127.0.0.1", app.listeners[0].port))[1])
+        client = await connect("127.0.0.1", app.listeners[0].port)
+        assert len(context.connections) == 51
+        store.gate.clear()
+        requests = [asyncio.ensure_future(client.new_txn(tc_id=i % 16)) for i in range(20)]
+        for _ in range(500):  # until the client has taken what it may (bounded)
+            await asyncio.sleep(0.01)
+            if context.in_flight >= BOUND // 2:
+                break
+        await asyncio.sleep(0.1)  # and nothing more is read
+        # Half of the bound, as for a connection alone (with the idle sockets counted: 1).
+        assert context.in_flight == BOUND // 2
+        store.gate.set()
+        assert all(a.error is None for a in await asyncio.wait_for(asyncio.gather(*requests), ANSWER_BOUND_S))
+        client.close()
+    finally:
+        for writer in idle:
+            writer.close()
+        await app.stop()
