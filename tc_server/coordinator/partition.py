@@ -1265,9 +1265,11 @@ class CoordinatorPartition:
         then refused, where it opened the txn again on the broker, which nobody would ever end: the
         partition's readers stayed pinned. Nothing else held: the watermark is the txn itself (every other id
         handed out here was ended)."""
-        if not self._recovered or self._stopped:
+        if not self._recovered or self._stopped or self.lease_lapsed():
             # Stopping: a txn decided meanwhile leaves the open set without entering the outbox (the next
-            # leader re-drives it), so memory no longer holds everything below a watermark.
+            # leader re-drives it), so memory no longer holds everything below a watermark. Lapsed: another
+            # instance may lead and have handed out ids this one never saw, below an id block this one took
+            # since (a NEW_TXN refused for the lapse), and a watermark from here could cover them (a review).
             return UNKNOWN_WATERMARK
         if ending is not None and ending in self._undelivered and ending not in self._open:
             # From the heaps, not a pass over the outbox: asked at every send, its cost grew with the backlog's

@@ -1218,6 +1218,24 @@ async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_sta
     await partition.stop()
 
 
+async def test_no_watermark_is_sent_while_the_lease_lapsed(store: MetadataStore) -> None:
+    # Found by a review: while this instance's hold may have lapsed, another may lead and hand out ids it never
+    # saw, some below an id block this one takes since (a NEW_TXN refused for the lapse reserves one); a
+    # watermark from this instance's memory could cover them, and a broker would abort them.
+    lease_until = [math.inf]
+    partition = CoordinatorPartition(0, store, PartitionConfig(), Metrics("test"), sweep_timeouts=False,
+                                     lease=lambda: lease_until[0])
+    await partition.recover_outbox()
+    least = await partition.new_txn(60_000, None)
+    assert partition.low_watermark() == least - 1
+    lease_until[0] = 0.0
+    assert partition.low_watermark() == UNKNOWN_WATERMARK
+    assert partition.low_watermark(ending=least) == UNKNOWN_WATERMARK
+    lease_until[0] = math.inf  # renewed: this instance goes on leading, and its memory holds all again
+    assert partition.low_watermark() == least - 1
+    await partition.stop()
+
+
 async def test_a_participant_recorded_while_the_lease_lapsed_is_told_the_decision_once_renewed() -> None:
     # The ADD's record reached the store, but the lease had lapsed when the write was answered: the ADD is
     # answered TransactionCoordinatorNotFound. The lease is then renewed (a keep-alive answered: this instance
