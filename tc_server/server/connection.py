@@ -100,6 +100,10 @@ SMALL_INPUT_BYTES = 16 * 1024
 ANSWERS_QUEUED_BYTES = 64 * 1024
 # WATCH_TC_ASSIGNMENTS watches one connection may hold (a client needs one; see ClientConnection._watch).
 MAX_WATCHES_PER_CONNECTION = 16
+# The largest frame read before the handshake is done (then --max-frame-size): a CONNECT and its credentials
+# (a token of a few KB), or a PING. Every frame is parsed whole, and anyone who can reach the port could make
+# the event loop parse 5 MB frames of junk, as often as it liked, without a credential (a review).
+MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 # How long a closing connection may take to hand its last answers to the client before it is cut: one
 # that reads nothing (hung, paused) never takes them, and a graceful close waits for that forever.
 CLOSE_FLUSH_S = 5.0
@@ -228,7 +232,7 @@ class ClientConnection(asyncio.Protocol):
         # getpid() system call on every call in CPython 3.11 (its fork check): ~5 % of the server's busy
         # samples when called per request and per answer (py-spy, issue 13).
         self._loop = asyncio.get_running_loop()
-        self._decoder = FrameDecoder(context.max_frame_size)
+        self._decoder = FrameDecoder(min(MAX_FRAME_BEFORE_CONNECT, context.max_frame_size))
         self._transport: asyncio.Transport | None = None
         self._log: Any = log
         self._address = ""  # the remote host, counted against --max-connections-per-address
@@ -598,6 +602,7 @@ class ClientConnection(asyncio.Protocol):
             self._carry_to(target, connect)
             return
         self._connected = True
+        self._decoder.max_frame_size = self._ctx.max_frame_size
         self._ctx.serving(self)
         self._principal = result.principal
         self._superuser = result.superuser

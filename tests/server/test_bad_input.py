@@ -10,6 +10,7 @@ import struct
 
 import pytest
 
+from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.client import TcClient, connect
 from tc_server.wire import NewTxn as NewTxnCmd
 from tc_server.wire import ServerError, Unknown, encode_command, encode_frame
@@ -142,4 +143,54 @@ async def test_a_txn_request_whose_serving_is_cancelled_from_elsewhere_is_answer
     assert "CancelledError" in (answer.message or "")
     assert (await victim.new_txn(tc_id=3)).error is None
     victim.close()
+    await bystander_still_works(app, bystander)
+
+
+async def test_a_frame_over_64_kib_before_connect_closes_the_connection_naming_the_limit(app, bystander):
+    # Found by a review: a frame was parsed whole before anything asked for CONNECT, so anyone who could reach
+    # the port made the event loop parse 5 MB of junk per frame, without a credential. Before the handshake
+    # the limit is 64 KiB; after it, --max-frame-size (the test below).
+    victim = await connect("127.0.0.1", app.listener.port, handshake=False)
+    victim.send_raw(struct.pack(">II", 64 * 1024 - 4 + 1, 5) + b"\x00" * 1024)
+    assert await closed_within(victim)
+    assert [e.error for e in victim.errors] == [ServerError.UnknownError]
+    assert "exceeds the limit of 65536" in victim.errors[0].message, victim.errors[0].message
+    await bystander_still_works(app, bystander)
+
+
+async def test_after_connect_frames_up_to_the_max_frame_size_are_read(app, bystander):
+    # The same client, handshaken (CONNECT and the large frame in one write: the CONNECT is served first), may
+    # send frames up to --max-frame-size (256 KiB in these tests): this PING, padded to 128 KiB with a field
+    # no version of the protocol has, is read and answered.
+    victim = await connect("127.0.0.1", app.listener.port)
+    ping = pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing()).SerializeToString()
+    victim.send_raw(encode_frame(ping + bytes([0xFA, 0x3E, 0x80, 0x80, 0x08]) + b"\x00" * 128 * 1024))
+    assert (await victim.new_txn(tc_id=1)).error is None  # the connection goes on
+    assert not victim.errors
+    victim.close()
+    await bystander_still_works(app, bystander)
+
+
+def _add_partitions(count: int) -> bytes:
+    return pb.BaseCommand(type=pb.BaseCommand.ADD_PARTITION_TO_TXN, addPartitionToTxn=pb.CommandAddPartitionToTxn(
+        request_id=5, partitions=["a"] * count)).SerializeToString()
+
+
+def _lookup_properties(count: int) -> bytes:
+    return pb.BaseCommand(type=pb.BaseCommand.LOOKUP, lookupTopic=pb.CommandLookupTopic(
+        topic="t", request_id=5, properties=[pb.KeyValue(key="", value="")] * count)).SerializeToString()
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    (_add_partitions(5000), "ADD_PARTITION_TO_TXN (52) lists 5000 partitions; at most 4096"),
+    (_lookup_properties(5000), "LOOKUP (23) lists 5000 properties; at most 4096"),
+], ids=["add-partition", "lookup-properties"])
+async def test_a_request_listing_more_than_4096_entries_is_refused_naming_the_count(app, bystander, body, named):
+    # Found by a review: each entry became Python objects before the coordinator could refuse the request
+    # (1.25 million partitions: ~3.6 s of the event loop and 170 MB).
+    victim = await connect("127.0.0.1", app.listener.port)
+    victim.send_raw(encode_frame(body))
+    assert await closed_within(victim)
+    assert [(e.request_id, e.error) for e in victim.errors] == [(5, ServerError.UnknownError)]
+    assert named in victim.errors[0].message, victim.errors[0].message
     await bystander_still_works(app, bystander)

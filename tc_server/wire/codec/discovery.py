@@ -7,6 +7,7 @@ from typing import Final
 
 from tc_server._proto import pulsar_tc_pb2 as pb
 from tc_server.wire.codec.registry import (
+    checked_count,
     checked_request_id,
     error_message,
     missing,
@@ -71,6 +72,7 @@ def _decode_lookup(base: pb.BaseCommand) -> Command:
     request_id = checked_request_id(m, _Base.LOOKUP)
     if not m.HasField("topic"):
         raise missing(_Base.LOOKUP, "topic", request_id)
+    checked_count(m.properties, _Base.LOOKUP, "properties", request_id)
     return Lookup(text(m.topic), request_id, m.authoritative, opt_text(m, "advertised_listener_name"),
                   tuple((text(p.key), text(p.value)) for p in m.properties))
 

@@ -11,7 +11,7 @@ the checks for them live in the decoders, and each one names the field it found 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any, Final, TypeVar
 
 from google.protobuf import unknown_fields
@@ -120,6 +120,19 @@ def no_body(code: int, field: str) -> MalformedCommand:
 
 def missing(code: int, field: str, request_id: int | None = None) -> MalformedCommand:
     return MalformedCommand(f"{type_name(code)} without required field {field}", request_id)
+
+
+# Entries one request's repeated field may list (an ADD_*'s topics or subscriptions, a LOOKUP's properties).
+# Each became Python objects before anything could refuse the request: one 5 MB LOOKUP of 870,000 empty
+# properties, sent before CONNECT, held the event loop for over a second (a review). Far above what clients
+# send (one topic per ADD, a few properties); the coordinator refuses more than 256 participants anyway.
+MAX_LISTED: Final = 4096
+
+
+def checked_count(entries: Sized, code: int, field: str, request_id: int) -> None:
+    """Refuse a request whose repeated ``field`` lists more than MAX_LISTED entries (counted, not read)."""
+    if len(entries) > MAX_LISTED:
+        raise MalformedCommand(f"{type_name(code)} lists {len(entries)} {field}; at most {MAX_LISTED}", request_id)
 
 
 def checked_request_id(msg: Any, code: int) -> int:

@@ -14,6 +14,7 @@ from tc_server.wire.codec.registry import (
     SMALL_VARINTS,
     U64_MASK,
     Decoder,
+    checked_count,
     checked_request_id,
     error_message,
     missing,
@@ -72,6 +73,7 @@ def _decode_add_partition(base: pb.BaseCommand) -> Command:
         raise no_body(_Base.ADD_PARTITION_TO_TXN, "addPartitionToTxn")
     m = base.addPartitionToTxn
     request_id = checked_request_id(m, _Base.ADD_PARTITION_TO_TXN)
+    checked_count(m.partitions, _Base.ADD_PARTITION_TO_TXN, "partitions", request_id)
     return AddPartitionToTxn(
         request_id,
         m.txnid_most_bits,
@@ -87,6 +89,7 @@ def _decode_add_subscription(base: pb.BaseCommand) -> Command:
         raise no_body(code, "addSubscriptionToTxn")
     m = base.addSubscriptionToTxn
     request_id = checked_request_id(m, code)
+    checked_count(m.subscription, code, "subscriptions", request_id)
     subscriptions = []
     for s in m.subscription:
         if not (s.HasField("topic") and s.HasField("subscription")):
