@@ -258,6 +258,7 @@ class ClientConnection(asyncio.Protocol):
         self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
         self._eof_unread_at_tick = False  # half-closed, its answers unread at the last keep-alive tick
+        self._partial_frame_at_tick = False  # a v0 client's frame unfinished at the last keep-alive tick
         self._keepalive: asyncio.TimerHandle | None = None
         # When a refresh challenge was sent because a broker refused the client's credentials (loop time;
         # None: none unanswered).
@@ -1059,6 +1060,16 @@ class ClientConnection(asyncio.Protocol):
         # dead for a missing PONG. The first closes once its requests are answered (_close_if_done); the
         # second stays as long as it is connected, as at a broker, within the connection limits.
         if self._eof or self._protocol_version < 1:
+            # But a frame begun and unfinished across a whole interval is no client's (the PONG rule closes any
+            # other such connection): a v0 one holding part of a large frame kept its slot and input budget for
+            # good, and a dozen of them held the budget over its limit, which then closed others (a review).
+            partial = not self._eof and self._decoder.buffered > 0 and not self._flow.paused
+            if partial and self._partial_frame_at_tick:
+                self._log.warning("a frame unfinished for a whole keep-alive interval; closing",
+                                  buffered=self._decoder.buffered)
+                self.close()
+                return
+            self._partial_frame_at_tick = partial
             self._schedule_keepalive()
             return
         if self._waiting_pong and not pong_unread:

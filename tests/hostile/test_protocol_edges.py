@@ -5,6 +5,7 @@ client library's own keep-alive gets in the way."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from dataclasses import replace
 
 from tc_server.app import App, start_app
@@ -65,6 +66,25 @@ async def test_a_v0_client_is_not_pinged_nor_dropped_for_a_missing_pong(settings
         pings = [c for c in got if isinstance(c, Ping)]
         assert not pings and not closed, (f"a v0 client (no PING/PONG in its protocol) got {len(pings)} PING(s) "
                                           f"and was {'closed' if closed else 'kept'}")
+    finally:
+        await app.stop()
+
+
+async def test_a_v0_client_holding_an_unfinished_frame_for_a_whole_interval_is_closed(settings: Settings) -> None:
+    """Found by a review: not pinged (above), a v0 client was never closed at all, and one that sent the first
+    megabyte of a frame and nothing more held its slot and that megabyte for good (a dozen held the input
+    budget over its limit, which then closed other clients). A frame begun and unfinished across a whole
+    keep-alive interval closes it, as the missing PONG closes any other client."""
+    app = await start_app(replace(settings, keepalive_s=0.2, max_frame_size=5 * 1024 * 1024))
+    try:
+        assert app.listener is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+        writer.write(encode_command(connect_command(protocol_version=0)))
+        writer.write(struct.pack(">II", 4 * 1024 * 1024, 4 * 1024 * 1024 - 4) + b"\0" * 1024 * 1024)
+        got, closed = await read_commands(reader, 3.0)  # ~15 keep-alive intervals
+        writer.close()
+        assert got and isinstance(got[0], Connected) and got[0].protocol_version == 0
+        assert closed, "a v0 client holding 1 MB of an unfinished frame was kept"
     finally:
         await app.stop()
 
