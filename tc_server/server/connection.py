@@ -258,7 +258,10 @@ class ClientConnection(asyncio.Protocol):
         self._auth_check: asyncio.TimerHandle | None = None
         self._waiting_pong = False
         self._eof_unread_at_tick = False  # half-closed, its answers unread at the last keep-alive tick
-        self._partial_frame_at_tick = False  # a v0 client's frame unfinished at the last keep-alive tick
+        self._frames_read = 0
+        # A v0 client's frame unfinished at the last keep-alive tick with no frame read since the one before.
+        self._partial_frame_at_tick = False
+        self._frames_at_tick = 0  # _frames_read at the last keep-alive tick
         self._keepalive: asyncio.TimerHandle | None = None
         # When a refresh challenge was sent because a broker refused the client's credentials (loop time;
         # None: none unanswered).
@@ -405,12 +408,15 @@ class ClientConnection(asyncio.Protocol):
                 if frame is None:
                     self._close_if_done()
                     return
+                self._frames_read += 1
                 self._on_frame(frame)
         except FrameError as exc:
-            self._warn_any_client_can("bad frame; closing", error=str(exc))
+            # The limit before the handshake is not --max-frame-size: said, lest an operator look for it there.
+            why = str(exc) if self._connected else f"{exc} (before CONNECT is served)"
+            self._warn_any_client_can("bad frame; closing", error=why)
             # Said before the close (request id -1: no request of the frame could be read), so that the client's
             # log names why: a frame over --max-frame-size was a bare disconnect (a review).
-            self.send(Error(NO_REQUEST_ID, ServerError.UnknownError, f"bad frame: {exc}"))
+            self.send(Error(NO_REQUEST_ID, ServerError.UnknownError, f"bad frame: {why}"))
             self.close()
         finally:
             self._count_input()
@@ -1060,16 +1066,19 @@ class ClientConnection(asyncio.Protocol):
         # dead for a missing PONG. The first closes once its requests are answered (_close_if_done); the
         # second stays as long as it is connected, as at a broker, within the connection limits.
         if self._eof or self._protocol_version < 1:
-            # But a frame begun and unfinished across a whole interval is no client's (the PONG rule closes any
-            # other such connection): a v0 one holding part of a large frame kept its slot and input budget for
-            # good, and a dozen of them held the budget over its limit, which then closed others (a review).
-            partial = not self._eof and self._decoder.buffered > 0 and not self._flow.paused
-            if partial and self._partial_frame_at_tick:
+            # But a frame unfinished across a whole interval, with no frame read meanwhile, is no client's (the
+            # PONG rule closes any other such connection): a v0 one holding part of a large frame kept its slot
+            # and input budget for good, and a dozen of them held the budget over its limit, which then closed
+            # others (a review). A pipelining client's reads end mid-frame too: it reads frames all the while.
+            stalled = (not self._eof and self._decoder.buffered > 0 and not self._flow.paused
+                       and self._frames_read == self._frames_at_tick)
+            if stalled and self._partial_frame_at_tick:
                 self._log.warning("a frame unfinished for a whole keep-alive interval; closing",
                                   buffered=self._decoder.buffered)
                 self.close()
                 return
-            self._partial_frame_at_tick = partial
+            self._partial_frame_at_tick = stalled
+            self._frames_at_tick = self._frames_read
             self._schedule_keepalive()
             return
         if self._waiting_pong and not pong_unread:

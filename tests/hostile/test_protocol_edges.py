@@ -89,6 +89,35 @@ async def test_a_v0_client_holding_an_unfinished_frame_for_a_whole_interval_is_c
         await app.stop()
 
 
+async def test_a_v0_client_whose_reads_end_mid_frame_while_it_pipelines_is_kept(settings: Settings) -> None:
+    """The rule above closes a frame unfinished with nothing read meanwhile, not any partial frame at a tick: a
+    pipelining client's writes often end mid-frame (a review: one whose every write did, each frame finished
+    within 50 ms, was closed after 7 answers)."""
+    app = await start_app(replace(settings, keepalive_s=0.2))
+    try:
+        assert app.listener is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.listener.port)
+        writer.write(encode_command(connect_command(protocol_version=0)))
+
+        async def pipeline() -> None:
+            pending = b""
+            for request_id in range(1, 41):  # ~10 keep-alive intervals
+                data = pending + encode_command(NewTxn(request_id, 60_000, request_id % 16))
+                writer.write(data[:-5])
+                pending = data[-5:]
+                await asyncio.sleep(0.05)
+            writer.write(pending)
+
+        sending = asyncio.create_task(pipeline())
+        got, closed = await read_commands(reader, 2.5)
+        await sending
+        writer.close()
+        answers = [c for c in got if isinstance(c, NewTxnResponse)]
+        assert not closed and len(answers) >= 39, f"closed: {closed}, {len(answers)} answers"
+    finally:
+        await app.stop()
+
+
 async def test_a_second_connect_is_answered_or_refused(app: App) -> None:
     """A broker takes CONNECT once (ServerCnx.handleConnect: checkArgument(state == State.Start); the
     exception closes the connection). tc-server drops a second CONNECT with a log line only: no CONNECTED,

@@ -154,7 +154,7 @@ async def test_a_frame_over_64_kib_before_connect_closes_the_connection_naming_t
     victim.send_raw(struct.pack(">II", 64 * 1024 - 4 + 1, 5) + b"\x00" * 1024)
     assert await closed_within(victim)
     assert [e.error for e in victim.errors] == [ServerError.UnknownError]
-    assert "exceeds the limit of 65536" in victim.errors[0].message, victim.errors[0].message
+    assert "exceeds the limit of 65536 (before CONNECT is served)" in victim.errors[0].message, victim.errors[0].message
     await bystander_still_works(app, bystander)
 
 
