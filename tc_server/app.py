@@ -342,6 +342,7 @@ async def start_app(settings: Settings, store: MetadataStore | None = None, work
                 max_open_txns_per_principal=settings.max_open_transactions_per_principal,
                 max_participants_per_txn=settings.max_participants_per_transaction,
                 max_undelivered=settings.max_undelivered_decisions,
+                max_undelivered_participants=settings.max_undelivered_participants,
             ),
             gc_retention_s=settings.gc_retention_s,
             gc_interval_s=settings.gc_interval_s,

@@ -64,6 +64,10 @@ HELP = {
                                  "coordinators this instance leads, before NEW_TXN is answered NotAllowedError "
                                  "to the roles that owe some (all, without authentication; each holds ~6 KB "
                                  "until they have; 0: no limit)",
+    "max_undelivered_participants": "topics and subscriptions being told a decision their brokers have not "
+                                    "acknowledged yet, across the coordinators this instance leads, before NEW_TXN "
+                                    "is answered NotAllowedError to the roles that owe some (all, without "
+                                    "authentication; each holds ~5 KB until its broker has; 0: no limit)",
     "max_participants_per_transaction": "topics and subscriptions one transaction may name (ADD_PARTITION_TO_TXN, "
                                         "ADD_SUBSCRIPTION_TO_TXN) before its next ADD naming a new one is answered "
                                         "NotAllowedError (0: no limit)",

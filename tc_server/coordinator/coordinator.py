@@ -22,6 +22,7 @@ from tc_server.coordinator.leadership import LeaderElection
 from tc_server.coordinator.partition import (
     Clock,
     CoordinatorPartition,
+    Owed,
     ParticipantSender,
     PartitionConfig,
 )
@@ -88,6 +89,8 @@ class TransactionCoordinator:
         self.open_by_principal = OpenByPrincipal(config.partition.max_open_txns_per_principal)
         # The outbox of each partition led here, counted together against --max-undelivered-decisions.
         self.outboxes: list[Sized] = []
+        # The participants being told a decision by those partitions (--max-undelivered-participants).
+        self.owed = Owed()
         self._election = LeaderElection(
             store, config.partitions, config.advertised_url, self._elected, self._lost,
             advertised_url_tls=config.advertised_url_tls, campaign=config.campaign,
@@ -339,7 +342,7 @@ class TransactionCoordinator:
         partition = CoordinatorPartition(
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
-            open_by_principal=self.open_by_principal, outboxes=self.outboxes,
+            open_by_principal=self.open_by_principal, outboxes=self.outboxes, owed=self.owed,
             lease=self.store.ephemeral_lease(layout.leader_path(tc_id)),
         )
         stale = self._partitions.pop(tc_id, None)

@@ -160,6 +160,16 @@ class PartitionConfig:
     max_participants_per_txn: int = 0
     # Undelivered decisions across the instance's partitions (the outboxes passed in) before NEW_TXN is refused.
     max_undelivered: int = 0
+    # Participants being told a decision across the instance's partitions (the Owed passed in), likewise.
+    max_undelivered_participants: int = 0
+
+
+@dataclass
+class Owed:
+    """Participants being told a decision they have not acknowledged yet, across the partitions led here: each is
+    a delivery retrying in a task of its own until its broker acknowledges (ParticipantSender.end_txn_on)."""
+
+    participants: int = 0
 
 
 class CoordinatorPartition:
@@ -175,6 +185,7 @@ class CoordinatorPartition:
         open_by_principal: OpenByPrincipal | None = None,
         lease: Callable[[], float] | None = None,
         outboxes: list[Sized] | None = None,
+        owed: Owed | None = None,
     ) -> None:
         self.tc_id = tc_id
         # Until when (lease_clock()) this instance surely still holds the leader record, on a store
@@ -249,6 +260,8 @@ class CoordinatorPartition:
         # Every led partition's outbox (this one's included while it leads), counted by NEW_TXN.
         self._outboxes = outboxes if outboxes is not None else []
         self._outboxes.append(self._undelivered)
+        # Participants being told a decision, across the partitions led here (shared like the outboxes).
+        self._owed = owed if owed is not None else Owed()
         # Heaps of the ids in _open and _undelivered, stale entries skipped and dropped lazily: the
         # low watermark is asked once per END_TXN_ON_* and must not scan every open txn each time.
         self._open_ids: list[int] = []
@@ -396,6 +409,11 @@ class CoordinatorPartition:
             # limit (principals.py), and one role's must not deny the others new txns (a review's).
             raise NotAllowed(f"this instance holds {undelivered} decided transactions whose brokers have not all "
                              "acknowledged, its limit (--max-undelivered-decisions); see "
+                             "/admin/v3/transactions/undelivered and the brokers it names")
+        if 0 < self._config.max_undelivered_participants <= (owed := self._owed.participants) and (
+                owner is None or self._principals.owes(owner)):
+            raise NotAllowed(f"this instance is telling {owed} topics and subscriptions decisions their brokers have "
+                             "not acknowledged yet, its limit (--max-undelivered-participants); see "
                              "/admin/v3/transactions/undelivered and the brokers it names")
         if 0 < self._config.max_active_txns <= len(self._open) + len(self._undelivered):
             # Pulsar's broker leaves such a NEW_TXN unanswered so the client does not retry it
@@ -1033,8 +1051,13 @@ class CoordinatorPartition:
 
         # Read at each send (a retry may carry a higher one): the txn's own commands may cover it (low_watermark).
         watermark = functools.partial(self.low_watermark, least)
+        owed = self._owed
         if len(participants) == 1:  # the common case (one produced message): no group, no extra task
-            await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, watermark)
+            owed.participants += 1
+            try:
+                await sender.end_txn_on(participants[0][1], self.tc_id, least, committed, watermark)
+            finally:
+                owed.participants -= 1
         else:
             outbox = self._undelivered.get(least)
             told: set[str] = set()
@@ -1044,7 +1067,11 @@ class CoordinatorPartition:
                 told = outbox.told
 
             async def tell(path: str, participant: Participant) -> None:
-                await sender.end_txn_on(participant, self.tc_id, least, committed, watermark)
+                owed.participants += 1
+                try:
+                    await sender.end_txn_on(participant, self.tc_id, least, committed, watermark)
+                finally:
+                    owed.participants -= 1
                 told.add(path)
 
             # A group, not gather(): should one fail (a bug; broker and store failures are retried

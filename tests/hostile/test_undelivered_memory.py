@@ -1,4 +1,5 @@
-"""Undelivered decisions are bounded across the instance (--max-undelivered-decisions) and per principal
+"""Undelivered decisions are bounded across the instance (--max-undelivered-decisions, and the participants
+they are owed to: --max-undelivered-participants) and per principal
 (--max-open-transactions-per-principal), against a real ``tc-server run`` process (embedded store) and a
 stand-in broker on a real socket that knows no topic."""
 
@@ -67,6 +68,33 @@ async def test_commits_to_unknown_topics_spread_over_the_coordinators_are_bounde
         assert grown < K8S_LIMIT // 4, (
             f"{COMMITS} commits naming a topic no broker knows, over 16 coordinators: RSS grew by "
             f"{grown / MIB:.0f} MiB (the manifests allow {K8S_LIMIT // MIB} MiB in all)")
+    finally:
+        client.close()
+        server.kill()
+        broker.stop()
+
+
+async def test_wide_decisions_are_bounded_by_the_participants_their_brokers_owe(tmp_path: Path) -> None:
+    """Found by a review: the bound counted decisions, while each participant of a decision is told by a delivery
+    retrying on its own (~5 KB each, measured), so a broker outage under txns of 200 participants could hold 2
+    million of them (--max-undelivered-decisions at 10,000). Past --max-undelivered-participants NEW_TXN is
+    refused, naming it; here 3 decisions of 40 participants each pass 100."""
+    broker = await StandInBroker(refuse).start()
+    server = started(ServerProcess(tmp_path / "data", "--upstream-url", broker.url, "--participant-wait-s", "0",
+                                   "--max-undelivered-participants", "100"))
+    client = await connect("127.0.0.1", server.port)
+    try:
+        for n in range(3):
+            opened = await client.new_txn(tc_id=n)
+            assert opened.error is None, opened
+            for i in range(40):
+                ghost = f"persistent://ghost/ns/t-{n}-{i}"
+                assert (await client.add_partition(opened.most, opened.least, ghost)).error is None
+            assert (await client.end_txn(opened.most, opened.least, commit=True)).error is None
+        refused = await client.new_txn(tc_id=5)
+        assert refused.error is ServerError.NotAllowedError, refused
+        assert "120 topics and subscriptions" in (refused.message or "") and \
+            "--max-undelivered-participants" in (refused.message or ""), refused.message
     finally:
         client.close()
         server.kill()
