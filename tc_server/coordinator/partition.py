@@ -275,6 +275,9 @@ class CoordinatorPartition:
         self._abort_reminders: deque[tuple[float, int, list[Participant]]] = deque()
         self._reminding: asyncio.Task[None] | None = None
         self._reminders: set[asyncio.Task[None]] = set()  # that task and its sends' tasks, cancelled by stop()
+        # Looks at the header of a txn whose participant records landed as it may have been decided, when the ADD
+        # could not look itself (_record): cancelled by stop().
+        self._rechecks: set[asyncio.Task[None]] = set()
         # Decided txns an END_TXN delivered before recover_outbox was done (end_txn): the scan leaves them be,
         # also once that delivery is over (its records, read by the scan before, deleted since).
         self._delivered_early: set[int] = set()
@@ -345,6 +348,7 @@ class CoordinatorPartition:
         self._outboxes[:] = [outbox for outbox in self._outboxes if outbox is not self._undelivered]
         await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
         await _cancel_all(list(self._reminders))
+        await _cancel_all(list(self._rechecks))
         self._abort_reminders.clear()
         for outbox in self._undelivered.values():
             if not outbox.done.done():
@@ -939,7 +943,14 @@ class CoordinatorPartition:
             # connection), or a txn not loaded yet: its delivery may have listed the participants
             # before these records existed, so look at the header and deliver them too if decided.
             self._recorded.pop(least, None)
-        record = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
+        try:
+            record = await self._store.get(layout.header_path(self.tc_id, least), partition_key=key)
+        except BaseException:
+            if least not in self._open:
+                # The look failed (the store, the request's deadline): a decision's delivery may have listed the
+                # participants before these records existed, and they waited for the next leader (a review).
+                self._recheck(least)
+            raise
         if record is None:
             return
         header = TxnHeader.from_json(record.value)  # unreadable: ValueError, answered as an error
@@ -951,6 +962,26 @@ class CoordinatorPartition:
             self._start_delivery(least, header.state, None, header.finalized_ms or self._clock(), header.owner)
         # The client must not send in it: its brokers may have heard the decision already.
         raise InvalidTxnStatus(f"transaction ({self.tc_id},{least}) is already {header.state.value}")
+
+    def _recheck(self, least: int) -> None:
+        """Look at ``least``'s header until the store answers, and deliver its decision from the records if it
+        was decided (once more to those already told, which brokers ignore)."""
+        task = asyncio.get_running_loop().create_task(self._deliver_if_decided(least))
+        self._rechecks.add(task)
+        task.add_done_callback(self._rechecks.discard)
+
+    async def _deliver_if_decided(self, least: int) -> None:
+        path, key = layout.header_path(self.tc_id, least), layout.txn_key(self.tc_id, least)
+        record = await self._retrying_store(lambda: self._store.get(path, partition_key=key))
+        if record is None or self._stopped or least in self._open:
+            return
+        try:
+            header = TxnHeader.from_json(record.value)
+        except ValueError as exc:
+            self._log.warning("unreadable txn header", txn=f"({self.tc_id},{least})", error=str(exc)[:200])
+            return
+        if header.state.terminal:
+            self._start_delivery(least, header.state, None, header.finalized_ms or self._clock(), header.owner)
 
     def _hold(self, least: int, ended: TxnHeader) -> None:
         """Put a txn just decided into the outbox, unless it is known to have no participant records."""

@@ -1218,6 +1218,48 @@ async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_sta
     await partition.stop()
 
 
+async def test_records_landing_after_the_decision_are_delivered_when_the_adds_look_at_the_header_fails() -> None:
+    # Found by a review: an ADD's records landed after the txn was decided (a txn of an earlier leader, whose
+    # decision reads its participants from the store, read before they landed); the ADD then looks at the header
+    # to deliver them too, and when that read failed, nobody did until the next leader took over.
+    class LateRecords(MemoryStore):
+        """Participant records land 0.2 s late; the header read fails once when asked to."""
+
+        fail_next_header_read = False
+
+        async def write_batch(self, ops: Sequence[Put | Delete], **kwargs: Any) -> list[WriteResult]:
+            if any(op.key.startswith(layout.PARTICIPANT_PREFIX) for op in ops):
+                await asyncio.sleep(0.2)
+            return await super().write_batch(ops, **kwargs)
+
+        async def get(self, key: str, **kwargs: Any) -> Any:
+            if self.fail_next_header_read and key.startswith(layout.HEADER_PREFIX):
+                self.fail_next_header_read = False
+                raise StoreUnavailableError("a failing read, on cue")
+            return await super().get(key, **kwargs)
+
+    store, sender = LateRecords(), RecordingSender()
+    clock = FakeClock()
+    header = TxnHeader(TxnState.OPEN, clock(), 60_000)
+    written = await store.put(layout.header_path(0, 5), header.to_json(), partition_key=layout.txn_key(0, 5))
+    partition = CoordinatorPartition(0, store, PartitionConfig(), Metrics("test"), clock, sweep_timeouts=False,
+                                     sender=sender)
+    partition.adopt([(5, header, written.version)])  # an earlier leader's: its participants are read at the decision
+    await partition.recover_outbox()
+    adding = asyncio.create_task(partition.add_participants(5, None, [Participant(TOPIC)]))
+    await asyncio.sleep(0.05)
+    await partition.end_txn(5, commit=True, principal=None)  # its delivery reads no record yet
+    store.fail_next_header_read = True
+    with pytest.raises(StoreUnavailableError):
+        await adding
+    told = await eventually(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)])
+    delivered = await eventually(lambda: not partition.undelivered())  # its record deleted (late too)
+    left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, 5))]
+    await partition.stop()
+    assert told, f"the late participant was never told: {sender.told}"
+    assert delivered and left == [], left
+
+
 async def test_no_watermark_is_sent_while_the_lease_lapsed(store: MetadataStore) -> None:
     # Found by a review: while this instance's hold may have lapsed, another may lead and hand out ids it never
     # saw, some below an id block this one takes since (a NEW_TXN refused for the lapse reserves one); a
