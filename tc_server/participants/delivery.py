@@ -69,8 +69,12 @@ NON_RETRYABLE_RETRY_S = 30.0
 # moving between brokers is retried away within it, unseen at --log-level warning; a broker that stays
 # unreachable is an incident (docs/alerts.md, TcServerDecisionsUndelivered).
 FAILING_WARN_AFTER_S = RETRY_MAX_S
-# Topics whose owner is remembered; past this the memory is dropped and refilled by fresh lookups.
+# Topics whose owner is remembered, and the bytes of their names; past either the memory is dropped and refilled
+# by fresh lookups. The bytes too: 100,000 names of 2 KB (the longest a txn may record) were ~200 MB, and a client
+# naming new topics in namespaces that create them on lookup fills it (a review). Names of 60 bytes reach the
+# count first.
 MAX_REMEMBERED_OWNERS = 100_000
+MAX_REMEMBERED_OWNER_BYTES = 16 * 1024 * 1024
 PARTITION_COMMAND = "END_TXN_ON_PARTITION"
 SUBSCRIPTION_COMMAND = "END_TXN_ON_SUBSCRIPTION"
 
@@ -107,6 +111,9 @@ class BrokerDelivery:
         self._per_broker: dict[str, asyncio.Semaphore] = {}
         # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
         self._owners: dict[str, str] = {}
+        # The bytes of the topic names remembered there since it was last cleared (those forgotten one by one on a
+        # failure included: an earlier clear is all that costs).
+        self._owner_bytes = 0
         # topic -> the lookup under way, which every delivery to that topic waits for (_owner).
         self._lookups: dict[str, _SharedLookup] = {}
         # Failure lines, keyed by command and error: one per second, with how many were left out.
@@ -275,9 +282,11 @@ class BrokerDelivery:
             # As follow_lookup refuses such a redirect: the brokers are reached over TLS, and this URL is not.
             raise BrokerError(url, ServerError.ServiceNotReady, f"lookup of {topic} named {owner[:256]!r} in its TLS "
                               "field, not a pulsar+ssl:// URL (the broker's advertised listeners?)")
-        if len(self._owners) >= MAX_REMEMBERED_OWNERS:
+        if len(self._owners) >= MAX_REMEMBERED_OWNERS or self._owner_bytes >= MAX_REMEMBERED_OWNER_BYTES:
             self._owners.clear()
+            self._owner_bytes = 0
         self._owners[topic] = owner
+        self._owner_bytes += len(topic) + len(owner)
         return owner
 
     async def _upstream_connection(self, asking: list[str]) -> tuple[PulsarConnection, str]:

@@ -17,6 +17,7 @@ from tc_server.bench.process import free_port
 from tc_server.client import ConnectionPool, connect_command
 from tc_server.coordinator.layout import Participant
 from tc_server.metrics import Metrics
+from tc_server.participants import delivery as delivery_module
 from tc_server.participants.delivery import BrokerDelivery
 from tc_server.wire import EndTxnOnPartitionResponse, ServerError
 from tests.support.stand_in_broker import StandInBroker as SocketStandIn
@@ -292,3 +293,25 @@ async def test_a_reminder_is_one_attempt_counted_and_never_retried() -> None:
     assert [entry["log_level"] for entry in logged] == ["info"], logged
     requests = metrics.participant_requests
     assert [requests.labels("END_TXN_ON_PARTITION", outcome).value for outcome in ("TimeoutError", "ok")] == [1, 1]
+
+
+async def test_the_remembered_owners_are_bounded_by_the_bytes_of_their_names(monkeypatch: Any) -> None:
+    # Found by a review: bounded by count alone (100,000), the owners of topics with names of 2 KB (the longest a
+    # txn may record) held ~200 MB, and a client naming new topics in a namespace that creates them on lookup
+    # fills it at will. Past MAX_REMEMBERED_OWNER_BYTES (64 KiB here) the memory starts over.
+    monkeypatch.setattr(delivery_module, "MAX_REMEMBERED_OWNER_BYTES", 64 * 1024)
+    owner = await owner_broker().start()
+    upstream = await SocketStandIn(connect_to(owner.url)).start()
+    pool = ConnectionPool(connect_command(), timeout_s=1.0)
+    delivery = BrokerDelivery([upstream.url], pool, request_timeout_s=5.0, max_in_flight=10,
+                              max_in_flight_per_broker=10, metrics=Metrics("owner_bytes"))
+    try:
+        for n in range(100):  # 100 names of 2 KB: 200 KB of them
+            topic = f"persistent://t/n/{n:04}-" + "x" * 2000
+            await asyncio.wait_for(delivery.end_txn_on(Participant(topic), 0, n, True, lambda: -1), 10.0)
+            assert sum(map(len, delivery._owners)) <= 64 * 1024 + 2100
+        assert len(owner.end_txns) == 100
+    finally:
+        await pool.close()
+        for stand_in in (upstream, owner):
+            stand_in.stop()
