@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from tc_server import __version__
-from tc_server.config import ENV_PREFIX, SETTING_NAMES, ConfigError, Settings, load_settings
+from tc_server.config import ENV_PREFIX, SETTING_NAMES, ConfigError, Settings, load_settings, settings_from_json
 from tc_server.healthcheck import HEALTHCHECK_SETTINGS, check_health
 from tc_server.logs import configure_command_logging
 from tc_server.store import STORE_KINDS, store_kinds_help
@@ -262,7 +262,11 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
     from tc_server.logs import say_refusal
 
     try:
-        settings = _settings(args)
+        # A worker runs with the settings its supervisor resolved at its own start (handed over on stdin), not
+        # with the flags, environment and file read again: restarted after the file was edited for the next
+        # start (workers = 4 instead of 2), a worker opened a store of its own, led coordinators another worker
+        # leads, and left others without a leader (a review).
+        settings = settings_from_json(sys.stdin.buffer.read()) if args.worker_index is not None else _settings(args)
     except ConfigError as exc:
         say_refusal(f"tc-server: configuration error: {exc}", _log_format_of(args))
         return 2

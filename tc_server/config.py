@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import math
 import os
 import re
@@ -498,6 +499,24 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
+
+
+def settings_to_json(settings: Settings) -> bytes:
+    """Every setting, resolved, as JSON: what a --workers supervisor hands each worker it starts (on its stdin)."""
+    return json.dumps({name: getattr(settings, name) for name in SETTING_NAMES}).encode()
+
+
+def settings_from_json(data: bytes) -> Settings:
+    """The settings :func:`settings_to_json` wrote. Raises ConfigError when ``data`` is not such a text."""
+    problem = "not a JSON object"
+    try:
+        values = json.loads(data)
+        if isinstance(values, dict):
+            return Settings(**values)
+    except (ValueError, TypeError) as exc:
+        problem = str(exc)
+    raise ConfigError(f"the settings handed over by the supervisor cannot be read: {problem}")
+
 # The settings that hold a secret (kept out of the settings' repr): never quoted in an error either.
 SECRET_SETTINGS = frozenset(f.name for f in fields(Settings) if not f.repr)
 ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}

@@ -1,9 +1,10 @@
 """``tc-server run --workers N``: the process started supervises N worker processes of itself.
 
-Each worker is ``tc-server run`` with the same flags, environment and configuration file plus the hidden
-``--worker-index k`` and ``--worker-supervisor-pid`` (follow_supervisor); it serves coordinators i with
-i mod N = k on its own port and shares the service port with the others (tc_server/workers.py). The
-supervisor
+Each worker is ``tc-server run`` with the same flags and environment plus the hidden ``--worker-index k`` and
+``--worker-supervisor-pid`` (follow_supervisor), and runs with the settings the supervisor resolved at its start,
+handed over on its stdin (a worker restarted later too, whatever the configuration file says by then); it
+serves coordinators i with i mod N = k on its own port and shares the service port with the others
+(tc_server/workers.py). The supervisor
 
 * restarts a worker that exits, or whose process could not be started (the fork failed), after a backoff
   (tc_server/backoff.py) that starts again from its shortest only once a worker stayed up STABLE_S, and
@@ -46,7 +47,7 @@ from tc_server.admin.workers_front import WorkerCertificates, WorkersAdmin
 from tc_server.auth.certificates import ServerTlsContext, server_tls_context
 from tc_server.auth.service import AuthenticationService, provider_methods
 from tc_server.backoff import Backoff
-from tc_server.config import Settings, parse_hostport
+from tc_server.config import Settings, parse_hostport, settings_to_json
 from tc_server.healthcheck import admin_probe_tls_context
 from tc_server.logs import REFUSAL_PREFIX, LinesOrNothing, refusal_in, resolved_format, say_refusal
 from tc_server.metrics import build_info, process_series, ready_gauge, tls_certificate_expiry
@@ -183,6 +184,9 @@ class Supervisor:
     def __init__(self, settings: Settings, run_argv: list[str]) -> None:
         self.settings = settings
         self._argv = run_argv
+        # What every worker runs with, restarted ones too (tc_server/cli.py _start): these settings, whatever
+        # the configuration file says by then.
+        self._settings_json = settings_to_json(settings)
         self.workers = [_Worker(k, worker_main_url(settings, k), worker_admin_url(settings, k))
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
@@ -271,11 +275,20 @@ class Supervisor:
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
             # in order (a worker that stopped on its own would look like one to restart).
-            return await asyncio.create_subprocess_exec(
-                *self._command(index), stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            proc = await asyncio.create_subprocess_exec(
+                *self._command(index), stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True)
         finally:
             self._spawning -= 1
+        assert proc.stdin is not None
+        # A few KB: the pipe takes them at once, and the worker reads them before anything else.
+        try:
+            proc.stdin.write(self._settings_json)
+        except OSError:
+            pass  # it died at once: its exit is seen as any other's
+        finally:
+            proc.stdin.close()
+        return proc
 
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)

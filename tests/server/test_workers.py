@@ -386,3 +386,38 @@ async def test_a_worker_that_was_ready_and_cannot_restart_for_a_while_does_not_s
         holder.close()
         if server.running():
             assert server.stop() == 0
+
+
+async def test_a_restarted_worker_keeps_the_settings_the_supervisor_started_with(tmp_path: Path) -> None:
+    # Found by a review: a worker read the configuration file again when it was restarted. Edited meanwhile for the
+    # next start (workers = 4 instead of 2), the restarted worker 0 opened an empty store of its own
+    # (worker-0-of-4), handed out ids again on coordinators worker 1 leads, and left others without a leader,
+    # while the supervisor said ready. It now runs with what the supervisor resolved at its start.
+    config = tmp_path / "tc-server.toml"
+    config.write_text("workers = 2\nid_block_size = 10\n")
+    server = started(TcServerProcess(tmp_path / "data", "--config", str(config), "--coordinators", str(COORDINATORS),
+                                     log_path=tmp_path / "server.log", port=free_ports_in_a_row(1 + WORKERS),
+                                     admin_port=free_ports_in_a_row(1 + WORKERS)))
+    try:
+        committed = await commit_on_every_coordinator(server, per_coordinator=3)
+        _, ready = server.get_json("/readyz")
+        pids = [w["pid"] for w in ready["workers"]]
+        config.write_text("workers = 4\nid_block_size = 10\n")  # for the next start
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while True:
+            code, ready = server.get_json("/readyz")
+            if code == 200 and ready["workers"][0]["pid"] != pids[0]:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker 0 not back within {RESTART_BOUND_S:.0f} s: {ready}\n{server.log_tail()}")
+            time.sleep(0.2)
+        assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.name.startswith("worker-")) == [
+            "worker-0-of-2", "worker-1-of-2"]
+        for most, least in committed:
+            assert header_status(server, most, least) == "COMMITTED", (most, least)
+        newest = await commit_on_every_coordinator(server, per_coordinator=1)
+        for most, least in newest:
+            assert least > max(old_least for old_most, old_least in committed if old_most == most)
+    finally:
+        assert server.stop() == 0
