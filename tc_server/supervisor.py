@@ -476,7 +476,7 @@ class Supervisor:
         return web.json_response({"status": "ok", "workers": len(self.workers)})
 
     def stopping(self) -> None:
-        """Nothing to say: the supervisor's readiness is its workers', which say it themselves."""
+        """Nothing to do: /readyz and tc_server_ready say "stopping" from the stop's start (self._stopping)."""
 
     async def readyz(self, request: web.Request) -> web.Response:
         """From the poll's last answers (at most POLL_INTERVAL_S plus a probe old), the processes as they are
@@ -488,8 +488,14 @@ class Supervisor:
         listed = [{"index": worker.index, "pid": worker.proc.pid if worker.proc else None, "url": worker.url,
                    "admin": worker.admin_url, "ready": ready, "readyz": body}
                   for worker, (ready, body) in zip(self.workers, results, strict=True)]
-        ready = all(ready for ready, _ in results)
-        return web.json_response({"ready": ready, "workers": listed}, status=200 if ready else 503)
+        # Not ready from the stop's start, as a single process says (admin/routes.py): the workers stop taking
+        # connections at once, and the last poll's answers said ready for up to a poll and a probe more.
+        stopping = self._stopping.is_set()
+        ready = not stopping and all(ready for ready, _ in results)
+        body: dict[str, object] = {"ready": ready, "workers": listed}
+        if stopping:
+            body["problems"] = ["stopping: the workers drain their connections and step down"]
+        return web.json_response(body, status=200 if ready else 503)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         """A keeper or background task ended: only at a stop, or a keeper that stopped everything. One that
@@ -503,7 +509,7 @@ class Supervisor:
         self._stopping.set()
 
     async def metrics(self, request: web.Request) -> web.Response:
-        self._ready.set(1 if all(worker.ready for worker in self.workers) else 0)
+        self._ready.set(1 if not self._stopping.is_set() and all(worker.ready for worker in self.workers) else 0)
         return metrics_response(self._registry)
 
     async def run(self) -> int:

@@ -45,10 +45,24 @@ def worker_1_hung(base: Path) -> Iterator[tuple[TcServerProcess, list[int], list
         server.kill()
 
 
+def stopping_said(server: TcServerProcess) -> tuple[int, bool] | None:
+    """(status, ready) of the supervisor's /readyz once its problems say it is stopping; None before."""
+    with contextlib.suppress(OSError):
+        code, body = server.get_json("/readyz", timeout_s=1.0)
+        if isinstance(body, dict) and any("stopping" in problem for problem in body.get("problems", [])):
+            return code, body["ready"]
+    return None
+
+
 async def test_sigterm_with_a_hung_worker_stops_within_the_bound(tmp_path: Path) -> None:
     with worker_1_hung(tmp_path) as (server, _, family):
         assert server.proc is not None
         server.proc.send_signal(signal.SIGTERM)
+        # Not ready from the stop's start, saying why (a review: the last poll's answers were repeated for up to
+        # a poll and a probe more, while the workers no longer took connections).
+        said = await async_wait_for(lambda: stopping_said(server), "the supervisor's /readyz says it is stopping",
+                                    bound_s=10.0, step_s=0.1)
+        assert said == (503, False), said
         code = await asyncio.to_thread(server.proc.wait, 40)  # a bound on a hang, not a measure
         assert code == 0, server.log_tail()
         # The stopped worker was killed at the stop's bound (supervisor.WORKER_STOP_S), not waited for.
