@@ -54,6 +54,10 @@ KEEPALIVE_TIMEOUT_S = 75.0
 # take the probes' and scrapers' places.
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_ADDRESS = 32
+# A connection whose client has read none of its answers for this long is closed. aiohttp's keep-alive timeout
+# closes idle connections only, and one that pipelined 20,000 requests and read nothing kept its slot (and ~4 MB
+# of socket buffers) for good, waiting to write: a few addresses took every slot, the probes' too (a review).
+WRITE_STALL_S = 30.0
 # How long a stop waits for admin requests still open (aiohttp's default: 60 s). Every endpoint answers
 # within the request timeout or far sooner; a client that sends its headers and never the body it
 # announced must not hold up the stop of the whole process.
@@ -112,6 +116,12 @@ class _ConnectionBudget(AddressBudget):
         super().__init__(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS, self.refused)
         self._limiter = LogLimiter()
 
+    def closing_unread(self, address: str) -> None:
+        """Log a connection closed for reading none of its answers for WRITE_STALL_S (once per interval)."""
+        if (left_out := self._limiter.allow("admin connection unread")) is not None:
+            log.warning("admin connection closed: its answers unread", unread_for_s=WRITE_STALL_S, address=address,
+                        left_out_since_last_line=left_out)
+
     def refused(self, address: str, bound: str = "connections open") -> None:
         """Log a connection closed at once for a bound (once per interval): the connections open, or the TLS
         handshakes under way."""
@@ -129,6 +139,8 @@ class _Budgeted(asyncio.Protocol):
         self._handler = handler
         self._budget = budget
         self._address: str | None = None  # set once admitted
+        self._transport: asyncio.Transport | None = None
+        self._stall: asyncio.TimerHandle | None = None  # while writing is paused (WRITE_STALL_S)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -137,6 +149,7 @@ class _Budgeted(asyncio.Protocol):
             cast(asyncio.Transport, transport).abort()
             return
         self._address = address
+        self._transport = cast(asyncio.Transport, transport)
         self._handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -146,14 +159,28 @@ class _Budgeted(asyncio.Protocol):
         return self._handler.eof_received()
 
     def pause_writing(self) -> None:
+        if self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
         self._handler.pause_writing()
 
     def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self._handler.resume_writing()
+
+    def _stalled(self) -> None:
+        self._stall = None
+        self._budget.closing_unread(self._address or "")
+        if self._transport is not None:
+            self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._address is None:
             return  # refused: the handler never saw it
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self._budget.release(self._address)
         self._handler.connection_lost(exc)
 

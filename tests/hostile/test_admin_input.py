@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from dataclasses import replace
 from pathlib import Path
@@ -139,6 +140,28 @@ async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once
         await asyncio.sleep(0.05)
     assert (await http(app, "GET", "/healthz"))[0] == 200
     assert app.admin.budget.count == 0 and app.admin.budget.by_address == {}
+
+
+async def test_a_client_that_reads_none_of_its_answers_loses_its_connection(app: App, monkeypatch) -> None:
+    # Found by a review: aiohttp's keep-alive timeout closes idle connections only, and one that pipelined
+    # requests and read none of the answers waited to write for good, holding its slot: a few addresses took
+    # every one, the probes' too. Closed once its answers stay unread for WRITE_STALL_S (1 s here).
+    monkeypatch.setattr(admin_http, "WRITE_STALL_S", 1.0)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", app.admin.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n" * 500)  # ~10 MB of answers, never read
+    closed = False
+    for _ in range(600):  # bounded (30 s): paused, then closed WRITE_STALL_S later
+        await asyncio.sleep(0.05)
+        if app.admin.budget.count == 0:
+            closed = True
+            break
+    writer.close()
+    assert closed, f"still open: {app.admin.budget.count} admin connection(s)"
+    assert (await http(app, "GET", "/healthz"))[0] == 200
 
 
 async def test_tls_handshakes_never_finished_are_bounded_by_the_admin_ports_budget(
