@@ -117,6 +117,7 @@ class ServerTlsContext:
         self.context.sni_callback = self._select
         self.reloads = 0
         self.reloaded_at_s = 0.0  # wall clock of the last reload (0: none yet)
+        self.trust_reloaded_at_s = 0.0  # of the last reload whose trust file had changed (0: none yet)
 
     def expiry_samples(self) -> list[tuple[tuple[()], float]]:
         """The samples of tc_server_tls_certificate_expiry_timestamp_seconds: none while the expiry is unknown."""
@@ -147,6 +148,8 @@ class ServerTlsContext:
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
             return False
+        if stamp[2] != self._stamp[2]:
+            self.trust_reloaded_at_s = time.time()
         self._stamp = stamp
         self._current = fresh
         self.not_after_s = certificate_not_after_s(self.files.cert_file)
@@ -163,13 +166,19 @@ class ServerTlsContext:
         a client could still prove its role that way for the cache's 5 minutes. A session from before the
         last reload therefore proves nothing (its client connects again with a full handshake). Session
         times have whole seconds: one made in the reload's second proves nothing either, though it may
-        be just after it."""
+        be just after it.
+
+        Nor does a connection from before the last change of the trust file, resumed or not: the admin port
+        authenticates every request of a keep-alive connection from its certificate, and one whose CA the
+        operator had removed stayed a superuser for as long as it sent a request every keep-alive interval
+        (a review)."""
         if ssl_object is None:
             return None
         certificate = ssl_object.getpeercert(binary_form=True)
-        if certificate is not None and ssl_object.session_reused and self.reloads:
+        if certificate is not None and (self.trust_reloaded_at_s or (ssl_object.session_reused and self.reloads)):
+            since = self.trust_reloaded_at_s if not ssl_object.session_reused else self.reloaded_at_s
             session = ssl_object.session
-            if session is None or session.time <= int(self.reloaded_at_s):
+            if session is None or session.time <= int(since):
                 return None
         return certificate
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import socket
 import ssl
 import urllib.request
@@ -333,6 +334,49 @@ async def test_a_session_from_before_a_ca_left_the_trust_file_cannot_be_resumed(
     assert not isinstance(answer, Connected), answer
     if resumed:
         assert isinstance(answer, Error) and answer.error is ServerError.AuthenticationError, answer
+
+
+@pytest.mark.parametrize("tls_version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+async def test_a_keep_alive_admin_connection_from_before_a_ca_left_the_trust_file_proves_no_role(
+        start, tmp_path, tls_version):
+    # Found by a review: the admin port authenticates each request of a keep-alive connection from the
+    # certificate of its handshake. After the operator removed the CA that issued it, the connection still
+    # acted as the superuser it named, for as long as it sent a request every keep-alive interval; only new
+    # connections were refused. A new connection with a certificate of a CA still trusted is served.
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    old_ca, new_ca = TestCa(old_dir, "old CA"), TestCa(new_dir, "new CA")
+    server = new_ca.issue("localhost", "server", server=True)
+    trust = tmp_path / "trust.pem"
+    trust.write_bytes(old_ca.cert_file.read_bytes() + new_ca.cert_file.read_bytes())
+    app = await start(**tls_settings(new_ca, server, tls_trust_certs_file=str(trust), admin_tls=True,
+                                     authentication_providers="tls", superuser_roles="admin,ops",
+                                     tls_cert_refresh_check_s=3600))
+
+    def connection(ca: TestCa, role: str) -> http.client.HTTPSConnection:
+        context = client_context(new_ca, ca.issue(role, role))
+        context.maximum_version = tls_version
+        return http.client.HTTPSConnection("localhost", app.admin.port, context=context, timeout=10)
+
+    def status(conn: http.client.HTTPSConnection) -> int:
+        conn.request("GET", "/admin/v3/transactions/coordinators")
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+
+    kept = connection(old_ca, "admin")
+    assert await asyncio.to_thread(status, kept) == 200
+    staged = tmp_path / "trust.staged"
+    staged.write_bytes(new_ca.cert_file.read_bytes())
+    staged.replace(trust)
+    assert app.tls.reload_if_changed()
+    assert await asyncio.to_thread(status, kept) == 401  # the same connection: its certificate proves no role
+    kept.close()
+    await asyncio.sleep(1.1)  # session times have whole seconds: one in the reload's second proves nothing
+    fresh = connection(new_ca, "ops")
+    assert await asyncio.to_thread(status, fresh) == 200
+    fresh.close()
 
 
 async def test_a_tls_client_is_relayed_to_a_peer_instance_over_tls_only(ca, secret, monkeypatch):
