@@ -219,3 +219,22 @@ async def test_refused_unauthenticated_requests_are_logged_once_per_interval_wit
         await app.stop()
     refused = [e for e in server_log if e["event"] == "admin request refused: not authenticated"]
     assert len(refused) == 1 and len(refused[0]["path"]) == 200, [(len(e["path"]), e["reason"]) for e in refused]
+
+
+async def test_readiness_checks_at_once_share_one_store_read(app: App, monkeypatch) -> None:
+    # Found by a review: every /readyz (open to anyone) and /metrics made a store read of its own; 128
+    # connections asking in a loop loaded the store and the event loop. Checks at once share one read now.
+    reads = 0
+    original = app.coordinator.store.get
+
+    async def counted(key: str, **kwargs: Any) -> Any:
+        nonlocal reads
+        if key == layout.PARALLELISM_PATH:
+            reads += 1
+            await asyncio.sleep(0.2)  # a store that takes its time: the checks overlap
+        return await original(key, **kwargs)
+
+    monkeypatch.setattr(app.coordinator.store, "get", counted)
+    answers = await asyncio.gather(*(http(app, "GET", "/readyz") for _ in range(30)))
+    assert [code for code, _ in answers] == [200] * 30
+    assert reads == 1, reads
