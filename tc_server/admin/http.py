@@ -278,7 +278,12 @@ class AdminServer:
             if (left_out := self._refusals_log.allow("not authenticated")) is not None:
                 log.info("admin request refused: not authenticated", path=request.path[:200], reason=str(exc),
                          left_out_since_last_line=left_out)
-            return _unauthorized(str(exc))
+            refused = _unauthorized(str(exc))
+            if ssl_object is not None and self._tls is not None and self._tls.stale(ssl_object):
+                # Its handshake trusted an earlier trust file: closed after the answer, so that the client's next
+                # request comes with a new handshake (kept alive, a scraper's every request was refused for good).
+                refused.force_close()
+            return refused
         if request.path == METRICS_PATH:
             return await handler(request)
         if self._auth.is_proxy_role(identity.role):

@@ -37,6 +37,21 @@ class TlsFiles:
     require_client_cert: bool = False
 
 
+# The attribute of each server context built by ServerTlsContext: the generation of the trust file it trusts.
+_TRUST_GENERATION = "tc_server_trust_generation"
+
+
+def _content(path: str | None) -> bytes | None:
+    """A file's bytes, None when there is none or it cannot be read (a reload of it then fails anyway)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
 def build_server_context(files: TlsFiles) -> ssl.SSLContext:
     """A server context from the files. Raises ConfigError naming the file and the problem."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -117,7 +132,12 @@ class ServerTlsContext:
         self.context.sni_callback = self._select
         self.reloads = 0
         self.reloaded_at_s = 0.0  # wall clock of the last reload (0: none yet)
-        self.trust_reloaded_at_s = 0.0  # of the last reload whose trust file had changed (0: none yet)
+        # The trust file's content and its generation: a reload whose trust file holds other certificates (not
+        # merely a new modification time, as a Kubernetes Secret update gives) starts a new one. Each context
+        # built is tagged with the generation it trusts (_TRUST_GENERATION), which its connections keep.
+        self._trust = _content(files.trust_certs_file)
+        self.trust_generation = 0
+        setattr(self.context, _TRUST_GENERATION, 0)
 
     def expiry_samples(self) -> list[tuple[tuple[()], float]]:
         """The samples of tc_server_tls_certificate_expiry_timestamp_seconds: none while the expiry is unknown."""
@@ -148,8 +168,11 @@ class ServerTlsContext:
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
             return False
-        if stamp[2] != self._stamp[2]:
-            self.trust_reloaded_at_s = time.time()
+        trust = _content(self.files.trust_certs_file)
+        if trust != self._trust:
+            self._trust = trust
+            self.trust_generation += 1
+        setattr(fresh, _TRUST_GENERATION, self.trust_generation)
         self._stamp = stamp
         self._current = fresh
         self.not_after_s = certificate_not_after_s(self.files.cert_file)
@@ -168,19 +191,24 @@ class ServerTlsContext:
         times have whole seconds: one made in the reload's second proves nothing either, though it may
         be just after it.
 
-        Nor does a connection from before the last change of the trust file, resumed or not: the admin port
-        authenticates every request of a keep-alive connection from its certificate, and one whose CA the
-        operator had removed stayed a superuser for as long as it sent a request every keep-alive interval
-        (a review)."""
+        Nor does a connection whose handshake trusted an earlier content of the trust file, resumed or not (the
+        context it was made with tells): the admin port authenticates every request of a keep-alive connection
+        from its certificate, and one whose CA the operator had removed stayed a superuser for as long as it
+        sent a request every keep-alive interval (a review). See :meth:`stale`."""
         if ssl_object is None:
             return None
         certificate = ssl_object.getpeercert(binary_form=True)
-        if certificate is not None and (self.trust_reloaded_at_s or (ssl_object.session_reused and self.reloads)):
-            since = self.trust_reloaded_at_s if not ssl_object.session_reused else self.reloaded_at_s
+        if certificate is None or self.stale(ssl_object):
+            return None
+        if ssl_object.session_reused and self.reloads:
             session = ssl_object.session
-            if session is None or session.time <= int(since):
+            if session is None or session.time <= int(self.reloaded_at_s):
                 return None
         return certificate
+
+    def stale(self, ssl_object: ssl.SSLObject) -> bool:
+        """Whether the connection's handshake trusted another content of the trust file than the current."""
+        return getattr(ssl_object.context, _TRUST_GENERATION, self.trust_generation) != self.trust_generation
 
     async def run(self, interval_s: float) -> None:
         while True:
