@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-index", dest="worker_index", type=int, default=None, help=argparse.SUPPRESS)
     # Named --worker-*: "--super" must stay an abbreviation of --superuser-roles alone.
     run.add_argument("--worker-supervisor-pid", dest="supervisor_pid", type=int, default=None, help=argparse.SUPPRESS)
+    # The supervisor hands the worker its settings on stdin (settings_to_json): a worker of a supervisor from before
+    # this flag (a package upgraded in place under it) reads them as that one did.
+    run.add_argument("--worker-settings-on-stdin", dest="settings_on_stdin", action="store_true",
+                     help=argparse.SUPPRESS)
     _add_setting_flags(run)
     export = sub.add_parser("export", help="export transaction records to Parquet for tc-audit")
     export.add_argument("--config", help=f"TOML file with settings ({', '.join(EXPORT_SETTINGS)}; the others "
@@ -216,6 +220,14 @@ def _settings(args: argparse.Namespace, only: Sequence[str] | None = None) -> Se
     a command beside it reads (load_settings)."""
     flags: dict[str, Any] = {name: getattr(args, name, None) for name in (SETTING_NAMES if only is None else only)}
     return load_settings(flags=flags, config_file=args.config, only=only)
+
+
+def _worker_settings() -> Settings:
+    """A worker's settings, from its supervisor (on stdin). Raises ConfigError."""
+    if sys.stdin.isatty():  # run by hand: it would wait for ever
+        raise ConfigError("--worker-settings-on-stdin: stdin is a terminal; only the supervisor of --workers passes "
+                          "this flag")
+    return settings_from_json(sys.stdin.buffer.read())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +278,7 @@ def _start(args: argparse.Namespace, argv: list[str]) -> int:
         # with the flags, environment and file read again: restarted after the file was edited for the next
         # start (workers = 4 instead of 2), a worker opened a store of its own, led coordinators another worker
         # leads, and left others without a leader (a review).
-        settings = settings_from_json(sys.stdin.buffer.read()) if args.worker_index is not None else _settings(args)
+        settings = _worker_settings() if args.settings_on_stdin else _settings(args)
     except ConfigError as exc:
         say_refusal(f"tc-server: configuration error: {exc}", _log_format_of(args))
         return 2

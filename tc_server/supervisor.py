@@ -33,7 +33,7 @@ import os
 import signal
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -186,7 +186,7 @@ class Supervisor:
         self._argv = run_argv
         # What every worker runs with, restarted ones too (tc_server/cli.py _start): these settings, whatever
         # the configuration file says by then.
-        self._settings_json = settings_to_json(settings)
+        self._settings_json = settings_to_json(replace(settings, log_format=resolved_format(settings.log_format)))
         self.workers = [_Worker(k, worker_main_url(settings, k), worker_admin_url(settings, k))
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
@@ -246,7 +246,7 @@ class Supervisor:
         # and its lines came out as JSON among the supervisor's console lines on a terminal.
         return [sys.executable, "-m", "tc_server.cli", *self._argv, "--log-format",
                 resolved_format(self.settings.log_format), "--worker-index", str(index),
-                "--worker-supervisor-pid", str(os.getpid())]
+                "--worker-supervisor-pid", str(os.getpid()), "--worker-settings-on-stdin"]
 
     async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
         """Pass the worker's output on to our stderr as it comes, whole lines at a time: a line that
