@@ -54,9 +54,10 @@ KEEPALIVE_TIMEOUT_S = 75.0
 # take the probes' and scrapers' places.
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_ADDRESS = 32
-# A connection whose client has read none of its answers for this long is closed. aiohttp's keep-alive timeout
-# closes idle connections only, and one that pipelined 20,000 requests and read nothing kept its slot (and ~4 MB
-# of socket buffers) for good, waiting to write: a few addresses took every slot, the probes' too (a review).
+# A connection whose client has read none of its answers for this long is closed (one that reads, however
+# slowly, is given another interval). aiohttp's keep-alive timeout closes idle connections only, and one that
+# pipelined 20,000 requests and read nothing kept its slot (and ~4 MB of socket buffers) for good, waiting to
+# write: a few addresses took every slot, the probes' too (a review).
 WRITE_STALL_S = 30.0
 # How long a stop waits for admin requests still open (aiohttp's default: 60 s). Every endpoint answers
 # within the request timeout or far sooner; a client that sends its headers and never the body it
@@ -160,8 +161,11 @@ class _Budgeted(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._stall is None:
-            self._stall = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled)
+            self._stall = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled, self._unsent())
         self._handler.pause_writing()
+
+    def _unsent(self) -> int:
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
 
     def resume_writing(self) -> None:
         if self._stall is not None:
@@ -169,7 +173,10 @@ class _Budgeted(asyncio.Protocol):
             self._stall = None
         self._handler.resume_writing()
 
-    def _stalled(self) -> None:
+    def _stalled(self, unsent: int) -> None:
+        if (now := self._unsent()) < unsent:  # read slowly, but read: another interval
+            self._stall = asyncio.get_running_loop().call_later(WRITE_STALL_S, self._stalled, now)
+            return
         self._stall = None
         self._budget.closing_unread(self._address or "")
         if self._transport is not None:

@@ -276,8 +276,8 @@ class CoordinatorPartition:
         self._reminding: asyncio.Task[None] | None = None
         self._reminders: set[asyncio.Task[None]] = set()  # that task and its sends' tasks, cancelled by stop()
         # Looks at the header of a txn whose participant records landed as it may have been decided, when the ADD
-        # could not look itself (_record): cancelled by stop().
-        self._rechecks: set[asyncio.Task[None]] = set()
+        # could not look itself (_record), one per txn at a time: cancelled by stop().
+        self._rechecks: dict[int, asyncio.Task[None]] = {}
         # Decided txns an END_TXN delivered before recover_outbox was done (end_txn): the scan leaves them be,
         # also once that delivery is over (its records, read by the scan before, deleted since).
         self._delivered_early: set[int] = set()
@@ -348,7 +348,7 @@ class CoordinatorPartition:
         self._outboxes[:] = [outbox for outbox in self._outboxes if outbox is not self._undelivered]
         await _cancel_all(task for outbox in self._undelivered.values() for task in outbox.tasks)
         await _cancel_all(list(self._reminders))
-        await _cancel_all(list(self._rechecks))
+        await _cancel_all(list(self._rechecks.values()))
         self._abort_reminders.clear()
         for outbox in self._undelivered.values():
             if not outbox.done.done():
@@ -966,9 +966,11 @@ class CoordinatorPartition:
     def _recheck(self, least: int) -> None:
         """Look at ``least``'s header until the store answers, and deliver its decision from the records if it
         was decided (once more to those already told, which brokers ignore)."""
+        if self._stopped or least in self._rechecks:  # stepped down: the next leader's scan finds the records
+            return
         task = asyncio.get_running_loop().create_task(self._deliver_if_decided(least))
-        self._rechecks.add(task)
-        task.add_done_callback(self._rechecks.discard)
+        self._rechecks[least] = task
+        task.add_done_callback(lambda _: self._rechecks.pop(least, None))
 
     async def _deliver_if_decided(self, least: int) -> None:
         path, key = layout.header_path(self.tc_id, least), layout.txn_key(self.tc_id, least)

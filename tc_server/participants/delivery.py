@@ -111,8 +111,7 @@ class BrokerDelivery:
         self._per_broker: dict[str, asyncio.Semaphore] = {}
         # topic -> broker URL of its last successful lookup; dropped on any failure (fresh lookup).
         self._owners: dict[str, str] = {}
-        # The bytes of the topic names remembered there since it was last cleared (those forgotten one by one on a
-        # failure included: an earlier clear is all that costs).
+        # The bytes of the topic names and URLs remembered there.
         self._owner_bytes = 0
         # topic -> the lookup under way, which every delivery to that topic waits for (_owner).
         self._lookups: dict[str, _SharedLookup] = {}
@@ -139,7 +138,7 @@ class BrokerDelivery:
                 if backoff is None:
                     backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
                     failing_since = now
-                self._owners.pop(participant.topic, None)
+                self._forget_owner(participant.topic)
                 outcome = _outcome(exc)
                 self._requests.labels(command, outcome).inc()
                 # Cut: a name is up to 2,048 bytes, and a line per failure of each is what the limiter is for.
@@ -180,7 +179,7 @@ class BrokerDelivery:
         try:
             await self._attempt(participant, most, least, committed, low_watermark, command)
         except (ClientError, TimeoutError) as exc:
-            self._owners.pop(participant.topic, None)
+            self._forget_owner(participant.topic)
             outcome = _outcome(exc)
             self._requests.labels(command, outcome).inc()
             if (left_out := self._log_limiter.allow(f"reminder:{command}:{outcome}")) is not None:
@@ -288,6 +287,12 @@ class BrokerDelivery:
         self._owners[topic] = owner
         self._owner_bytes += len(topic) + len(owner)
         return owner
+
+    def _forget_owner(self, topic: str) -> None:
+        """Drop ``topic``'s remembered owner (its next delivery looks it up again)."""
+        owner = self._owners.pop(topic, None)
+        if owner is not None:
+            self._owner_bytes -= len(topic) + len(owner)
 
     async def _upstream_connection(self, asking: list[str]) -> tuple[PulsarConnection, str]:
         """A connection to the upstream URL that answered last, else the next ones in turn; each URL is
