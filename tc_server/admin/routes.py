@@ -44,10 +44,6 @@ _T = TypeVar("_T")
 
 PREFIX = "/admin/v3/transactions"
 READY_PROBE_TIMEOUT_S = 2.0
-# A store probe's answer is given to every readiness check (/readyz, /metrics) for this long, and checks while
-# one is under way wait for it: each made a store read of its own, and /readyz is open to anyone (a review:
-# 128 connections asking in a loop loaded the store and the event loop).
-STORE_PROBE_REUSE_S = 1.0
 # Any path segment: a bad number is answered 400 naming the parameter (see number()), not 404.
 _ID = r"{%s:[^/]+}"
 # Txn id halves are Java longs in Pulsar (TxnID), and so are timeouts in ms.
@@ -212,8 +208,11 @@ class AdminRoutes:
         self._own_coordinators = own_coordinators
         self._listing_scans = asyncio.Semaphore(LISTING_SCANS)
         self._stopping = False
-        self._store_probe: asyncio.Task[str | None] | None = None  # the last one (STORE_PROBE_REUSE_S)
-        self._store_probed_at = 0.0
+        # The store probe under way: readiness checks (/readyz, /metrics) made while it is share its answer. Each
+        # made a store read of its own, and /readyz is open to anyone (a review: 128 connections asking in a loop
+        # loaded the store and the event loop). Never an answer older than the check (a store that stopped
+        # answering is said at once).
+        self._store_probe: asyncio.Task[str | None] | None = None
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
@@ -250,11 +249,9 @@ class AdminRoutes:
         if self._stopping:
             return ["stopping: no new connections are taken, the open ones are drained"]
         problems = []
-        loop = asyncio.get_running_loop()
         probe = self._store_probe
-        if probe is None or (probe.done() and loop.time() - self._store_probed_at >= STORE_PROBE_REUSE_S):
-            probe = self._store_probe = loop.create_task(self._probe_store())
-            self._store_probed_at = loop.time()
+        if probe is None or probe.done():
+            probe = self._store_probe = asyncio.get_running_loop().create_task(self._probe_store())
         # Shielded: a caller that leaves (its client gone) must not cancel the others' answer.
         if (unreachable := await asyncio.shield(probe)) is not None:
             problems.append(unreachable)
