@@ -14,7 +14,7 @@ from typing import Any
 from tc_server.app import start_app
 from tc_server.client import connect
 from tc_server.config import Settings
-from tc_server.server.connection import ClientConnection
+from tc_server.server.connection import ClientConnection, ServerContext
 from tc_server.store.memory import MemoryStore
 
 BOUND = 8
@@ -35,6 +35,14 @@ class GatedStore(MemoryStore):
         return await super().put(key, value, **kwargs)
 
 
+async def in_flight_reaches(context: ServerContext, count: int) -> None:
+    """Until the server has ``count`` requests in flight (bounded; the test's asserts tell if it never does)."""
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        if context.in_flight >= count:
+            return
+
+
 async def test_a_flooding_connection_cannot_take_the_whole_bound(settings: Settings) -> None:
     store = GatedStore()
     app = await start_app(replace(settings, max_requests_in_flight=BOUND), store=store)
@@ -44,10 +52,7 @@ async def test_a_flooding_connection_cannot_take_the_whole_bound(settings: Setti
         polite = await connect("127.0.0.1", app.listeners[0].port)
         store.gate.clear()
         flood = [asyncio.ensure_future(flooder.new_txn(tc_id=i % 16)) for i in range(200)]
-        for _ in range(500):  # until the flood has taken what it may (bounded)
-            await asyncio.sleep(0.01)
-            if context.in_flight >= BOUND // 2:
-                break
+        await in_flight_reaches(context, BOUND // 2)  # what the flood may take
         request = asyncio.ensure_future(polite.new_txn(tc_id=3))
         served: dict[ClientConnection, int] = {}
         for _ in range(500):  # until the polite request is read (bounded)
@@ -128,10 +133,7 @@ async def test_sockets_that_never_connect_take_no_share_of_the_bound(settings: S
         assert len(context.connections) == 51
         store.gate.clear()
         requests = [asyncio.ensure_future(client.new_txn(tc_id=i % 16)) for i in range(20)]
-        for _ in range(500):  # until the client has taken what it may (bounded)
-            await asyncio.sleep(0.01)
-            if context.in_flight >= BOUND // 2:
-                break
+        await in_flight_reaches(context, BOUND // 2)  # what the client may take
         await asyncio.sleep(0.1)  # and nothing more is read
         # Half of the bound, as for a connection alone (with the idle sockets counted: 1).
         assert context.in_flight == BOUND // 2

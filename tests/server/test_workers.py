@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -46,6 +47,29 @@ def worker_url(server: TcServerProcess, tc_id: int) -> str:
 async def commit_on_every_coordinator(server: TcServerProcess, per_coordinator: int) -> list[tuple[int, int]]:
     tc_ids = [tc_id for tc_id in range(COORDINATORS) for _ in range(per_coordinator)]
     return await txns_on_coordinators(server.port, COORDINATORS, tc_ids)
+
+
+def killed_and_back(server: TcServerProcess, index: int, pid: int) -> dict[str, Any]:
+    """SIGKILL worker ``index`` (process ``pid``) and wait, bounded, until the supervisor's /readyz answers 200
+    with another process of it; that answer."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + RESTART_BOUND_S
+    while True:
+        code, ready = server.get_json("/readyz")
+        if code == 200 and ready["workers"][index]["pid"] != pid:
+            return cast(dict[str, Any], ready)
+        if time.monotonic() > deadline:
+            pytest.fail(f"worker {index} not back within {RESTART_BOUND_S:.0f} s: {ready}\n{server.log_tail()}")
+        time.sleep(0.2)
+
+
+async def assert_kept_and_served(server: TcServerProcess, committed: list[tuple[int, int]]) -> None:
+    """Every txn of ``committed`` still COMMITTED, and new ids on every coordinator above each it handed out."""
+    for most, least in committed:
+        assert header_status(server, most, least) == "COMMITTED", (most, least)
+    newest = await commit_on_every_coordinator(server, per_coordinator=1)
+    for most, least in newest:
+        assert least > max(old_least for old_most, old_least in committed if old_most == most)
 
 
 @pytest.fixture(scope="module")
@@ -159,16 +183,8 @@ async def test_a_killed_worker_is_restarted_and_its_decisions_stay(store: str, t
         _, ready = server.get_json("/readyz")
         pids = [w["pid"] for w in ready["workers"]]
 
-        os.kill(pids[1], signal.SIGKILL)
+        ready = killed_and_back(server, 1, pids[1])
         deadline = time.monotonic() + RESTART_BOUND_S
-        while True:
-            code, ready = server.get_json("/readyz")
-            if code == 200 and ready["workers"][1]["pid"] != pids[1]:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"worker 1 not back within {RESTART_BOUND_S:.0f} s: {ready}\n{server.log_tail()}")
-            time.sleep(0.2)
-
         assert server.running(), "the supervisor itself must survive a worker's kill -9"
         assert ready["workers"][0]["pid"] == pids[0], "the other worker keeps running"
         _, metrics = server.get("/metrics")
@@ -178,12 +194,7 @@ async def test_a_killed_worker_is_restarted_and_its_decisions_stay(store: str, t
             if time.monotonic() > deadline:
                 pytest.fail(f"the supervisor's tc_server_ready not 1 within {RESTART_BOUND_S:.0f} s")
             time.sleep(0.2)
-        for most, least in committed:
-            assert header_status(server, most, least) == "COMMITTED", (most, least)
-        # New ids on the restarted worker's coordinators are above every id it handed out before.
-        newest = await commit_on_every_coordinator(server, per_coordinator=1)
-        for most, least in newest:
-            assert least > max(old_least for old_most, old_least in committed if old_most == most)
+        await assert_kept_and_served(server, committed)
     finally:
         assert server.stop() == 0
     assert not any(alive(pid) for pid in pids), "SIGTERM to the supervisor stops every worker"
@@ -403,21 +414,9 @@ async def test_a_restarted_worker_keeps_the_settings_the_supervisor_started_with
         _, ready = server.get_json("/readyz")
         pids = [w["pid"] for w in ready["workers"]]
         config.write_text("workers = 4\nid_block_size = 10\n")  # for the next start
-        os.kill(pids[0], signal.SIGKILL)
-        deadline = time.monotonic() + RESTART_BOUND_S
-        while True:
-            code, ready = server.get_json("/readyz")
-            if code == 200 and ready["workers"][0]["pid"] != pids[0]:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"worker 0 not back within {RESTART_BOUND_S:.0f} s: {ready}\n{server.log_tail()}")
-            time.sleep(0.2)
+        killed_and_back(server, 0, pids[0])
         assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.name.startswith("worker-")) == [
             "worker-0-of-2", "worker-1-of-2"]
-        for most, least in committed:
-            assert header_status(server, most, least) == "COMMITTED", (most, least)
-        newest = await commit_on_every_coordinator(server, per_coordinator=1)
-        for most, least in newest:
-            assert least > max(old_least for old_most, old_least in committed if old_most == most)
+        await assert_kept_and_served(server, committed)
     finally:
         assert server.stop() == 0
