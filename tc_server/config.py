@@ -499,6 +499,20 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
+# The settings that hold a secret (kept out of the settings' repr): never quoted in an error either.
+SECRET_SETTINGS = frozenset(f.name for f in fields(Settings) if not f.repr)
+ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}
+# TC_SERVER_* variables that are not settings, yet not typos: the configuration file, and the test
+# suite's knobs (tests/store/oxia_backends.py, tests/v5), which every server a test starts inherits.
+OTHER_ENV_NAMES = frozenset({CONFIG_ENV, "TC_SERVER_TEST_OXIA_BIN", "TC_SERVER_JAVA21", "TC_SERVER_V5_OXIA_ADDRESS"})
+# Kubernetes service links: the kubelet gives every pod of a namespace with a Service named tc-server
+# (both manifests in deploy/kubernetes define one) TC_SERVER_SERVICE_HOST, TC_SERVER_PORT_6650_TCP, ...
+_SERVICE_LINK = re.compile(
+    ENV_PREFIX + r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+# ... and TC_SERVER_PORT=tcp://IP:PORT, whose name alone could be a misspelled setting, so its value decides.
+_SERVICE_LINK_URL = (re.compile(ENV_PREFIX + r"(\w+_)?PORT"), re.compile(r"(tcp|udp|sctp)://\S+"))
+# Docker's legacy links (--link tc-server): TC_SERVER_NAME=/client/tc-server and TC_SERVER_ENV_<its env>.
+_DOCKER_LINK = (re.compile(ENV_PREFIX + r"(\w+_)?ENV_\w+"), re.compile(ENV_PREFIX + r"(\w+_)?NAME"))
 
 
 def settings_to_json(settings: Settings) -> bytes:
@@ -516,21 +530,6 @@ def settings_from_json(data: bytes) -> Settings:
     except (ValueError, TypeError) as exc:
         problem = str(exc)
     raise ConfigError(f"the settings handed over by the supervisor cannot be read: {problem}")
-
-# The settings that hold a secret (kept out of the settings' repr): never quoted in an error either.
-SECRET_SETTINGS = frozenset(f.name for f in fields(Settings) if not f.repr)
-ENV_NAMES = {ENV_PREFIX + name.upper(): name for name in SETTING_NAMES}
-# TC_SERVER_* variables that are not settings, yet not typos: the configuration file, and the test
-# suite's knobs (tests/store/oxia_backends.py, tests/v5), which every server a test starts inherits.
-OTHER_ENV_NAMES = frozenset({CONFIG_ENV, "TC_SERVER_TEST_OXIA_BIN", "TC_SERVER_JAVA21", "TC_SERVER_V5_OXIA_ADDRESS"})
-# Kubernetes service links: the kubelet gives every pod of a namespace with a Service named tc-server
-# (both manifests in deploy/kubernetes define one) TC_SERVER_SERVICE_HOST, TC_SERVER_PORT_6650_TCP, ...
-_SERVICE_LINK = re.compile(
-    ENV_PREFIX + r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
-# ... and TC_SERVER_PORT=tcp://IP:PORT, whose name alone could be a misspelled setting, so its value decides.
-_SERVICE_LINK_URL = (re.compile(ENV_PREFIX + r"(\w+_)?PORT"), re.compile(r"(tcp|udp|sctp)://\S+"))
-# Docker's legacy links (--link tc-server): TC_SERVER_NAME=/client/tc-server and TC_SERVER_ENV_<its env>.
-_DOCKER_LINK = (re.compile(ENV_PREFIX + r"(\w+_)?ENV_\w+"), re.compile(ENV_PREFIX + r"(\w+_)?NAME"))
 
 
 def _is_service_link(env_name: str, value: str) -> bool:

@@ -124,6 +124,7 @@ class ServerTlsContext:
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self._stamp = self._file_stamp()
+        self._trust = _content(files.trust_certs_file)  # before the context is built: see reload_if_changed
         self.context = build_server_context(files)
         # Of the certificate in use (tc_server_tls_certificate_expiry_timestamp_seconds; the alert rules warn
         # before it passes): a renewed file that cannot be loaded leaves it at the old one's. None: unknown.
@@ -135,7 +136,6 @@ class ServerTlsContext:
         # The trust file's content and its generation: a reload whose trust file holds other certificates (not
         # merely a new modification time, as a Kubernetes Secret update gives) starts a new one. Each context
         # built is tagged with the generation it trusts (_TRUST_GENERATION), which its connections keep.
-        self._trust = _content(files.trust_certs_file)
         self.trust_generation = 0
         setattr(self.context, _TRUST_GENERATION, 0)
 
@@ -163,12 +163,15 @@ class ServerTlsContext:
         stamp = self._file_stamp()
         if stamp == self._stamp:
             return False
+        # Read before the context is built from the file: should it change in between, the context trusts the
+        # newer content under the older generation, and the next reload starts another, so its connections are
+        # taken for stale (read after, they trusted the older content under the newer generation, kept for good).
+        trust = _content(self.files.trust_certs_file)
         try:
             fresh = build_server_context(self.files)
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be loaded; keeping the previous certificate", error=str(exc))
             return False
-        trust = _content(self.files.trust_certs_file)
         if trust != self._trust:
             self._trust = trust
             self.trust_generation += 1

@@ -284,6 +284,7 @@ class BrokerDelivery:
         if len(self._owners) >= MAX_REMEMBERED_OWNERS or self._owner_bytes >= MAX_REMEMBERED_OWNER_BYTES:
             self._owners.clear()
             self._owner_bytes = 0
+        self._forget_owner(topic)  # one remembered already (a lookup cancelled as it ended): counted once
         self._owners[topic] = owner
         self._owner_bytes += len(topic) + len(owner)
         return owner
