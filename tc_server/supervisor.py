@@ -101,6 +101,10 @@ EXIT_POLL_S = 0.1
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
+# How long a worker's stderr may stay open after its exit and the kill of its process group before its
+# restart goes on without waiting for its end (Supervisor._stderr_ended). Lines written before the exit are
+# read by then: the pipe holds them.
+STDERR_AFTER_EXIT_S = 2.0
 # What /readyz says of a worker whose process is not running.
 NOT_RUNNING = "not running (being restarted)"
 
@@ -191,6 +195,8 @@ class Supervisor:
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
         self._spawning = 0  # worker processes being started: forked, maybe not in self.workers yet
+        # Exited workers' stderr still read because a process they left holds it open (_stderr_ended).
+        self._held_stderr: set[asyncio.Task[None]] = set()
         self.failure: tuple[int, str] | None = None  # (exit code, message) that stopped everything
         self._stop_asked = False  # stop() was called (a signal): a second call kills the workers
         self._registry = CollectorRegistry()
@@ -248,26 +254,26 @@ class Supervisor:
                 resolved_format(self.settings.log_format), "--worker-index", str(index),
                 "--worker-supervisor-pid", str(os.getpid()), "--worker-settings-on-stdin"]
 
-    async def _forward_stderr(self, worker: _Worker, stream: asyncio.StreamReader) -> None:
-        """Pass the worker's output on to our stderr as it comes, whole lines at a time: a line that
+    @staticmethod
+    async def _forward_stderr(stream: asyncio.StreamReader, tail: bytearray) -> None:
+        """Pass a worker's output on to our stderr as it comes, whole lines at a time: a line that
         arrives in pieces is held until its end, so that another worker's line cannot land inside it
         (two JSON log lines glued into one, seen at a stop when every worker logs at once). A line
-        longer than STDERR_CHUNK passes in pieces. The tail is kept to find its last error line once
-        it exits."""
-        tail = held = b""
+        longer than STDERR_CHUNK passes in pieces. ``tail`` keeps the last STDERR_TAIL bytes passed on,
+        where its last error line is looked for once it exits."""
+        held = b""
         while chunk := await stream.read(STDERR_CHUNK):
             data = held + chunk
             end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
             held = data[end:]
             if end:
                 _pass_on(data[:end])
-                tail = (tail + data[:end])[-STDERR_TAIL:]
+                tail += data[:end]
+                del tail[:-STDERR_TAIL]
         if held:  # its last line, without an end (a worker killed as it wrote)
             _pass_on(held + b"\n")
-            tail = (tail + held)[-STDERR_TAIL:]
-        errors = [text for line in tail.splitlines() if (text := refusal_in(line)) is not None]
-        if errors:
-            worker.last_error = errors[-1]
+            tail += held
+            del tail[:-STDERR_TAIL]
 
     async def _start_process(self, index: int) -> asyncio.subprocess.Process:
         """Worker ``index``'s process, started. Raises OSError when it cannot be (fork or exec failed)."""
@@ -308,16 +314,22 @@ class Supervisor:
                 await self._pause(delay)
                 continue
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
-            if self._stopping.is_set():  # stopped while it was being started: _stop_workers missed it
-                worker.proc.send_signal(signal.SIGTERM)
             assert worker.proc.stderr is not None
-            forwarding = asyncio.create_task(self._forward_stderr(worker, worker.proc.stderr))
+            tail = bytearray()
+            forwarding = asyncio.create_task(self._forward_stderr(worker.proc.stderr, tail))
+            if self._stopping.is_set():
+                # Stopped while it was being started: _stop_workers did not see it, so it gets the same
+                # bounded stop here (unbounded, a worker stuck in its start held the supervisor's exit).
+                await self._stop_processes([worker.proc])
             code = await exit_code(worker.proc)
             # What the worker started and left behind goes with it: a writer that was stopped or stalls
             # on a disk would hold the stderr pipe and the store's lock for the restart. A kill loses
             # nothing acknowledged: the writer answered only what it had committed.
             kill_worker(worker.proc)
-            await forwarding
+            await self._stderr_ended(worker, forwarding)
+            errors = [text for line in bytes(tail).splitlines() if (text := refusal_in(line)) is not None]
+            if errors:
+                worker.last_error = errors[-1]
             worker.ready, worker.readyz = False, "not asked yet since its restart"
             self._up.labels(str(worker.index)).set(0)
             if self._stopping.is_set():
@@ -352,10 +364,29 @@ class Supervisor:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
+    async def _stderr_ended(self, worker: _Worker, forwarding: asyncio.Task[None]) -> None:
+        """Wait up to STDERR_AFTER_EXIT_S after a worker's exit (and the kill of its process group) for
+        the end of its stderr. A process it left that the kill did not end (stuck in the kernel on a disk
+        that stopped answering; one that left the group) holds the pipe open: waited for without a bound,
+        it held the worker's restart, and the supervisor's stop, for as long. Its lines are still passed on."""
+        done, _ = await asyncio.wait({forwarding}, timeout=STDERR_AFTER_EXIT_S)
+        if done:
+            return
+        log.warning("a process the worker left holds its stderr open after the worker exited; going on "
+                    "without waiting for it", worker=worker.index, pid=worker.proc.pid if worker.proc else None,
+                    waited_s=STDERR_AFTER_EXIT_S)
+        self._held_stderr.add(forwarding)
+        forwarding.add_done_callback(self._held_stderr.discard)
+
     async def _stop_workers(self) -> None:
-        """SIGTERM to every worker; those still running WORKER_STOP_S later are killed. One bound for all,
-        waited for together: a bound per worker, one after the other, added up past any stop timeout."""
-        running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        """SIGTERM to every worker; those still running WORKER_STOP_S later are killed."""
+        await self._stop_processes([w.proc for w in self.workers if w.proc is not None])
+
+    async def _stop_processes(self, procs: list[asyncio.subprocess.Process]) -> None:
+        """SIGTERM to those of ``procs`` still running; those still running WORKER_STOP_S later are killed.
+        One bound for all, waited for together: a bound per worker, one after the other, added up past any
+        stop timeout."""
+        running = [proc for proc in procs if proc.returncode is None]
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -552,9 +583,9 @@ class Supervisor:
             try:
                 await self._stop_workers()
                 await asyncio.gather(*keepers, return_exceptions=True)
-                for task in background:
+                for task in [*background, *self._held_stderr]:
                     task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                await asyncio.gather(*background, *self._held_stderr, return_exceptions=True)
                 for pool in (self._polling, self._forwarding):
                     await pool.close()
                 await admin.stop()

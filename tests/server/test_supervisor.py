@@ -44,7 +44,10 @@ PROCESS_BOUND_S = 60.0
 # and "frozen-child-crash:PATH" crashes as "crash" does, leaving such a child behind. "split-lines" and
 # "lines" write lines to stderr: the first each in two writes a while apart, the second whole and often;
 # "lines-crash" writes three lines, then crashes as "crash" does. "killed-at-start" is SIGKILLed before it
-# answers anything (the OOM killer during a start).
+# answers anything (the OOM killer during a start). "escaped-child-crash:PATH" crashes as "crash" does, leaving a
+# child in a session of its own (out of reach of the kill of the worker's process group, as a writer stuck in
+# the kernel on a dead disk is out of reach of any kill) that holds the worker's stderr; it appends its pid to
+# PATH.
 STAND_IN_WORKER = """
 import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -70,6 +73,10 @@ if behaviour.startswith("frozen-child"):
     os.kill(child.pid, signal.SIGSTOP)
     with open(behaviour.split(":", 1)[1], "w") as pid_file:
         pid_file.write(str(child.pid))
+if behaviour.startswith("escaped-child-crash:"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open(behaviour.split(":", 1)[1], "a") as pid_file:
+        pid_file.write(f"{child.pid}\\n")
 HTTPServer.allow_reuse_address = True
 server = HTTPServer(("127.0.0.1", port), Ready)
 threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -78,7 +85,7 @@ if behaviour == "killed-at-start":
 if behaviour == "lines-crash":
     for n in range(3):
         os.write(2, b'{"from": "crashing", "n": ' + str(n).encode() + b"}\\n")
-if behaviour in ("crash", "lines-crash") or behaviour.startswith("frozen-child-crash:"):
+if behaviour in ("crash", "lines-crash") or behaviour.startswith(("frozen-child-crash:", "escaped-child-crash:")):
     answered.wait()
     time.sleep(1)
     sys.exit(1)
@@ -137,6 +144,13 @@ async def run_until_stopped(supervisor: Any, condition: Callable[[], bool], what
         supervisor.stop()
         code: int = await asyncio.wait_for(running, PROCESS_BOUND_S)
     return code
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGTERM (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(ignored & (1 << (signal.SIGTERM - 1)))
 
 
 def events(logged: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -242,6 +256,47 @@ async def test_a_worker_that_crashed_leaving_a_frozen_writer_is_restarted(logged
         supervisor.stop()  # the restarted worker ignores SIGTERM
         assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
     assert not alive(int(pid_file.read_text()))
+
+
+async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_and_stopped(
+        logged: list[dict[str, Any]], tmp_path: Path) -> None:
+    # The supervisor read the crashed worker's stderr to its end before restarting it: a process the kill of
+    # its group did not end (here one in its own session) held that end, and with it the restart and the stop.
+    pid_file = tmp_path / "escaped.pids"
+    supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
+    try:
+        assert await run_until_stopped(
+            supervisor, lambda: bool(events(logged, "worker exited; restarting")), "the crashed worker restarted") == 0
+        held = events(logged, "a process the worker left holds its stderr open after the worker exited; going on "
+                              "without waiting for it")
+        assert held and held[0]["worker"] == 0, held
+    finally:
+        for pid in pid_file.read_text().split() if pid_file.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+async def test_a_worker_started_while_the_supervisor_stops_is_stopped_within_the_bound(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stop's SIGTERMs go to the workers running when it begins; one whose start was under way then was
+    # sent SIGTERM once started and waited for without a bound: one that ignored it held the supervisor for good.
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
+    start_process = asyncio.create_subprocess_exec
+    supervisor = StandInSupervisor(["ignore-sigterm"])
+
+    async def start_once_stopping(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        await supervisor._stopping.wait()
+        proc = await start_process(*args, **kwargs)
+        # Started once it ignores SIGTERM (before, the signal ends a Python still starting).
+        await until(lambda: ignores_sigterm(proc.pid), "the stand-in worker ignoring SIGTERM")
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", start_once_stopping)
+    assert await run_until_stopped(supervisor, lambda: supervisor._spawning > 0, "a start under way") == 0
+    proc = supervisor.workers[0].proc
+    assert proc is not None and proc.returncode == -signal.SIGKILL
+    assert [event["pids"] for event in events(logged, "workers not stopped within the bound; killing them")] == [
+        [proc.pid]]
 
 
 async def test_a_second_stop_kills_the_workers_still_stopping_without_waiting_out_the_bound(
