@@ -343,7 +343,7 @@ class TransactionCoordinator:
             tc_id, self.store, self.config.partition, self.metrics, self._clock,
             sweep_timeouts=self.config.timeout_sweep, sender=self.participant_sender,
             open_by_principal=self.open_by_principal, outboxes=self.outboxes, owed=self.owed,
-            lease=self.store.ephemeral_lease(layout.leader_path(tc_id)),
+            lease=self.store.ephemeral_lease(layout.leader_path(tc_id), self._election.lease_session(tc_id)),
         )
         stale = self._partitions.pop(tc_id, None)
         if stale is not None:

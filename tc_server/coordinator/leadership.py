@@ -99,6 +99,9 @@ class LeaderElection:
         self.unreadable: dict[int, str] = {}
         self.led: set[int] = set()
         self._versions: dict[int, int] = {}  # version of our own leader record, per led partition
+        # The store session that holds our own leader record, per partition being started or led (Record.
+        # session_id): its lease is that session's (lease_session), not whichever this process holds now.
+        self._sessions: dict[int, int | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         self.share = partitions  # how many partitions this instance may lead
@@ -210,8 +213,10 @@ class LeaderElection:
                 self._versions[tc_id] = current.version
             elif len(self.led) < self.share and self.may_lead(tc_id):
                 # Our own record, but we do not serve it: a create whose answer was lost, or a
-                # take-over that failed half way. Serve it now.
-                await self._serve(tc_id, current.version)
+                # take-over that failed half way. Serve it now, under the lease of the session that holds
+                # the record (one this process has since replaced ends it at once: served then, the record
+                # went when the server expired that session, and another instance led alongside).
+                await self._serve(tc_id, current.version, current.session_id)
             else:
                 await self._release(tc_id, current.version)
         elif tc_id in self.led:
@@ -253,12 +258,19 @@ class LeaderElection:
             if current is not None:
                 self._note_leader(tc_id, current.value)
             return
-        await self._serve(tc_id, record.version)
+        await self._serve(tc_id, record.version, record.session_id)
 
-    async def _serve(self, tc_id: int, version: int) -> None:
-        """Start serving a partition whose leader record is ours; release the record if the
-        partition cannot be started (e.g. its recovery scan failed), so someone can retry."""
+    def lease_session(self, tc_id: int) -> int | None:
+        """The store session that holds this instance's leader record of ``tc_id`` (None: no session, or a
+        store without them): what the partition's lease follows (MetadataStore.ephemeral_lease)."""
+        return self._sessions.get(tc_id)
+
+    async def _serve(self, tc_id: int, version: int, session_id: int | None) -> None:
+        """Start serving a partition whose leader record is ours, held by store session ``session_id``;
+        release the record if the partition cannot be started (e.g. its recovery scan failed), so someone
+        can retry."""
         self._versions[tc_id] = version
+        self._sessions[tc_id] = session_id
         self.leaders[tc_id] = self._url
         try:
             await self._on_elected(tc_id)
@@ -276,6 +288,7 @@ class LeaderElection:
         the stop is not answered as a success (CoordinatorPartition: stepped down meanwhile)."""
         self.leaders.pop(tc_id, None)
         self._versions.pop(tc_id, None)
+        self._sessions.pop(tc_id, None)
         await self._lose(tc_id, stepped_down=True)
         await self._delete_record(tc_id, version)
 
@@ -297,6 +310,7 @@ class LeaderElection:
             return
         self.led.discard(tc_id)
         self._versions.pop(tc_id, None)
+        self._sessions.pop(tc_id, None)
         if stepped_down:
             log.debug("stepped down", coordinator_id=tc_id)
         else:

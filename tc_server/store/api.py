@@ -85,6 +85,9 @@ class Record:
     created_ms: int = 0
     # When this version was written, in epoch ms (Oxia's Version.modified_timestamp); 0 if unknown.
     modified_ms: int = 0
+    # The session an ephemeral record lives as long as (Oxia's Version.session_id); None for a durable record,
+    # or on a store without sessions (embedded, memory). What ephemeral_lease is asked about.
+    session_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -243,12 +246,16 @@ class MetadataStore(Protocol):
         default). Oxia has no per-range watch: the stream carries every key and tc-server filters."""
         ...
 
-    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
-        """Until when this session's ephemeral record ``key`` (just written) surely still exists: a
-        function giving that instant in :func:`lease_clock` seconds, or None when such records last as
-        long as this store is open (embedded, memory). On Oxia the server ends a session whose
-        keep-alives stop arriving, whether or not this process has noticed (a stall, a partition);
-        what was written under it after that is not what a successor saw (docs/semantics.md §8)."""
+    def ephemeral_lease(self, key: str, session_id: int | None = None) -> Callable[[], float] | None:
+        """Until when the ephemeral record ``key`` of this process, held by session ``session_id`` (its
+        Record.session_id as written or read; None: the session that would hold it if written now), surely
+        still exists: a function giving that instant in :func:`lease_clock` seconds (0.0 once that session is
+        not this process's live one), or None when such records last as long as this store is open (embedded,
+        memory). On Oxia the server ends a session whose keep-alives stop arriving, whether or not this process
+        has noticed (a stall, a partition); what was written under it after that is not what a successor saw
+        (docs/semantics.md §8). The record's own session, not the current one: a record written under a
+        session this process has since replaced goes when the server expires that session, whatever the
+        new one's keep-alives say."""
         ...
 
     def write_problem(self) -> str | None:

@@ -75,7 +75,7 @@ class StoreWrites(ABC):
         """See :meth:`MetadataStore.index_surely_empty`: not known, unless the backend knows (embedded)."""
         return False
 
-    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
+    def ephemeral_lease(self, key: str, session_id: int | None = None) -> Callable[[], float] | None:
         """See :meth:`MetadataStore.ephemeral_lease`: ephemeral records live as long as the store is
         open, unless the backend says otherwise (Oxia)."""
         return None

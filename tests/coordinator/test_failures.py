@@ -309,7 +309,7 @@ class LapsingLease(MemoryStore):
         super().__init__()
         self.until = float("inf")
 
-    def ephemeral_lease(self, key):
+    def ephemeral_lease(self, key, session_id=None):
         return lambda: self.until
 
     def lapse(self) -> None:

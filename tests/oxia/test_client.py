@@ -13,6 +13,10 @@ import pytest
 
 from tc_server._proto import oxia_client_pb2 as pb
 from tc_server._proto import oxia_client_pb2_grpc as pb_grpc
+from tc_server.coordinator import layout
+from tc_server.coordinator.coordinator import CoordinatorConfig, TransactionCoordinator
+from tc_server.coordinator.leadership import leader_value
+from tc_server.metrics import Metrics
 from tc_server.store.api import (
     EXPECT_ABSENT,
     BadVersionError,
@@ -436,6 +440,57 @@ async def test_the_lease_of_an_ephemeral_record_follows_its_session(oxia: Standi
     finally:
         await owner.close()
     assert lease() == 0.0
+
+
+async def test_a_lease_follows_the_session_that_holds_the_record_not_the_one_held_now(oxia: StandinOxia) -> None:
+    # The client took its session for gone (keep-alives unanswered: forget) while the server still has it, and
+    # made a new one: the record written under the first goes when the server expires that one, whatever the
+    # keep-alives of the second say. Its lease was taken from the session held now, the second, and lasted.
+    owner = await connect(oxia.address, session_timeout_ms=2_000)
+    try:
+        first = await owner.put("/l/leader", b"me", ephemeral=True)
+        again = await owner.get("/l/leader")
+        assert first.session_id is not None and again is not None and again.session_id == first.session_id
+        (shard,) = {info.shard for info in owner._assignments.current.shards}
+        owner._sessions.forget(shard, first.session_id)
+        second = await owner.put("/l/other", b"me", ephemeral=True)
+        assert second.session_id not in (None, first.session_id)
+        assert first.session_id in oxia.sessions  # the server still holds the record under the first
+        read = await owner.get("/l/leader")
+        assert read is not None and read.session_id == first.session_id
+        held = owner.ephemeral_lease("/l/leader", read.session_id)
+        assert held is not None and held() == 0.0
+        now = owner.ephemeral_lease("/l/other", second.session_id)
+        assert now is not None and now() > lease_clock()
+        durable = await owner.put("/l/durable", b"x")
+        assert durable.session_id is None
+    finally:
+        await owner.close()
+
+
+async def test_a_coordinator_adopting_its_record_of_a_replaced_session_serves_it_under_that_sessions_lease(
+        oxia: StandinOxia) -> None:
+    # Its own leader record, whose create's answer was lost, adopted at the next check: the partition's lease
+    # followed the session held then, not the record's, so it served on while the record was bound to go.
+    owner = await connect(oxia.address, session_timeout_ms=2_000)
+    tc = TransactionCoordinator(owner, CoordinatorConfig(partitions=1, advertised_url="pulsar://a:1"), Metrics("t"))
+    try:
+        planted = await owner.put(layout.leader_path(0), leader_value("pulsar://a:1", tc._election.instance_id),
+                                  expected_version=EXPECT_ABSENT, ephemeral=True)
+        (shard,) = {info.shard for info in owner._assignments.current.shards}
+        assert planted.session_id is not None
+        owner._sessions.forget(shard, planted.session_id)
+        await tc.start()
+        assert tc._election.led == {0}
+        assert tc.partition(0).lease_lapsed()
+        # Once the server expires that session, the record goes with it, and the coordinator takes the
+        # coordinator again under the session it holds now.
+        await eventually(lambda: planted.session_id not in oxia.sessions, "the forgotten session expired")
+        await eventually(lambda: 0 in tc._election.led and not tc.partition(0).lease_lapsed(),
+                         "the coordinator led again under its live session")
+    finally:
+        await tc.stop()
+        await owner.close()
 
 
 async def test_close_does_not_wait_the_request_timeout_for_an_oxia_that_does_not_answer(

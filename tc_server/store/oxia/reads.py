@@ -27,6 +27,7 @@ def to_record(key: str, response: pb.GetResponse) -> Record:
         version=version.version_id,
         created_ms=version.created_timestamp,
         modified_ms=version.modified_timestamp,
+        session_id=version.session_id if version.HasField("session_id") else None,
     )
 
 

@@ -171,11 +171,13 @@ class OxiaStore(StoreWrites):
             raise StoreUnavailableError(f"shard {shard} is not in the current assignments")
         return info.leader
 
-    def ephemeral_lease(self, key: str) -> Callable[[], float] | None:
-        """See :meth:`MetadataStore.ephemeral_lease`: the keep-alives of the session that holds ``key``
-        now (on its shard). Once that session is gone or replaced, the lease is over (0.0)."""
+    def ephemeral_lease(self, key: str, session_id: int | None = None) -> Callable[[], float] | None:
+        """See :meth:`MetadataStore.ephemeral_lease`: the keep-alives of session ``session_id`` (by default
+        the one this client holds now on ``key``'s shard). Once that session is gone or replaced, the lease
+        is over (0.0)."""
         shard = self._route(key, None).shard
-        return functools.partial(self._sessions.alive_until, shard, self._sessions.current(shard))
+        held = self._sessions.current(shard) if session_id is None else session_id
+        return functools.partial(self._sessions.alive_until, shard, held)
 
     def _route(self, key: str, partition_key: str | None) -> ShardInfo:
         info = self._assignments.current.shard_for(key, partition_key)
@@ -402,6 +404,7 @@ class OxiaStore(StoreWrites):
             version=version.version_id,
             created_ms=version.created_timestamp,
             modified_ms=version.modified_timestamp,
+            session_id=version.session_id if version.HasField("session_id") else None,
         )
 
     def scan_prefix(self, prefix: str, *, partition_key: str | None = None) -> AsyncIterator[Record]:
