@@ -101,9 +101,9 @@ EXIT_POLL_S = 0.1
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
-# How long a worker's stderr may stay open after its exit and the kill of its process group before its
-# restart goes on without waiting for its end (Supervisor._stderr_ended). Lines written before the exit are
-# read by then: the pipe holds them.
+# How long a worker's stderr may stay open, with nothing read from it, after its exit and the kill of its process
+# group before its read end is closed and its restart goes on (Supervisor._stderr_ended). Lines written before
+# the exit are read by then: the pipe holds them, and each read gives the wait another STDERR_AFTER_EXIT_S.
 STDERR_AFTER_EXIT_S = 2.0
 # What /readyz says of a worker whose process is not running.
 NOT_RUNNING = "not running (being restarted)"
@@ -182,6 +182,21 @@ class _Worker:
     # while, a disk full) are retried for good rather than stopping every worker (MAX_START_FAILURES).
     was_ready: bool = False
     last_error: str = ""  # its last "tc-server: ..." line (logs.say_refusal)
+    # An exit since it was last ready left a process that SIGKILL did not end holding its stderr
+    # (Supervisor._stderr_ended): the likely holder of its store's lock too, which the failure of a start that
+    # follows names.
+    left_a_holder: bool = False
+
+
+@dataclass
+class _Stderr:
+    """The read end of a worker's stderr pipe, made and owned here (not asyncio's ``PIPE``) so that it can be
+    closed while a process the worker left still holds the write end (Supervisor._stderr_ended)."""
+
+    reader: asyncio.StreamReader
+    transport: asyncio.ReadTransport
+    tail: bytearray  # the last STDERR_TAIL bytes passed on: where its last error line is looked for
+    read: int = 0  # bytes read so far: progress while its end is waited for
 
 
 class Supervisor:
@@ -195,10 +210,10 @@ class Supervisor:
                         for k in range(settings.workers)]
         self._stopping = asyncio.Event()
         self._spawning = 0  # worker processes being started: forked, maybe not in self.workers yet
-        # Exited workers' stderr still read because a process they left holds it open (_stderr_ended).
-        self._held_stderr: set[asyncio.Task[None]] = set()
         self.failure: tuple[int, str] | None = None  # (exit code, message) that stopped everything
         self._stop_asked = False  # stop() was called (a signal): a second call kills the workers
+        self._kill_asked = False  # that second call came: a worker started from now on is killed at once
+        self._stop_deadline: float | None = None  # loop time by which every worker has stopped or is killed
         self._registry = CollectorRegistry()
         self._up = Gauge("tc_server_worker_ready", "1 when the worker's /readyz said 200 at the last check",
                          ["worker"], registry=self._registry)
@@ -239,6 +254,7 @@ class Supervisor:
         if sig is signal.SIGHUP:
             log.info("hang-up while stopping: the stop goes on")
             return
+        self._kill_asked = True
         running = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
         if running:
             log.warning("second stop signal: killing the workers", pids=sorted(proc.pid for proc in running))
@@ -255,37 +271,45 @@ class Supervisor:
                 "--worker-supervisor-pid", str(os.getpid()), "--worker-settings-on-stdin"]
 
     @staticmethod
-    async def _forward_stderr(stream: asyncio.StreamReader, tail: bytearray) -> None:
+    async def _forward_stderr(pipe: _Stderr) -> None:
         """Pass a worker's output on to our stderr as it comes, whole lines at a time: a line that
         arrives in pieces is held until its end, so that another worker's line cannot land inside it
         (two JSON log lines glued into one, seen at a stop when every worker logs at once). A line
-        longer than STDERR_CHUNK passes in pieces. ``tail`` keeps the last STDERR_TAIL bytes passed on,
-        where its last error line is looked for once it exits."""
+        longer than STDERR_CHUNK passes in pieces."""
         held = b""
-        while chunk := await stream.read(STDERR_CHUNK):
+        while chunk := await pipe.reader.read(STDERR_CHUNK):
+            pipe.read += len(chunk)
             data = held + chunk
             end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
             held = data[end:]
             if end:
                 _pass_on(data[:end])
-                tail += data[:end]
-                del tail[:-STDERR_TAIL]
+                pipe.tail += data[:end]
+                del pipe.tail[:-STDERR_TAIL]
         if held:  # its last line, without an end (a worker killed as it wrote)
             _pass_on(held + b"\n")
-            tail += held
-            del tail[:-STDERR_TAIL]
+            pipe.tail += held
+            del pipe.tail[:-STDERR_TAIL]
 
-    async def _start_process(self, index: int) -> asyncio.subprocess.Process:
-        """Worker ``index``'s process, started. Raises OSError when it cannot be (fork or exec failed)."""
+    async def _start_process(self, index: int) -> tuple[asyncio.subprocess.Process, _Stderr]:
+        """Worker ``index``'s process, started, and the read end of its stderr. Raises OSError when it cannot
+        be (fork or exec failed, no file descriptor left for the pipe)."""
+        read_end, write_end = os.pipe()
         self._spawning += 1
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
             # in order (a worker that stopped on its own would look like one to restart).
             proc = await asyncio.create_subprocess_exec(
-                *self._command(index), stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True)
+                *self._command(index), stdin=asyncio.subprocess.PIPE, stderr=write_end, start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
         finally:
             self._spawning -= 1
+            os.close(write_end)  # the worker's now, and what it starts inherits it
+        reader = asyncio.StreamReader(limit=STDERR_CHUNK)
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", buffering=0))
         assert proc.stdin is not None
         # A few KB: the pipe takes them at once, and the worker reads them before anything else.
         try:
@@ -294,7 +318,7 @@ class Supervisor:
             pass  # it died at once: its exit is seen as any other's
         finally:
             proc.stdin.close()
-        return proc
+        return proc, _Stderr(reader, transport, bytearray())
 
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
@@ -303,7 +327,7 @@ class Supervisor:
             worker.ready, worker.ready_at, worker.answered_at = False, None, None
             worker.last_error = ""  # this start's, not an earlier one's
             try:
-                worker.proc = await self._start_process(worker.index)
+                worker.proc, pipe = await self._start_process(worker.index)
                 worker.started_at = loop.time()
             except OSError as exc:
                 # fork or exec failed (EAGAIN, ENOMEM, EMFILE: the machine, not the worker): no worker ran,
@@ -314,10 +338,10 @@ class Supervisor:
                 await self._pause(delay)
                 continue
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
-            assert worker.proc.stderr is not None
-            tail = bytearray()
-            forwarding = asyncio.create_task(self._forward_stderr(worker.proc.stderr, tail))
-            if self._stopping.is_set():
+            forwarding = asyncio.create_task(self._forward_stderr(pipe))
+            if self._kill_asked:  # a second stop signal came while it was being started
+                kill_worker(worker.proc)
+            elif self._stopping.is_set():
                 # Stopped while it was being started: _stop_workers did not see it, so it gets the same
                 # bounded stop here (unbounded, a worker stuck in its start held the supervisor's exit).
                 await self._stop_processes([worker.proc])
@@ -326,8 +350,10 @@ class Supervisor:
             # on a disk would hold the stderr pipe and the store's lock for the restart. A kill loses
             # nothing acknowledged: the writer answered only what it had committed.
             kill_worker(worker.proc)
-            await self._stderr_ended(worker, forwarding)
-            errors = [text for line in bytes(tail).splitlines() if (text := refusal_in(line)) is not None]
+            held_before = worker.left_a_holder
+            if not await self._stderr_ended(worker, forwarding, pipe):
+                worker.left_a_holder = True
+            errors = [text for line in bytes(pipe.tail).splitlines() if (text := refusal_in(line)) is not None]
             if errors:
                 worker.last_error = errors[-1]
             worker.ready, worker.readyz = False, "not asked yet since its restart"
@@ -348,6 +374,10 @@ class Supervisor:
                     backoff.reset()
             if worker.start_failures >= MAX_START_FAILURES and not worker.was_ready:
                 error = worker.last_error.removeprefix(REFUSAL_PREFIX) or f"exit code {code}"
+                if held_before:
+                    error += (" (the start before it left a process that SIGKILL did not end, stuck in the kernel "
+                              "on a disk that stopped answering or out of the worker's process group: it held the "
+                              "worker's stderr, and may hold its store's lock)")
                 self.failure = (code if code > 0 else 1,
                                 f"tc-server: worker {worker.index} of {len(self.workers)} failed to start "
                                 f"{worker.start_failures} times in a row: {error}")
@@ -364,19 +394,28 @@ class Supervisor:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
-    async def _stderr_ended(self, worker: _Worker, forwarding: asyncio.Task[None]) -> None:
-        """Wait up to STDERR_AFTER_EXIT_S after a worker's exit (and the kill of its process group) for
-        the end of its stderr. A process it left that the kill did not end (stuck in the kernel on a disk
-        that stopped answering; one that left the group) holds the pipe open: waited for without a bound,
-        it held the worker's restart, and the supervisor's stop, for as long. Its lines are still passed on."""
-        done, _ = await asyncio.wait({forwarding}, timeout=STDERR_AFTER_EXIT_S)
-        if done:
-            return
-        log.warning("a process the worker left holds its stderr open after the worker exited; going on "
-                    "without waiting for it", worker=worker.index, pid=worker.proc.pid if worker.proc else None,
+    async def _stderr_ended(self, worker: _Worker, forwarding: asyncio.Task[None], pipe: _Stderr) -> bool:
+        """Wait for the end of a worker's stderr after its exit and the kill of its process group; whether it
+        ended. A process the kill did not end (stuck in the kernel on a disk that stopped answering; one that
+        left the group) holds the pipe open: waited for without a bound, it held the worker's restart, and the
+        supervisor's stop, for as long. So once STDERR_AFTER_EXIT_S pass without a byte read, the read end is
+        closed (that process's next write to it fails) and the restart goes on."""
+        while True:
+            read = pipe.read
+            done, _ = await asyncio.wait({forwarding}, timeout=STDERR_AFTER_EXIT_S)
+            if done:
+                forwarding.result()  # a failure to pass lines on is the supervisor's own: raised, as before
+                return True
+            if pipe.read == read:
+                break
+        log.warning("a process the worker left holds its stderr open after the worker exited; closing the "
+                    "pipe and going on", worker=worker.index, pid=worker.proc.pid if worker.proc else None,
                     waited_s=STDERR_AFTER_EXIT_S)
-        self._held_stderr.add(forwarding)
-        forwarding.add_done_callback(self._held_stderr.discard)
+        forwarding.cancel()
+        pipe.transport.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await forwarding
+        return False
 
     async def _stop_workers(self) -> None:
         """SIGTERM to every worker; those still running WORKER_STOP_S later are killed."""
@@ -392,8 +431,12 @@ class Supervisor:
                 proc.send_signal(signal.SIGTERM)
         if not running:
             return
+        # One bound from the stop's start, for a worker whose start was under way then as well.
+        loop = asyncio.get_running_loop()
+        if self._stop_deadline is None:
+            self._stop_deadline = loop.time() + WORKER_STOP_S
         exits = {asyncio.create_task(exit_code(proc)): proc for proc in running}
-        _, late = await asyncio.wait(exits, timeout=WORKER_STOP_S)
+        _, late = await asyncio.wait(exits, timeout=max(0.0, self._stop_deadline - loop.time()))
         if late:
             log.warning("workers not stopped within the bound; killing them",
                         pids=sorted(exits[task].pid for task in late), waited_s=WORKER_STOP_S)
@@ -447,6 +490,7 @@ class Supervisor:
             log.info("worker ready", worker=worker.index, pid=proc.pid)
             worker.ready_at = asyncio.get_running_loop().time()
             worker.was_ready = True
+            worker.left_a_holder = False
         return ready, body
 
     def _probe_ssl(self) -> ssl.SSLContext | None:
@@ -583,9 +627,9 @@ class Supervisor:
             try:
                 await self._stop_workers()
                 await asyncio.gather(*keepers, return_exceptions=True)
-                for task in [*background, *self._held_stderr]:
+                for task in background:
                     task.cancel()
-                await asyncio.gather(*background, *self._held_stderr, return_exceptions=True)
+                await asyncio.gather(*background, return_exceptions=True)
                 for pool in (self._polling, self._forwarding):
                     await pool.close()
                 await admin.stop()

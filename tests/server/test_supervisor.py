@@ -29,7 +29,7 @@ from tc_server.bench.process import free_ports_in_a_row
 from tc_server.cli import build_parser
 from tc_server.config import Settings
 from tc_server.logs import LinesOrNothing
-from tc_server.supervisor import RESTART_INITIAL_S, Supervisor
+from tc_server.supervisor import MAX_START_FAILURES, RESTART_INITIAL_S, Supervisor
 from tests.security.pki import TestCa
 from tests.support.proc_state import alive
 
@@ -47,7 +47,8 @@ PROCESS_BOUND_S = 60.0
 # answers anything (the OOM killer during a start). "escaped-child-crash:PATH" crashes as "crash" does, leaving a
 # child in a session of its own (out of reach of the kill of the worker's process group, as a writer stuck in
 # the kernel on a dead disk is out of reach of any kill) that holds the worker's stderr; it appends its pid to
-# PATH.
+# PATH. "escaped-child-refusal:PATH" leaves such a child too, then says why it cannot start and exits 2 before
+# it answers anything (a start that fails for good).
 STAND_IN_WORKER = """
 import os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -73,10 +74,13 @@ if behaviour.startswith("frozen-child"):
     os.kill(child.pid, signal.SIGSTOP)
     with open(behaviour.split(":", 1)[1], "w") as pid_file:
         pid_file.write(str(child.pid))
-if behaviour.startswith("escaped-child-crash:"):
+if behaviour.startswith(("escaped-child-crash:", "escaped-child-refusal:")):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     with open(behaviour.split(":", 1)[1], "a") as pid_file:
         pid_file.write(f"{child.pid}\\n")
+if behaviour.startswith("escaped-child-refusal:"):
+    os.write(2, b"tc-server: cannot start: the stand-in refuses\\n")
+    sys.exit(2)
 HTTPServer.allow_reuse_address = True
 server = HTTPServer(("127.0.0.1", port), Ready)
 threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -144,6 +148,16 @@ async def run_until_stopped(supervisor: Any, condition: Callable[[], bool], what
         supervisor.stop()
         code: int = await asyncio.wait_for(running, PROCESS_BOUND_S)
     return code
+
+
+HELD_STDERR = "a process the worker left holds its stderr open after the worker exited; closing the pipe and going on"
+
+
+def kill_listed(pid_file: Path) -> None:
+    """SIGKILL to the pids listed in ``pid_file`` (the stand-ins' escaped children), if it exists."""
+    for pid in pid_file.read_text().split() if pid_file.exists() else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def ignores_sigterm(pid: int) -> bool:
@@ -266,14 +280,52 @@ async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_a
     supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
     try:
         assert await run_until_stopped(
-            supervisor, lambda: bool(events(logged, "worker exited; restarting")), "the crashed worker restarted") == 0
-        held = events(logged, "a process the worker left holds its stderr open after the worker exited; going on "
-                              "without waiting for it")
+            supervisor, lambda: len(events(logged, "worker started")) >= 2, "the crashed worker started again") == 0
+        held = events(logged, HELD_STDERR)
         assert held and held[0]["worker"] == 0, held
     finally:
-        for pid in pid_file.read_text().split() if pid_file.exists() else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        kill_listed(pid_file)
+
+
+async def test_a_start_failing_after_one_that_left_a_process_holding_its_stderr_says_so(
+        logged: list[dict[str, Any]], tmp_path: Path) -> None:
+    # The failure names the start's own error line, read before the pipe was given up, and the process the
+    # starts before it left: what likely holds the store's lock the next start found taken.
+    pid_file = tmp_path / "escaped.pids"
+    supervisor = StandInSupervisor([f"escaped-child-refusal:{pid_file}"])
+    try:
+        code = await asyncio.wait_for(supervisor.run(), PROCESS_BOUND_S)
+    finally:
+        kill_listed(pid_file)
+    assert supervisor.failure is not None and code == 2
+    message = supervisor.failure[1]
+    assert message.startswith(f"tc-server: worker 0 of 1 failed to start {MAX_START_FAILURES} times in a row: "
+                              "cannot start: the stand-in refuses (the start before it left a process"), message
+    assert len(events(logged, HELD_STDERR)) == MAX_START_FAILURES
+
+
+async def test_a_second_stop_kills_a_worker_whose_start_was_under_way(
+        logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both signals came while its process was being started: the kill of the second went to the workers
+    # running then, and the one started next waited out the whole bound.
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", PROCESS_BOUND_S * 10)
+    start_process = asyncio.create_subprocess_exec
+    supervisor = StandInSupervisor(["ignore-sigterm"])
+
+    async def start_after_two_stops(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        await until(lambda: supervisor._kill_asked, "the second stop")
+        proc = await start_process(*args, **kwargs)
+        await until(lambda: ignores_sigterm(proc.pid), "the stand-in worker ignoring SIGTERM")
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", start_after_two_stops)
+    running = asyncio.create_task(supervisor.run())
+    await until(lambda: supervisor._spawning > 0, "a start under way")
+    supervisor.stop()
+    supervisor.stop()
+    assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
+    proc = supervisor.workers[0].proc
+    assert proc is not None and proc.returncode == -signal.SIGKILL
 
 
 async def test_a_worker_started_while_the_supervisor_stops_is_stopped_within_the_bound(
