@@ -220,7 +220,8 @@ class TransactionCoordinator:
         """Whether the store session of this instance's member record may have lapsed (Oxia: no keep-alive
         answered within the session timeout, or no session at all); never on the embedded and memory stores."""
         try:
-            lease = self.store.ephemeral_lease(layout.member_path(self._election.instance_id))
+            lease = self.store.ephemeral_lease(layout.member_path(self._election.instance_id),
+                                               self._election.member_session)
         except StoreError:  # no shard map: the store does not answer this instance
             return True
         return lease is not None and lease_clock() >= lease()

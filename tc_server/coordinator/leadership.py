@@ -102,6 +102,8 @@ class LeaderElection:
         # The store session that holds our own leader record, per partition being started or led (Record.
         # session_id): its lease is that session's (lease_session), not whichever this process holds now.
         self._sessions: dict[int, int | None] = {}
+        # The store session that holds this instance's member record, as last read or written.
+        self.member_session: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         self.share = partitions  # how many partitions this instance may lead
@@ -168,11 +170,13 @@ class LeaderElection:
             if parse_leader(record.value, record.key) is None:
                 continue
             members += 1
-            mine = mine or record.key == layout.member_path(self.instance_id)
+            if record.key == layout.member_path(self.instance_id):
+                mine, self.member_session = True, record.session_id
         if not mine:
             # First start, or our store session ended (Oxia expired it) and took the record along.
-            await self._store.put(layout.member_path(self.instance_id), leader_value(self._url, self.instance_id),
-                                  ephemeral=True)
+            written = await self._store.put(layout.member_path(self.instance_id),
+                                            leader_value(self._url, self.instance_id), ephemeral=True)
+            self.member_session = written.session_id
             members += 1
         self.share = math.ceil(self._partitions / members)
 
@@ -209,14 +213,26 @@ class LeaderElection:
             return
         owner = self._note_leader(tc_id, current.value)
         if owner == self.instance_id:
-            if tc_id in self.led:
+            if tc_id in self.led and current.session_id != self._sessions.get(tc_id):
+                # Our record, but held by another session than the one the partition's lease follows (a
+                # write of ours answered late): its lease says nothing of this record. Served again from
+                # the next check, which takes the record over under the session held then.
+                await self._lose(tc_id)
+            elif tc_id in self.led:
                 self._versions[tc_id] = current.version
             elif len(self.led) < self.share and self.may_lead(tc_id):
                 # Our own record, but we do not serve it: a create whose answer was lost, or a
-                # take-over that failed half way. Serve it now, under the lease of the session that holds
-                # the record (one this process has since replaced ends it at once: served then, the record
-                # went when the server expired that session, and another instance led alongside).
-                await self._serve(tc_id, current.version, current.session_id)
+                # take-over that failed half way. Written again first, under the version read, so that the
+                # session this process holds now holds it: one it has since replaced (given up for lost while
+                # the server still had it) would take the record with it when the server expires it, and the
+                # partition's lease, which follows the record's session, would be over from the start.
+                try:
+                    record = await self._store.put(
+                        layout.leader_path(tc_id), leader_value(self._url, self.instance_id, self._url_tls),
+                        expected_version=current.version, ephemeral=True)
+                except BadVersionError:
+                    return  # changed or gone meanwhile: the next check sees what it is now
+                await self._serve(tc_id, record.version, record.session_id)
             else:
                 await self._release(tc_id, current.version)
         elif tc_id in self.led:

@@ -468,10 +468,11 @@ async def test_a_lease_follows_the_session_that_holds_the_record_not_the_one_hel
         await owner.close()
 
 
-async def test_a_coordinator_adopting_its_record_of_a_replaced_session_serves_it_under_that_sessions_lease(
+async def test_a_coordinator_adopting_its_record_of_a_replaced_session_writes_it_under_its_live_one(
         oxia: StandinOxia) -> None:
-    # Its own leader record, whose create's answer was lost, adopted at the next check: the partition's lease
-    # followed the session held then, not the record's, so it served on while the record was bound to go.
+    # Its own leader record, whose create's answer was lost, adopted at the next check while the session that
+    # holds it was one the client had given up for lost: served under the lease of the session held now, the
+    # record went when the server expired the other one, and another instance could lead alongside.
     owner = await connect(oxia.address, session_timeout_ms=2_000)
     tc = TransactionCoordinator(owner, CoordinatorConfig(partitions=1, advertised_url="pulsar://a:1"), Metrics("t"))
     try:
@@ -482,12 +483,14 @@ async def test_a_coordinator_adopting_its_record_of_a_replaced_session_serves_it
         owner._sessions.forget(shard, planted.session_id)
         await tc.start()
         assert tc._election.led == {0}
-        assert tc.partition(0).lease_lapsed()
-        # Once the server expires that session, the record goes with it, and the coordinator takes the
-        # coordinator again under the session it holds now.
-        await eventually(lambda: planted.session_id not in oxia.sessions, "the forgotten session expired")
-        await eventually(lambda: 0 in tc._election.led and not tc.partition(0).lease_lapsed(),
-                         "the coordinator led again under its live session")
+        adopted = await owner.get(layout.leader_path(0))
+        assert adopted is not None and adopted.session_id == owner._sessions.current(shard) != planted.session_id
+        assert not tc.partition(0).lease_lapsed()
+        # The forgotten session's end takes nothing this instance leads by.
+        oxia.close_session(planted.session_id)
+        assert await owner.get(layout.leader_path(0)) is not None
+        assert tc._election.led == {0} and not tc.partition(0).lease_lapsed()
+        assert not tc._member_lapsed()
     finally:
         await tc.stop()
         await owner.close()
