@@ -101,10 +101,13 @@ EXIT_POLL_S = 0.1
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
 STDERR_CHUNK = 65536
 STDERR_TAIL = 8192
-# How long a worker's stderr may stay open, with nothing read from it, after its exit and the kill of its process
-# group before its read end is closed and its restart goes on (Supervisor._stderr_ended). Lines written before
-# the exit are read by then: the pipe holds them, and each read gives the wait another STDERR_AFTER_EXIT_S.
-STDERR_AFTER_EXIT_S = 2.0
+# How long a worker's stderr may stay open after its exit and the kill of its process group before its read end
+# is closed and its restart goes on (Supervisor._stderr_ended): longer than a slow disk's fsync, which a killed
+# writer finishes before it dies (closed sooner, the restart found the store's lock still held). Lines written
+# before the exit are read by then: the pipe holds them. While the supervisor stops: at most until the stop's
+# bound (WORKER_STOP_S from its start), or STDERR_AT_STOP_S if that has passed.
+STDERR_AFTER_EXIT_S = 10.0
+STDERR_AT_STOP_S = 1.0
 # What /readyz says of a worker whose process is not running.
 NOT_RUNNING = "not running (being restarted)"
 
@@ -196,7 +199,6 @@ class _Stderr:
     reader: asyncio.StreamReader
     transport: asyncio.ReadTransport
     tail: bytearray  # the last STDERR_TAIL bytes passed on: where its last error line is looked for
-    read: int = 0  # bytes read so far: progress while its end is waited for
 
 
 class Supervisor:
@@ -241,6 +243,12 @@ class Supervisor:
                                           credentials_checked=bool(provider_methods(settings.authentication_providers)),
                                           shared_store=STORE_KINDS[settings.store].needs_server)
 
+    def _begin_stop(self) -> None:
+        """Stop everything (once): the workers are stopped within WORKER_STOP_S from now (_stop_processes)."""
+        if not self._stopping.is_set():
+            self._stop_deadline = asyncio.get_running_loop().time() + WORKER_STOP_S
+            self._stopping.set()
+
     def stop(self, sig: signal.Signals | None = None) -> None:
         """The first call (SIGTERM, SIGINT, SIGHUP) stops the workers gracefully; a second one, while they
         still stop, kills them (what a second Ctrl-C means; a kill loses nothing acknowledged), and the
@@ -249,7 +257,7 @@ class Supervisor:
         if not self._stop_asked:
             self._stop_asked = True
             log.info("stopping", signal=sig.name if sig is not None else None)
-            self._stopping.set()
+            self._begin_stop()
             return
         if sig is signal.SIGHUP:
             log.info("hang-up while stopping: the stop goes on")
@@ -277,39 +285,52 @@ class Supervisor:
         (two JSON log lines glued into one, seen at a stop when every worker logs at once). A line
         longer than STDERR_CHUNK passes in pieces."""
         held = b""
-        while chunk := await pipe.reader.read(STDERR_CHUNK):
-            pipe.read += len(chunk)
-            data = held + chunk
-            end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
-            held = data[end:]
-            if end:
-                _pass_on(data[:end])
-                pipe.tail += data[:end]
+        try:
+            while chunk := await pipe.reader.read(STDERR_CHUNK):
+                data = held + chunk
+                end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
+                held = data[end:]
+                if end:
+                    _pass_on(data[:end])
+                    pipe.tail += data[:end]
+                    del pipe.tail[:-STDERR_TAIL]
+        finally:
+            # Its last line, without an end: a worker killed as it wrote, or the pipe given up (_stderr_ended).
+            if held:
+                _pass_on(held + b"\n")
+                pipe.tail += held
                 del pipe.tail[:-STDERR_TAIL]
-        if held:  # its last line, without an end (a worker killed as it wrote)
-            _pass_on(held + b"\n")
-            pipe.tail += held
-            del pipe.tail[:-STDERR_TAIL]
 
-    async def _start_process(self, index: int) -> tuple[asyncio.subprocess.Process, _Stderr]:
-        """Worker ``index``'s process, started, and the read end of its stderr. Raises OSError when it cannot
-        be (fork or exec failed, no file descriptor left for the pipe)."""
+    async def _start_process(self, worker: _Worker) -> _Stderr:
+        """Start ``worker``'s process (``worker.proc``, from then on) and return the read end of its stderr.
+        Raises OSError when it cannot be started (fork or exec failed, no file descriptor left for the pipe)."""
         read_end, write_end = os.pipe()
+        # Counted until the process is worker.proc: the reaper (_reap_adopted) takes any other child for one
+        # the kernel handed it, and would take the exit status of a worker that died at once.
         self._spawning += 1
         try:
-            # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
-            # in order (a worker that stopped on its own would look like one to restart).
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(index), stdin=asyncio.subprocess.PIPE, stderr=write_end, start_new_session=True)
-        except BaseException:
-            os.close(read_end)
-            raise
+            try:
+                # Its own session: a terminal's Ctrl-C reaches the supervisor only, which stops the workers
+                # in order (a worker that stopped on its own would look like one to restart).
+                proc = await asyncio.create_subprocess_exec(
+                    *self._command(worker.index), stdin=asyncio.subprocess.PIPE, stderr=write_end,
+                    start_new_session=True)
+            except BaseException:
+                os.close(read_end)
+                raise
+            finally:
+                os.close(write_end)  # the worker's now, and what it starts inherits it
+            worker.proc, worker.started_at = proc, asyncio.get_running_loop().time()
         finally:
             self._spawning -= 1
-            os.close(write_end)  # the worker's now, and what it starts inherits it
-        reader = asyncio.StreamReader(limit=STDERR_CHUNK)
-        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", buffering=0))
+        try:
+            reader = asyncio.StreamReader(limit=STDERR_CHUNK)
+            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", buffering=0))
+        except BaseException:
+            # Its stderr cannot be read (the read end is closed by now): a worker nobody hears is not kept.
+            kill_worker(proc)
+            raise
         assert proc.stdin is not None
         # A few KB: the pipe takes them at once, and the worker reads them before anything else.
         try:
@@ -318,7 +339,7 @@ class Supervisor:
             pass  # it died at once: its exit is seen as any other's
         finally:
             proc.stdin.close()
-        return proc, _Stderr(reader, transport, bytearray())
+        return _Stderr(reader, transport, bytearray())
 
     async def _keep_running(self, worker: _Worker) -> None:
         backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
@@ -327,8 +348,7 @@ class Supervisor:
             worker.ready, worker.ready_at, worker.answered_at = False, None, None
             worker.last_error = ""  # this start's, not an earlier one's
             try:
-                worker.proc, pipe = await self._start_process(worker.index)
-                worker.started_at = loop.time()
+                pipe = await self._start_process(worker)
             except OSError as exc:
                 # fork or exec failed (EAGAIN, ENOMEM, EMFILE: the machine, not the worker): no worker ran,
                 # so no start failure is counted, and a later try may work.
@@ -337,6 +357,7 @@ class Supervisor:
                             retry_in_s=round(delay, 2))
                 await self._pause(delay)
                 continue
+            assert worker.proc is not None
             log.info("worker started", worker=worker.index, pid=worker.proc.pid, url=worker.url)
             forwarding = asyncio.create_task(self._forward_stderr(pipe))
             if self._kill_asked:  # a second stop signal came while it was being started
@@ -381,7 +402,7 @@ class Supervisor:
                 self.failure = (code if code > 0 else 1,
                                 f"tc-server: worker {worker.index} of {len(self.workers)} failed to start "
                                 f"{worker.start_failures} times in a row: {error}")
-                self._stopping.set()
+                self._begin_stop()
                 return
             delay = backoff.next_delay()
             log.warning("worker exited; restarting", worker=worker.index, exit_code=code, pid=worker.proc.pid,
@@ -398,23 +419,29 @@ class Supervisor:
         """Wait for the end of a worker's stderr after its exit and the kill of its process group; whether it
         ended. A process the kill did not end (stuck in the kernel on a disk that stopped answering; one that
         left the group) holds the pipe open: waited for without a bound, it held the worker's restart, and the
-        supervisor's stop, for as long. So once STDERR_AFTER_EXIT_S pass without a byte read, the read end is
-        closed (that process's next write to it fails) and the restart goes on."""
-        while True:
-            read = pipe.read
-            done, _ = await asyncio.wait({forwarding}, timeout=STDERR_AFTER_EXIT_S)
-            if done:
-                forwarding.result()  # a failure to pass lines on is the supervisor's own: raised, as before
-                return True
-            if pipe.read == read:
-                break
+        supervisor's stop, for as long. So after STDERR_AFTER_EXIT_S (once the supervisor stops: by the stop's
+        bound, or STDERR_AT_STOP_S if that has passed) the read end is closed (that process's next write to it
+        fails) and the restart goes on."""
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + STDERR_AFTER_EXIT_S
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({forwarding, stopping}, timeout=STDERR_AFTER_EXIT_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not forwarding.done() and self._stop_deadline is not None:
+                now = loop.time()
+                await asyncio.wait({forwarding}, timeout=max(0.0, min(ends_at - now, max(STDERR_AT_STOP_S,
+                                                                                  self._stop_deadline - now))))
+        finally:
+            stopping.cancel()
+        if forwarding.done():
+            forwarding.result()  # a failure to pass lines on is the supervisor's own: raised, as before
+            return True
         log.warning("a process the worker left holds its stderr open after the worker exited; closing the "
-                    "pipe and going on", worker=worker.index, pid=worker.proc.pid if worker.proc else None,
-                    waited_s=STDERR_AFTER_EXIT_S)
+                    "pipe and going on", worker=worker.index, pid=worker.proc.pid if worker.proc else None)
         forwarding.cancel()
         pipe.transport.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await forwarding
+        await asyncio.wait({forwarding})  # its held line passed on (_forward_stderr); not a cancel of ours
         return False
 
     async def _stop_workers(self) -> None:
@@ -425,16 +452,15 @@ class Supervisor:
         """SIGTERM to those of ``procs`` still running; those still running WORKER_STOP_S later are killed.
         One bound for all, waited for together: a bound per worker, one after the other, added up past any
         stop timeout."""
+        # One bound from the stop's start (_begin_stop), for a worker whose start was under way then as well.
+        loop = asyncio.get_running_loop()
+        assert self._stop_deadline is not None, "workers are stopped once the stop has begun"
         running = [proc for proc in procs if proc.returncode is None]
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
         if not running:
             return
-        # One bound from the stop's start, for a worker whose start was under way then as well.
-        loop = asyncio.get_running_loop()
-        if self._stop_deadline is None:
-            self._stop_deadline = loop.time() + WORKER_STOP_S
         exits = {asyncio.create_task(exit_code(proc)): proc for proc in running}
         _, late = await asyncio.wait(exits, timeout=max(0.0, self._stop_deadline - loop.time()))
         if late:
@@ -581,7 +607,7 @@ class Supervisor:
         error = task.exception()  # a keeper returns only once stopping (a start that failed sets it first)
         self.failure = (1, f"tc-server: the supervisor's {task.get_name()} task ended: {error!r}")
         log.error("supervisor task ended; stopping", task=task.get_name(), error=repr(error))
-        self._stopping.set()
+        self._begin_stop()
 
     async def metrics(self, request: web.Request) -> web.Response:
         self._ready.set(1 if not self._stopping.is_set() and all(worker.ready for worker in self.workers) else 0)

@@ -273,9 +273,10 @@ async def test_a_worker_that_crashed_leaving_a_frozen_writer_is_restarted(logged
 
 
 async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_and_stopped(
-        logged: list[dict[str, Any]], tmp_path: Path) -> None:
+        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The supervisor read the crashed worker's stderr to its end before restarting it: a process the kill of
     # its group did not end (here one in its own session) held that end, and with it the restart and the stop.
+    monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", 1.0)
     pid_file = tmp_path / "escaped.pids"
     supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
     try:
@@ -287,10 +288,30 @@ async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_a
         kill_listed(pid_file)
 
 
+async def test_a_stop_while_a_process_a_worker_left_holds_its_stderr_ends_within_the_stop_bound(
+        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stop came while the crashed worker's stderr was waited for: that wait's own bound (far above the
+    # stop's here) held the stop.
+    monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", PROCESS_BOUND_S * 10)
+    monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
+    pid_file = tmp_path / "escaped.pids"
+    supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
+    try:
+        running = asyncio.create_task(supervisor.run())
+        await until(lambda: (proc := supervisor.workers[0].proc) is not None and proc.returncode is not None,
+                    "the worker crashed, its stderr held")
+        supervisor.stop()
+        assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
+    finally:
+        kill_listed(pid_file)
+    assert len(events(logged, HELD_STDERR)) == 1
+
+
 async def test_a_start_failing_after_one_that_left_a_process_holding_its_stderr_says_so(
-        logged: list[dict[str, Any]], tmp_path: Path) -> None:
+        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The failure names the start's own error line, read before the pipe was given up, and the process the
     # starts before it left: what likely holds the store's lock the next start found taken.
+    monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", 1.0)
     pid_file = tmp_path / "escaped.pids"
     supervisor = StandInSupervisor([f"escaped-child-refusal:{pid_file}"])
     try:
