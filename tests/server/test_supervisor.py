@@ -153,13 +153,6 @@ async def run_until_stopped(supervisor: Any, condition: Callable[[], bool], what
 HELD_STDERR = "a process the worker left holds its stderr open after the worker exited; closing the pipe and going on"
 
 
-def kill_listed(pid_file: Path) -> None:
-    """SIGKILL to the pids listed in ``pid_file`` (the stand-ins' escaped children), if it exists."""
-    for pid in pid_file.read_text().split() if pid_file.exists() else []:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-
-
 def ignores_sigterm(pid: int) -> bool:
     """Whether process ``pid`` ignores SIGTERM (its SigIgn mask in /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -272,52 +265,50 @@ async def test_a_worker_that_crashed_leaving_a_frozen_writer_is_restarted(logged
     assert not alive(int(pid_file.read_text()))
 
 
-async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_and_stopped(
-        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The supervisor read the crashed worker's stderr to its end before restarting it: a process the kill of
-    # its group did not end (here one in its own session) held that end, and with it the restart and the stop.
+@pytest.fixture
+def escaped_pids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The file where the "escaped-child-*" stand-ins list their escaped children, which are killed after the
+    test; a held stderr is given up 1 s after the worker's exit."""
     monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", 1.0)
     pid_file = tmp_path / "escaped.pids"
-    supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
-    try:
-        assert await run_until_stopped(
-            supervisor, lambda: len(events(logged, "worker started")) >= 2, "the crashed worker started again") == 0
-        held = events(logged, HELD_STDERR)
-        assert held and held[0]["worker"] == 0, held
-    finally:
-        kill_listed(pid_file)
+    yield pid_file
+    for pid in pid_file.read_text().split() if pid_file.exists() else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+async def test_a_worker_whose_stderr_a_process_it_left_holds_open_is_restarted_and_stopped(
+        logged: list[dict[str, Any]], escaped_pids: Path) -> None:
+    # The supervisor read the crashed worker's stderr to its end before restarting it: a process the kill of
+    # its group did not end (here one in its own session) held that end, and with it the restart and the stop.
+    supervisor = StandInSupervisor([f"escaped-child-crash:{escaped_pids}"])
+    assert await run_until_stopped(
+        supervisor, lambda: len(events(logged, "worker started")) >= 2, "the crashed worker started again") == 0
+    held = events(logged, HELD_STDERR)
+    assert held and held[0]["worker"] == 0, held
 
 
 async def test_a_stop_while_a_process_a_worker_left_holds_its_stderr_ends_within_the_stop_bound(
-        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        logged: list[dict[str, Any]], escaped_pids: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The stop came while the crashed worker's stderr was waited for: that wait's own bound (far above the
     # stop's here) held the stop.
     monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", PROCESS_BOUND_S * 10)
     monkeypatch.setattr(supervisor_module, "WORKER_STOP_S", 1.0)
-    pid_file = tmp_path / "escaped.pids"
-    supervisor = StandInSupervisor([f"escaped-child-crash:{pid_file}"])
-    try:
-        running = asyncio.create_task(supervisor.run())
-        await until(lambda: (proc := supervisor.workers[0].proc) is not None and proc.returncode is not None,
-                    "the worker crashed, its stderr held")
-        supervisor.stop()
-        assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
-    finally:
-        kill_listed(pid_file)
+    supervisor = StandInSupervisor([f"escaped-child-crash:{escaped_pids}"])
+    running = asyncio.create_task(supervisor.run())
+    await until(lambda: (proc := supervisor.workers[0].proc) is not None and proc.returncode is not None,
+                "the worker crashed, its stderr held")
+    supervisor.stop()
+    assert await asyncio.wait_for(running, PROCESS_BOUND_S) == 0
     assert len(events(logged, HELD_STDERR)) == 1
 
 
 async def test_a_start_failing_after_one_that_left_a_process_holding_its_stderr_says_so(
-        logged: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        logged: list[dict[str, Any]], escaped_pids: Path) -> None:
     # The failure names the start's own error line, read before the pipe was given up, and the process the
     # starts before it left: what likely holds the store's lock the next start found taken.
-    monkeypatch.setattr(supervisor_module, "STDERR_AFTER_EXIT_S", 1.0)
-    pid_file = tmp_path / "escaped.pids"
-    supervisor = StandInSupervisor([f"escaped-child-refusal:{pid_file}"])
-    try:
-        code = await asyncio.wait_for(supervisor.run(), PROCESS_BOUND_S)
-    finally:
-        kill_listed(pid_file)
+    supervisor = StandInSupervisor([f"escaped-child-refusal:{escaped_pids}"])
+    code = await asyncio.wait_for(supervisor.run(), PROCESS_BOUND_S)
     assert supervisor.failure is not None and code == 2
     message = supervisor.failure[1]
     assert message.startswith(f"tc-server: worker 0 of 1 failed to start {MAX_START_FAILURES} times in a row: "
