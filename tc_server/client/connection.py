@@ -409,10 +409,10 @@ async def open_connection(
     except (OSError, TimeoutError) as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or repr(exc))
         raise ConnectionFailed(url, f"cannot connect: {reason}") from None
-    except UnicodeError as exc:
-        # A host name the resolver cannot encode ("a..b", a label over 63 characters), as a broker's REDIRECT
-        # may name: it escaped as a ValueError, and the client whose lookup followed it was never answered
-        # (a review).
+    except ValueError as exc:
+        # A host name the resolver cannot encode ("a..b", a label over 63 characters: UnicodeError) or take at
+        # all (a NUL in it), as a broker's REDIRECT may name: it escaped as a ValueError, and the client whose
+        # lookup followed it was never answered (reviews).
         raise ConnectionFailed(url, f"cannot connect: the host name {endpoint.host[:256]!r} is not valid: "
                                     f"{exc}") from None
     conn.url = url

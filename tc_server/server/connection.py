@@ -47,6 +47,7 @@ from tc_server.server.upstream import (
     host_port,
 )
 from tc_server.wire import (
+    MESSAGE_SIZE_FRAME_PADDING,
     AddPartitionToTxn,
     AddSubscriptionToTxn,
     AuthResponse,
@@ -572,7 +573,9 @@ class ClientConnection(asyncio.Protocol):
             if self._forwarding is None:
                 self._forwarding = ForwardingSession(upstream, self._connect, self._send_bytes,
                                                      self._upstream_credentials_expired, proxied=self._proxied,
-                                                     proxy_for=self._proxy_for, client_tls=self._over_tls())
+                                                     proxy_for=self._proxy_for, client_tls=self._over_tls(),
+                                                     max_frame_size=self._ctx.max_message_size
+                                                     + MESSAGE_SIZE_FRAME_PADDING)
             self._start(self._forwarding.forward(cmd, encode_frame(frame)))
             return
         self._log_repeated("command not served", command=name, request_id=request_id)

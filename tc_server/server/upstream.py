@@ -41,6 +41,8 @@ from tc_server.config import ConfigError
 from tc_server.logs import LogLimiter
 from tc_server.metrics import Metrics
 from tc_server.wire import (
+    DEFAULT_MAX_FRAME_SIZE,
+    MESSAGE_SIZE_FRAME_PADDING,
     Command,
     Connect,
     Error,
@@ -329,8 +331,12 @@ class ForwardingSession:
 
     def __init__(self, upstream: Upstream, client_connect: Connect, reply: Callable[[bytes], None],
                  credentials_expired: Callable[[], None] | None = None, proxied: bool = False,
-                 proxy_for: str | None = None, client_tls: bool = False) -> None:
+                 proxy_for: str | None = None, client_tls: bool = False,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._upstream = upstream
+        # The largest frame the client takes: the max_message_size tc-server's CONNECTED announced, plus the
+        # padding (the Java client's decoder closes its whole connection on a longer one).
+        self._max_frame_size = max_frame_size
         self._client_tls = client_tls  # the client speaks TLS to tc-server: it reads lookup answers' TLS URLs
         # The role of a TLS-certificate client whose requests go as a Pulsar proxy's (Upstream.proxies_for):
         # the proxy credentials are tc-server's, so the client is never asked for fresh ones.
@@ -378,19 +384,40 @@ class ForwardingSession:
                 else:
                     decoded, answer = await (await self._primary_connection()).request_frame(frame, request_id)
                     answer = _keeping_the_connection(decoded, answer)
+            if len(answer) > self._max_frame_size:
+                # A broker with a larger maxMessageSize (a pattern consumer's topic list, a large schema): relayed,
+                # the client's decoder failed its whole connection to tc-server, coordinators' handlers included,
+                # on every retry (a review).
+                outcome = "AnswerTooLarge"
+                message = (f"the broker's answer to {name} is {len(answer)} bytes, more than this connection's "
+                           f"frames may be ({self._max_frame_size} bytes: tc-server's --max-message-size plus "
+                           f"{MESSAGE_SIZE_FRAME_PADDING}); set tc-server's --max-message-size to the brokers' "
+                           "maxMessageSize")
+                self._refuse(cmd, request_id, name, ServerError.UnknownError, message)
+                return
         except (ClientError, TimeoutError) as exc:
             outcome = type(exc).__name__
             error, message = self._failure(exc)
-            if (left_out := self._upstream.log_limiter.allow(f"forward {name}:{error.name}")) is not None:
-                log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
-                         message=message, left_out_since_last_line=left_out)
-            self._reply(encode_command(error_answer(cmd, request_id, error, message)))
+            self._refuse(cmd, request_id, name, error, message)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug here must not leave the client waiting out its timeout
+            outcome = "InternalError"
+            log.exception("forwarding failed", command=name, request_id=request_id)
+            self._reply(encode_command(error_answer(cmd, request_id, ServerError.UnknownError,
+                                                     f"tc-server could not forward {name}: {exc!r}")))
             return
         finally:
             self._forwarding.discard(request_id)
             self._upstream.metrics.forwarded_seconds.labels(name).observe(time.perf_counter() - started)
             self._upstream.metrics.forwarded_total.labels(name, outcome).inc()
         self._reply(answer)
+
+    def _refuse(self, cmd: Command, request_id: int, name: str, error: ServerError, message: str) -> None:
+        """Answer the client's forwarded request with ``error``, logged at most once per interval and kind."""
+        if (left_out := self._upstream.log_limiter.allow(f"forward {name}:{error.name}")) is not None:
+            log.info("forwarded request failed", command=name, request_id=request_id, error=error.name,
+                     message=message, left_out_since_last_line=left_out)
+        self._reply(encode_command(error_answer(cmd, request_id, error, message)))
 
     async def _lookup(self, cmd: Lookup) -> bytes:
         """LOOKUP, following redirects here (the client may not reach the broker a redirect names; a
@@ -471,7 +498,14 @@ class ForwardingSession:
         conn.set_listener(self._unsolicited)
         conn.auth_data_source = self._client_auth_data
         self._connections[key] = conn
+        # Forgotten once closed: a long-lived client connection redirected to many brokers (their pods' IPs
+        # change) kept every closed one for its lifetime.
+        conn.closed.add_done_callback(lambda _: self._forget(key, conn))
         return conn
+
+    def _forget(self, key: str, conn: PulsarConnection) -> None:
+        if self._connections.get(key) is conn:
+            del self._connections[key]
 
     def _stalled(self, conn: PulsarConnection) -> str | None:
         """Why ``conn``'s broker is taken for hung, or None. Timed-out forwards stop waiting but their

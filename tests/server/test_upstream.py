@@ -123,7 +123,7 @@ async def test_a_broker_url_that_does_not_parse_fails_the_lookup_with_a_typed_an
         assert (await client.lookup(TOPIC)).response is LookupType.FAILED
 
 
-@pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example"], ids=["empty-label", "label-over-63"])
+@pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example", "a\x00b"], ids=["empty-label", "label-over-63", "nul"])
 async def test_a_redirect_to_a_host_name_that_cannot_be_encoded_fails_the_lookup_with_a_typed_answer(settings, host):
     # Found by a review: the resolver's UnicodeError (a ValueError) escaped the forward, and the client got no
     # answer at all (its operation timeout), with a traceback logged per lookup.
@@ -134,7 +134,7 @@ async def test_a_redirect_to_a_host_name_that_cannot_be_encoded_fails_the_lookup
             async with asyncio.timeout(1.0):  # well inside tc-server's request timeout (2 s)
                 failed = await client.lookup(TOPIC)
             assert failed.response is LookupType.FAILED and failed.error is ServerError.MetadataError, failed
-            assert host in (failed.message or ""), failed
+            assert repr(host)[1:-1] in (failed.message or ""), failed
             assert (await client.lookup(TOPIC)).response is LookupType.FAILED  # the connection goes on
     assert not [line for line in logged if line.get("exc_info")], logged
 
@@ -198,6 +198,33 @@ async def test_a_connection_opening_past_a_forwards_deadline_is_kept_for_the_nex
 
 def sessions(app: App) -> list[ForwardingSession]:
     return [c._forwarding for c in app.context.connections if c._forwarding is not None]
+
+
+async def test_an_answer_larger_than_the_clients_frames_may_be_is_refused_typed(settings):
+    # A broker whose maxMessageSize is above tc-server's answers a pattern consumer's topic list (or a schema)
+    # in a frame larger than tc-server's CONNECTED let the client expect: relayed, the Java client's decoder
+    # failed its whole connection to tc-server, coordinators included, on every retry (a review).
+    big = "x" * (2 << 20)
+    broker = StandInBroker(metadata_answer=lambda request: PartitionedMetadataResponse(request.request_id, 1,
+                                                                                        message=big))
+    async with front_door(replace(settings, max_message_size=1 << 20), [broker]) as (_, client):
+        refused = await client.partitioned_metadata(TOPIC)
+        assert refused.error is ServerError.UnknownError, refused
+        assert "--max-message-size" in (refused.message or "") and "PARTITIONED_METADATA" in (refused.message or "")
+        # The client's connection goes on.
+        assert (await client.partitioned_metadata(TOPIC)).error is ServerError.UnknownError
+
+
+async def test_a_closed_upstream_connection_is_forgotten(settings):
+    # Each broker a redirect named kept its connection's entry, closed or not, as long as the client stayed.
+    target = StandInBroker(connect_to("pulsar://broker-1:6650"))
+    first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup))
+    async with front_door(settings, [first], (target,)) as (app, client):
+        assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
+        (session,) = sessions(app)
+        assert len(session._connections) == 2
+        target.stop()
+        assert await eventually(lambda: list(session._connections) == [upstream_module.PRIMARY], within_s=5.0)
 
 
 async def test_a_hung_upstream_broker_is_given_up_for_the_next_url(settings):
