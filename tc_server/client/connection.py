@@ -136,9 +136,10 @@ class PulsarConnection(asyncio.Protocol):
         self._on_command = on_command
         self._keepalive_s = keepalive_s
         self._keepalive: asyncio.TimerHandle | None = None
-        # Loop time since when the peer has owed an answer without sending anything; None while it owes
-        # none (see owed_answer_for).
+        # Loop time since when the peer has owed an answer without sending one (keep-alive traffic does not
+        # count); None while it owes none (see owed_answer_for).
         self._owed_since: float | None = None
+        self._answered_in_read = False  # a frame of the read under way was more than keep-alive or a challenge
         self._waiting_pong = False
         self._pong_waiters: list[asyncio.Future[Pong]] = []
         self.answer_pings = True
@@ -154,6 +155,7 @@ class PulsarConnection(asyncio.Protocol):
         self._out.transport = self._transport
 
     def data_received(self, data: bytes) -> None:
+        self._answered_in_read = False
         self._decoder.feed(data)
         try:
             while (frame := self._decoder.next_frame()) is not None:
@@ -166,8 +168,11 @@ class PulsarConnection(asyncio.Protocol):
             # The peer's stream cannot be trusted past this point: fail what waits on it.
             log.warning("bad frame from peer; closing", url=self.url, error=str(exc))
             self.close()
-        # The peer is alive as of now: what it still owes, it owes from now on.
-        self._owed_since = self._loop.time() if self._pending else None
+        # The peer answers as of now: what it still owes, it owes from now on. PINGs and PONGs alone say nothing
+        # of it: a broker whose lookups hang (its metadata store stuck) while its I/O thread still answers
+        # keep-alives was never taken for hung, each forward timing out on it (a review).
+        if self._answered_in_read:
+            self._owed_since = self._loop.time() if self._pending else None
 
     def eof_received(self) -> bool | None:
         # The peer closed its sending side; what we queued this turn still goes before asyncio closes.
@@ -223,6 +228,7 @@ class PulsarConnection(asyncio.Protocol):
                 self._connected.exception()
                 self.close()
                 return
+        self._answered_in_read = True
         request_id = getattr(cmd, "request_id", None)
         answered = self._pending.pop(request_id, None) if request_id is not None else None
         if answered is not None:
@@ -323,8 +329,9 @@ class PulsarConnection(asyncio.Protocol):
             return await waiter
 
     def owed_answer_for(self) -> float:
-        """Seconds the peer has owed an answer without sending anything: since the first request after the
-        last bytes it sent, also when whoever asked has given up waiting. 0.0 when it owes none."""
+        """Seconds the peer has owed an answer without sending any (PINGs, PONGs and challenges are no answer):
+        since the first request after the last answer it sent, also when whoever asked has given up waiting.
+        0.0 when it owes none."""
         if self._owed_since is None:
             return 0.0
         return self._loop.time() - self._owed_since

@@ -243,6 +243,18 @@ async def test_a_hung_upstream_broker_is_given_up_for_the_next_url(settings):
         assert app.metrics.upstream_up.labels(hung.url)._value.get() == 0
 
 
+async def test_a_broker_that_answers_keepalives_but_no_lookups_is_given_up_for_the_next_url(settings):
+    # Its I/O thread answers PINGs while its lookups hang (its metadata store stuck): each PONG counted as an
+    # answer, so it never owed one long enough to be given up, and every forward timed out on it (a review).
+    hung = StandInBroker(lambda lookup: None)
+    healthy = StandInBroker(connect_to("pulsar://broker-1:6650"))
+    async with front_door(replace(settings, keepalive_s=0.2), [hung, healthy], request_timeout_s=1.0) as (_, client):
+        answers = [await client.lookup(TOPIC) for _ in range(4)]
+        assert answers[0].response is LookupType.FAILED and "did not answer" in (answers[0].message or "")
+        assert [a.response for a in answers[2:]] == [LookupType.CONNECT] * 2, answers
+        assert hung.lookup_frames and healthy.connections_total == 1
+
+
 async def test_a_broker_that_stops_reading_does_not_make_forwarded_bytes_pile_up(settings):
     # After CONNECTED the broker reads nothing more. Before, every forwarded frame stayed in the upstream
     # connection's write buffer after its forward had timed out: 100 MB more per 500 lookups of 200 KB,
