@@ -140,6 +140,8 @@ class PulsarConnection(asyncio.Protocol):
         # count); None while it owes none (see owed_answer_for).
         self._owed_since: float | None = None
         self._answered_in_read = False  # a frame of the read under way was more than keep-alive or a challenge
+        # Requests whose asker stopped waiting unanswered since the peer's last answer (see unanswered_requests).
+        self._unanswered = 0
         self._waiting_pong = False
         self._pong_waiters: list[asyncio.Future[Pong]] = []
         self.answer_pings = True
@@ -173,6 +175,7 @@ class PulsarConnection(asyncio.Protocol):
         # keep-alives was never taken for hung, each forward timing out on it (a review).
         if self._answered_in_read:
             self._owed_since = self._loop.time() if self._pending else None
+            self._unanswered = 0
 
     def eof_received(self) -> bool | None:
         # The peer closed its sending side; what we queued this turn still goes before asyncio closes.
@@ -320,6 +323,7 @@ class PulsarConnection(asyncio.Protocol):
             # A late answer then finds nothing and goes to on_command (or is dropped).
             if self._pending.get(request_id) is waiter:
                 del self._pending[request_id]
+                self._unanswered += 1
 
     async def ping(self, timeout_s: float | None = None) -> Pong:
         waiter: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
@@ -327,6 +331,17 @@ class PulsarConnection(asyncio.Protocol):
         self.send(Ping())
         async with asyncio.timeout(timeout_s):
             return await waiter
+
+    @property
+    def awaited_requests(self) -> int:
+        """Requests sent whose asker still waits for the answer."""
+        return len(self._pending)
+
+    @property
+    def unanswered_requests(self) -> int:
+        """Requests whose asker stopped waiting (its deadline) without an answer since the peer's last answer:
+        one alone may be a request the peer still works on, or lost; two in a row, a peer that does not answer."""
+        return self._unanswered
 
     def owed_answer_for(self) -> float:
         """Seconds the peer has owed an answer without sending any (PINGs, PONGs and challenges are no answer):

@@ -400,11 +400,13 @@ class ForwardingSession:
             error, message = self._failure(exc)
             self._refuse(cmd, request_id, name, error, message)
             return
-        except Exception as exc:  # noqa: BLE001 - a bug here must not leave the client waiting out its timeout
+        except Exception:  # noqa: BLE001 - a bug here must not leave the client waiting out its timeout
             outcome = "InternalError"
-            log.exception("forwarding failed", command=name, request_id=request_id)
+            if (left_out := self._upstream.log_limiter.allow(f"forward {name}:internal")) is not None:
+                log.exception("forwarding failed", command=name, request_id=request_id,
+                              left_out_since_last_line=left_out)
             self._reply(encode_command(error_answer(cmd, request_id, ServerError.UnknownError,
-                                                     f"tc-server could not forward {name}: {exc!r}")))
+                                                     f"tc-server could not forward {name} (its log says why)")))
             return
         finally:
             self._forwarding.discard(request_id)
@@ -516,9 +518,12 @@ class ForwardingSession:
         # Twice the request timeout, not once: a broker may hold one lookup for seconds (a bundle moving
         # between brokers) while the next is on its way; giving up at one timeout failed that next one
         # too, answered in time, and marked the URL down for every client.
+        # And only while a request waits, or after two in a row went unanswered: a connection idle since its one
+        # unanswered request (an hour later, say) is tried again before its broker is taken for hung.
         silent_s = conn.owed_answer_for()
-        if silent_s >= 2 * self._upstream.request_timeout_s:
-            return f"the broker has owed answers for {silent_s:.1f} s without sending anything"
+        if silent_s >= 2 * self._upstream.request_timeout_s and (conn.awaited_requests
+                                                                 or conn.unanswered_requests >= 2):
+            return f"the broker has owed answers for {silent_s:.1f} s without sending any"
         return None
 
     def _give_up(self, key: str, conn: PulsarConnection, why: str) -> None:

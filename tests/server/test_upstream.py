@@ -255,6 +255,25 @@ async def test_a_broker_that_answers_keepalives_but_no_lookups_is_given_up_for_t
         assert hung.lookup_frames and healthy.connections_total == 1
 
 
+async def test_a_broker_idle_since_its_one_unanswered_lookup_is_asked_again_before_it_is_given_up(settings):
+    # Keep-alive traffic is no answer, so the owed time of one lookup it never answered kept growing while the
+    # connection sat idle: the next lookup, however much later, gave up a healthy broker (a review).
+    asked = []
+
+    def all_but_the_first(lookup: Lookup) -> LookupResponse | None:
+        asked.append(lookup)
+        return connect_to("pulsar://broker-1:6650")(lookup) if len(asked) > 1 else None
+
+    first = StandInBroker(all_but_the_first)
+    second = StandInBroker(connect_to("pulsar://broker-2:6650"))
+    async with front_door(replace(settings, keepalive_s=0.2), [first, second], request_timeout_s=1.0) as (_, client):
+        assert (await client.lookup(TOPIC)).response is LookupType.FAILED
+        await asyncio.sleep(2.5)  # idle past twice the request timeout, keep-alives going both ways
+        answer = await client.lookup(TOPIC)
+        assert (answer.response, answer.broker_service_url) == (LookupType.CONNECT, "pulsar://broker-1:6650"), answer
+        assert second.connections_total == 0
+
+
 async def test_a_broker_that_stops_reading_does_not_make_forwarded_bytes_pile_up(settings):
     # After CONNECTED the broker reads nothing more. Before, every forwarded frame stayed in the upstream
     # connection's write buffer after its forward had timed out: 100 MB more per 500 lookups of 200 KB,
