@@ -452,9 +452,11 @@ class Supervisor:
         """SIGTERM to those of ``procs`` still running; those still running WORKER_STOP_S later are killed.
         One bound for all, waited for together: a bound per worker, one after the other, added up past any
         stop timeout."""
-        # One bound from the stop's start (_begin_stop), for a worker whose start was under way then as well.
+        # One bound from the stop's start (_begin_stop), for a worker whose start was under way then as well;
+        # from now if nothing began it (run() cancelled).
         loop = asyncio.get_running_loop()
-        assert self._stop_deadline is not None, "workers are stopped once the stop has begun"
+        if self._stop_deadline is None:
+            self._stop_deadline = loop.time() + WORKER_STOP_S
         running = [proc for proc in procs if proc.returncode is None]
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
