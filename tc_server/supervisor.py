@@ -200,6 +200,12 @@ class _Stderr:
     transport: asyncio.ReadTransport
     tail: bytearray  # the last STDERR_TAIL bytes passed on: where its last error line is looked for
 
+    def pass_on(self, lines: bytes) -> None:
+        """Write whole ``lines`` of the worker's to our stderr, keeping the tail."""
+        _pass_on(lines)
+        self.tail += lines
+        del self.tail[:-STDERR_TAIL]
+
 
 class Supervisor:
     def __init__(self, settings: Settings, run_argv: list[str]) -> None:
@@ -291,15 +297,11 @@ class Supervisor:
                 end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= STDERR_CHUNK else 0)
                 held = data[end:]
                 if end:
-                    _pass_on(data[:end])
-                    pipe.tail += data[:end]
-                    del pipe.tail[:-STDERR_TAIL]
+                    pipe.pass_on(data[:end])
         finally:
             # Its last line, without an end: a worker killed as it wrote, or the pipe given up (_stderr_ended).
             if held:
-                _pass_on(held + b"\n")
-                pipe.tail += held
-                del pipe.tail[:-STDERR_TAIL]
+                pipe.pass_on(held + b"\n")
 
     async def _start_process(self, worker: _Worker) -> _Stderr:
         """Start ``worker``'s process (``worker.proc``, from then on) and return the read end of its stderr.
@@ -430,8 +432,8 @@ class Supervisor:
                                return_when=asyncio.FIRST_COMPLETED)
             if not forwarding.done() and self._stop_deadline is not None:
                 now = loop.time()
-                await asyncio.wait({forwarding}, timeout=max(0.0, min(ends_at - now, max(STDERR_AT_STOP_S,
-                                                                                  self._stop_deadline - now))))
+                ends_at = min(ends_at, max(self._stop_deadline, now + STDERR_AT_STOP_S))
+                await asyncio.wait({forwarding}, timeout=max(0.0, ends_at - now))
         finally:
             stopping.cancel()
         if forwarding.done():

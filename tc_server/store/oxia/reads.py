@@ -20,10 +20,14 @@ from tc_server.store.api import Record, StoreClosedError, StoreUnavailableError
 def to_record(key: str, response: pb.GetResponse) -> Record:
     """A :class:`Record` from a ``GetResponse`` (its ``key`` field wins when set: scans and index
     lookups report the primary key there)."""
-    version = response.version
+    return versioned_record(response.key if response.HasField("key") else key, response.value, response.version)
+
+
+def versioned_record(key: str, value: bytes, version: pb.Version) -> Record:
+    """The :class:`Record` of ``key`` holding ``value`` at Oxia's ``version`` (as a read or a put answered it)."""
     return Record(
-        key=response.key if response.HasField("key") else key,
-        value=response.value,
+        key=key,
+        value=value,
         version=version.version_id,
         created_ms=version.created_timestamp,
         modified_ms=version.modified_timestamp,

@@ -397,15 +397,8 @@ class OxiaStore(StoreWrites):
 
     @staticmethod
     def _record(op: Put, response: pb.PutResponse) -> Record:
-        version = response.version
-        return Record(
-            key=response.key if response.HasField("key") else op.key,
-            value=bytes(op.value),
-            version=version.version_id,
-            created_ms=version.created_timestamp,
-            modified_ms=version.modified_timestamp,
-            session_id=version.session_id if version.HasField("session_id") else None,
-        )
+        return reads.versioned_record(response.key if response.HasField("key") else op.key, bytes(op.value),
+                                      response.version)
 
     def scan_prefix(self, prefix: str, *, partition_key: str | None = None) -> AsyncIterator[Record]:
         """The children of ``prefix`` (see the module docstring for the key range). With a partition
