@@ -67,6 +67,7 @@ import structlog
 from tc_server.backoff import Backoff
 from tc_server.logs import LogLimiter
 from tc_server.store.api import (
+    BadVersionError,
     Delete,
     InvalidOperationError,
     Notification,
@@ -221,9 +222,11 @@ class _WriteRequest:
     The writer's answer fills ``notes`` and, for a ``write_batch``, ``results`` (one per op) or, for a
     single put (``wants_record``), ``record`` (the stored record, None if its condition failed): only
     what the caller reads is built (issue 13). Its future (kept next to it in ``_pending``, not in it)
-    resolves with the request itself: a request holding its own future would be a reference cycle
-    (request -> future -> result -> request), which only the cyclic GC frees, seven objects per write
-    (gc.DEBUG_SAVEALL under the Java pair-bench)."""
+    resolves with the request itself, or for a single put with the record (BadVersionError if its
+    condition failed): a callback less between the writer's answer and the NEW_TXN or END_TXN waiting
+    for it (issue 13). A request holding its own future would be a reference cycle (request -> future
+    -> result -> request), which only the cyclic GC frees, seven objects per write (gc.DEBUG_SAVEALL
+    under the Java pair-bench)."""
 
     ops: Sequence[Put | Delete] | None
     wants_record: bool = False
@@ -277,7 +280,7 @@ class EmbeddedStore(StoreWrites):
         self._unsent: bytes | bytearray = b""  # what the channel did not take yet (it is sent when writable again)
         self._outbox: list[tuple[int, list[tuple[Any, ...]] | None]] = []  # this turn's requests
         # Sent or to be sent, by request id, in order: each request and the future its caller awaits.
-        self._pending: dict[int, tuple[_WriteRequest, asyncio.Future[_WriteRequest]]] = {}
+        self._pending: dict[int, tuple[_WriteRequest, asyncio.Future[Any]]] = {}
         self._request_ids = itertools.count()
         self._closing: asyncio.Future[None] | None = None  # close(), once, whoever calls it
         # A writer that dies before answering anything (it cannot start: no interpreter, a broken file)
@@ -371,17 +374,17 @@ class EmbeddedStore(StoreWrites):
     # -- writes ---------------------------------------------------------------------------------
 
     async def _put_record(self, op: Put) -> Record | None:
-        done = await self._submit([op], wants_record=True)
-        return done.record
+        try:
+            record: Record = await self._submit([op], wants_record=True)
+        except BadVersionError:
+            return None
+        return record
 
     def _start_put(self, op: Put) -> asyncio.Future[Record]:
-        """See :meth:`StoreWrites._start_put`. The writer's answer resolves the returned future from a
-        callback: no task and no coroutine per write (each NEW_TXN writes its header this way; the
-        task of the default cost ~4 % of the event loop's CPU per transaction, issue 13)."""
-        submitted = self._submit([op], wants_record=True)
-        outcome: asyncio.Future[Record] = self._loop.create_future()
-        submitted.add_done_callback(functools.partial(_resolve_put, outcome, op))
-        return outcome
+        """See :meth:`StoreWrites._start_put`. The writer's answer resolves the returned future itself
+        (_committed): no task, no coroutine and no callback per write (each NEW_TXN writes its header this
+        way; the task of the default cost ~4 % of the event loop's CPU per transaction, issue 13)."""
+        return self._submit([op], wants_record=True)
 
     async def write_batch(self, ops: Sequence[Put | Delete]) -> list[WriteResult]:
         """Applies the operations in order, in one transaction (possibly shared with other callers'
@@ -392,12 +395,13 @@ class EmbeddedStore(StoreWrites):
         if not ops:
             self._check_open()
             return []
-        return (await self._submit(list(ops))).results
+        done: _WriteRequest = await self._submit(list(ops))
+        return done.results
 
-    def _submit(self, ops: list[Put | Delete] | None, *,
-                wants_record: bool = False) -> asyncio.Future[_WriteRequest]:
+    def _submit(self, ops: list[Put | Delete] | None, *, wants_record: bool = False) -> asyncio.Future[Any]:
         """Queue the operations for the writer; the caller awaits the returned future (a plain function,
-        not a coroutine: one coroutine layer less per write, profiled, issue 13)."""
+        not a coroutine: one coroutine layer less per write, profiled, issue 13): the request once answered,
+        or with ``wants_record`` (one put) the record it stored (BadVersionError: its condition failed)."""
         if self._closed:  # _check_open(), inlined: two calls less per pair (issue 13)
             self._check_open()
         if self._channel is None:
@@ -424,7 +428,7 @@ class EmbeddedStore(StoreWrites):
         # Before anything is registered; a single write without a comprehension's frame (issue 13).
         encoded = None if ops is None else (
             [_encode(ops[0], self._indexed)] if len(ops) == 1 else [_encode(op, self._indexed) for op in ops])
-        future: asyncio.Future[_WriteRequest] = self._loop.create_future()
+        future: asyncio.Future[Any] = self._loop.create_future()
         request_id = next(self._request_ids)
         pending[request_id] = (_WriteRequest(ops, wants_record, submitted_s=now), future)
         if not self._outbox:
@@ -565,8 +569,14 @@ class EmbeddedStore(StoreWrites):
         # one commit): each subscriber is handed and woken once per commit, not once per caller.
         self._hub.publish(itertools.chain.from_iterable(request.notes for request, _ in done))
         for request, future in done:
-            if not future.done():
+            if future.done():  # its caller gave up on it (cancelled)
+                continue
+            if not request.wants_record:
                 future.set_result(request)
+            elif (record := request.record) is not None:
+                future.set_result(record)
+            elif request.ops:  # the single put's condition failed
+                future.set_exception(condition_failed(request.ops[0].key, request.ops[0].expected_version))
         if size:  # not write_problem()'s empty probes
             self._last_group_failed = None
             if self.on_commit is not None:
@@ -754,7 +764,7 @@ class EmbeddedStore(StoreWrites):
             await self._release()
             return
         try:
-            cleanup: asyncio.Future[_WriteRequest] | None = self._submit(None)
+            cleanup: asyncio.Future[Any] | None = self._submit(None)
         except StoreError as exc:
             cleanup = None
             log.warning("store_ephemeral_cleanup_failed", path=str(self.path), error=str(exc))
@@ -808,26 +818,6 @@ def _encode(op: Put | Delete, indexed: set[str]) -> tuple[Any, ...]:
         return (PUT, op.key, value, op.expected_version, op.partition_key, op.ephemeral, op.sequential,
                 dict(op.secondary_indexes) if op.secondary_indexes else None)
     return (DELETE, op.key, op.expected_version)
-
-
-def _resolve_put(outcome: asyncio.Future[Record], op: Put, submitted: asyncio.Future[_WriteRequest]) -> None:
-    """The writer answered the put ``op`` of :meth:`EmbeddedStore._start_put`: hand its outcome on (unless
-    the caller cancelled ``outcome``)."""
-    if submitted.cancelled():  # nothing here cancels it; should anything, say so rather than fail the callback
-        outcome.cancel()
-        return
-    # Read before the check below: a failure nobody reads would be logged as never retrieved.
-    error = submitted.exception()
-    if outcome.done():
-        return
-    if error is not None:
-        outcome.set_exception(error)
-        return
-    record = submitted.result().record
-    if record is None:
-        outcome.set_exception(condition_failed(op.key, op.expected_version))
-    else:
-        outcome.set_result(record)
 
 
 def _fill(request: _WriteRequest, outcomes: list[Any], now: int, wanted: tuple[str, ...]) -> int:
