@@ -577,6 +577,8 @@ class EmbeddedStore(StoreWrites):
                 future.set_result(record)
             elif request.ops:  # the single put's condition failed
                 future.set_exception(condition_failed(request.ops[0].key, request.ops[0].expected_version))
+            else:  # no caller asks for a record without its put; should one, it hears of it rather than hang
+                future.set_exception(StoreUnavailableError("embedded store: a record asked of a write without a put"))
         if size:  # not write_problem()'s empty probes
             self._last_group_failed = None
             if self.on_commit is not None:
