@@ -18,7 +18,8 @@ from tc_server.bench.process import descendants_of
 from tc_server.client import connect_coordinators
 from tests.deploy.test_alerts import RULES, Prometheus
 from tests.support.server_process import started
-from tests.workers.helpers import COORDINATORS, async_wait_for, scrape, worker_pids, workers_server
+from tests.support.waiting import async_wait_for
+from tests.workers.helpers import COORDINATORS, scrape, worker_pids, workers_server
 
 FAILED = 'tc_server_request_errors_total{command="NEW_TXN",error="TransactionCoordinatorNotFound"}'
 

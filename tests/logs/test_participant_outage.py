@@ -49,7 +49,9 @@ async def test_an_unreachable_participant_broker_is_not_one_line_per_transaction
     finally:
         server.stop()
     lines = named(server.log_path, EARLY_ANSWER)
-    assert len(lines) <= 3, (f"{len(lines)} lines {EARLY_ANSWER!r} for {TXNS} transactions; "
+    # One a second: the 40 answers come within about a second of each other, over more on a slow machine (CI),
+    # never one line each.
+    assert len(lines) <= 8, (f"{len(lines)} lines {EARLY_ANSWER!r} for {TXNS} transactions; "
                              f"first: {lines[:1]}")
 
 

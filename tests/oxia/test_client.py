@@ -894,7 +894,7 @@ async def test_a_subscription_after_a_batch_of_puts_gets_the_changes_that_follow
         await store.write_batch([Put(f"/w/{i}", b"") for i in range(10)])
         stream = store.notifications("/n/")
         await other.put("/n/after", b"")  # offset 1, version id 10
-        note = await asyncio.wait_for(anext(stream), 3.0)
+        note = await asyncio.wait_for(anext(stream), WAIT)
         assert (note.type, note.key) == (NotificationType.CREATED, "/n/after")
     finally:
         await store.close()
@@ -919,7 +919,7 @@ async def test_close_waits_for_the_deletion_of_its_ephemeral_records_when_offset
         await store.write_batch([Delete("/d/x")])
         stream = store.notifications("/e/")
         await store.put("/e/leader", b"me", ephemeral=True)  # offset 2, version id 1
-        created = await asyncio.wait_for(anext(stream), 3.0)
+        created = await asyncio.wait_for(anext(stream), WAIT)
         assert (created.type, created.key) == (NotificationType.CREATED, "/e/leader")
         await store.close()
         assert [(n.type, n.key) async for n in stream] == [(NotificationType.DELETED, "/e/leader")]

@@ -16,11 +16,14 @@ from tc_server.server import connection as connection_module
 from tc_server.server.discovery import ASSIGN_TOPIC
 from tc_server.wire import Lookup, ServerError, encode_command
 from tests.support.gated_store import GatedStore
+from tests.support.waiting import async_wait_for
 
 
 @pytest.fixture
 async def app(settings):
-    app = await start_app(replace(settings, keepalive_s=0.2))
+    # Short, for the tests' time, yet not so short that a stall of the test process (the client runs on the server's
+    # loop) between a PONG's write and its read lets the next tick close a client that answered (timers run first).
+    app = await start_app(replace(settings, keepalive_s=0.5))
     yield app
     await app.stop()
 
@@ -31,8 +34,7 @@ async def test_answers_ping(client):
 
 async def test_pings_idle_client_and_keeps_it_while_it_answers(app):
     c = await connect("127.0.0.1", app.listener.port)
-    await asyncio.sleep(1.0)
-    assert c.pings_received >= 2
+    await async_wait_for(lambda: c.pings_received >= 2, "two pings", 10, 0.05)
     assert not c.closed.done()
     assert (await c.new_txn(tc_id=0)).error is None
     c.close()
@@ -74,7 +76,7 @@ async def test_a_client_that_stopped_reading_is_dropped_though_its_answers_canno
                 await asyncio.sleep(0.02)
             except OSError:  # already cut (a slow machine): what is checked below
                 break
-        for _ in range(100):  # the keep-alive (0.2 s) closes it, then the flush bound cuts it
+        for _ in range(200):  # the keep-alive (0.5 s) closes it, then the flush bound cuts it
             if not app.context.connections:
                 break
             await asyncio.sleep(0.05)

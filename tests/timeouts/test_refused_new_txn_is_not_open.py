@@ -61,7 +61,9 @@ async def test_new_txns_refused_by_a_stalled_store_do_not_fill_the_active_limit(
             # A client retrying NEW_TXN through the stall: the first ones wait on the stopped writer, the
             # later ones are refused at once (the writer is past --request-timeout-s / 2 behind).
             first = [asyncio.ensure_future(client.new_txn(tc_id=0, ttl_ms=TTL_MS)) for _ in range(5)]
-            await asyncio.sleep(0.8)  # past the queue bound (half the request timeout)
+            # Well past the queue bound (half the request timeout, 0.5 s): the server measures it on its own clock,
+            # and a slow machine that reads these 5 late must still find the writer behind by then.
+            await asyncio.sleep(2.0)
             refused = [await client.new_txn(tc_id=0, ttl_ms=TTL_MS) for _ in range(LIMIT - 10)]
             assert all(a.error is ServerError.TransactionCoordinatorNotFound for a in refused), refused[:3]
             assert all("store unavailable" in (a.message or "") for a in refused), refused[:3]

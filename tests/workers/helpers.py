@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from tc_server.client import connect
 from tc_server.client.connection import Endpoint
 from tc_server.server.discovery import ASSIGN_TOPIC, PARTITION_SUFFIX
 from tests.support.server_process import started
+from tests.support.waiting import async_wait_for
 
 COORDINATORS = 4
 WORKERS = 2
@@ -45,18 +46,6 @@ def scrape(server: TcServerProcess, worker: int | None = None) -> dict[str, floa
     assert code == 200, (code, body[:200])
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in body.decode().splitlines() if line and not line.startswith("#")}
-
-
-async def async_wait_for(condition: Callable[[], object], what: str, bound_s: float = BOUND_S,
-                         step_s: float = 0.2) -> object:
-    deadline = time.monotonic() + bound_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {bound_s:.0f} s: {what}")
-        await asyncio.sleep(step_s)
 
 
 @dataclass

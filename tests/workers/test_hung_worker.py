@@ -18,8 +18,8 @@ from tc_server.bench.process import descendants_of
 from tests.support.logged import json_objects
 from tests.support.proc_state import alive
 from tests.support.server_process import started
+from tests.support.waiting import async_wait_for
 from tests.workers.helpers import (
-    async_wait_for,
     worker_pids,
     workers_server,
     workers_under_load,

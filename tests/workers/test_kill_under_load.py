@@ -10,9 +10,9 @@ from pathlib import Path
 
 from tc_server.bench.process import TcServerProcess, descendants_of
 from tests.support.proc_state import alive
+from tests.support.waiting import async_wait_for
 from tests.workers.helpers import (
     COORDINATORS,
-    async_wait_for,
     worker_pids,
     workers_under_load,
 )

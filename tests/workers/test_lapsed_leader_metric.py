@@ -16,7 +16,8 @@ from tc_server.client import connect_coordinators
 from tests.support.oxia_standin import standin_oxia_and_process
 from tests.support.routed_txns import txns_on_coordinators
 from tests.support.server_process import started
-from tests.workers.helpers import COORDINATORS, WORKERS, async_wait_for, scrape, workers_server
+from tests.support.waiting import async_wait_for
+from tests.workers.helpers import COORDINATORS, WORKERS, scrape, workers_server
 
 SESSION_TIMEOUT_MS = 3000
 

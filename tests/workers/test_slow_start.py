@@ -11,11 +11,18 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.oxia_standin import server as standin_server
 from tests.oxia_standin.server import StandinOxia
 from tests.workers.helpers import workers_server
 
 READ_DELAY_S = 5.0  # each read: well within --request-timeout-s (10 s)
+
+
+# Its waits are long by design (the hang, the supervisor's probes), and a loaded CI machine is slower still: past
+# the suite's 120 s default.
+pytestmark = pytest.mark.timeout(300)
 
 
 async def test_a_worker_whose_start_is_slow_after_its_store_came_back_is_not_killed(tmp_path: Path,

@@ -13,8 +13,8 @@ from pathlib import Path
 from tc_server.bench.process import TcServerProcess, descendants_of
 from tests.support.proc_state import alive
 from tests.support.server_process import started
+from tests.support.waiting import async_wait_for
 from tests.workers.helpers import (
-    async_wait_for,
     worker_pids,
     workers_server,
     workers_under_load,
