@@ -23,3 +23,15 @@ async def async_wait_for(condition: Callable[[], object], what: str, bound_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {bound_s:.0f} s: {what}")
         await asyncio.sleep(step_s)
+
+
+def wait_for(condition: Callable[[], object], what: str, bound_s: float = BOUND_S, step_s: float = 0.2) -> object:
+    """:func:`async_wait_for` for a test without an event loop (it sleeps the thread)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {bound_s:.0f} s: {what}")
+        time.sleep(step_s)
