@@ -1222,14 +1222,18 @@ async def test_records_landing_after_the_decision_are_delivered_when_the_adds_lo
     # Found by a review: an ADD's records landed after the txn was decided (a txn of an earlier leader, whose
     # decision reads its participants from the store, read before they landed); the ADD then looks at the header
     # to deliver them too, and when that read failed, nobody did until the next leader took over.
+    writing, landing = asyncio.Event(), asyncio.Event()
+
     class LateRecords(MemoryStore):
-        """Participant records land 0.2 s late; the header read fails once when asked to."""
+        """Participant records land once the test lets them (``landing``; ``writing`` says one waits); the header
+        read fails once when asked to. Gated, not delayed: the order must hold on however slow a machine."""
 
         fail_next_header_read = False
 
         async def write_batch(self, ops: Sequence[Put | Delete], **kwargs: Any) -> list[WriteResult]:
             if any(op.key.startswith(layout.PARTICIPANT_PREFIX) for op in ops):
-                await asyncio.sleep(0.2)
+                writing.set()
+                await landing.wait()
             return await super().write_batch(ops, **kwargs)
 
         async def get(self, key: str, **kwargs: Any) -> Any:
@@ -1247,9 +1251,10 @@ async def test_records_landing_after_the_decision_are_delivered_when_the_adds_lo
     partition.adopt([(5, header, written.version)])  # an earlier leader's: its participants are read at the decision
     await partition.recover_outbox()
     adding = asyncio.create_task(partition.add_participants(5, None, [Participant(TOPIC)]))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(writing.wait(), 10)
     await partition.end_txn(5, commit=True, principal=None)  # its delivery reads no record yet
     store.fail_next_header_read = True
+    landing.set()
     with pytest.raises(StoreUnavailableError):
         await adding
     told = await eventually(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)])

@@ -342,7 +342,8 @@ async def test_failed_forwards_are_logged_once_per_interval(settings):
             answers = await asyncio.gather(*(client.lookup(TOPIC) for _ in range(200)))
             assert {a.response for a in answers} == {LookupType.FAILED}
     lines = [e for e in server_log if e["event"] == "forwarded request failed"]
-    assert len(lines) == 1, lines
+    # One a second: the 200 deadlines pass together, over more than a second only on a slow machine (CI).
+    assert 1 <= len(lines) <= 2, lines
 
 
 @pytest.mark.parametrize("then", [Ping(), AuthChallenge("stand-in", "token", b"refresh", 21)],
