@@ -1,6 +1,7 @@
 """What the embedded store's writer costs per transaction on its own: the SQLite floor under tc-server.
 
     python -m tc_server.bench.writer_floor [--pairs N] [--group 4 --group 32 ...] [--earlier-shape]
+                                           [--page-size BYTES]
 
 The writer process (tc_server/store/sqlite_writer.py) applies each group of writes in one transaction
 with one fsync. Here its ``Writer.commit_group`` runs in this process on a file made by the embedded
@@ -11,7 +12,8 @@ over ``--coordinators`` (16 by default, as a cluster has: each coordinator's hea
 their own, so a group dirties pages in each of them). Prints the CPU per pair (this process: SQLite's work
 and the writer's Python), the wall time per pair and the pages written to the WAL per pair, for each group
 size; ``--earlier-shape`` makes the file as tc-server did before 2026-11-30 (its records keyed by their
-key), which it still serves. tc-server's groups hold what arrived while the previous one committed
+key), which it still serves; ``--page-size`` makes it with SQLite pages of that size (tc-server's files have
+SQLite's default, 4,096). tc-server's groups hold what arrived while the previous one committed
 (``tc_server_store_batch_size``).
 """
 
@@ -45,11 +47,11 @@ def _put(most: int, least: int, header: TxnHeader, expected_version: int) -> tup
 
 
 def run(directory: Path, pairs: int, group: int, coordinators: int = 16,
-        earlier_shape: bool = False) -> tuple[float, float, float]:
+        earlier_shape: bool = False, page_size: int | None = None) -> tuple[float, float, float]:
     """(CPU us per pair, wall us per pair, pages written to the WAL per pair) of ``pairs`` pairs in groups
     as tc-server's are under steady load: each group creates ``group`` headers (txn ``n`` of coordinator ``n
     % coordinators``, the clock advancing 1 ms per 12 txns) and ends the previous group's."""
-    asyncio.run(_create(directory, earlier_shape))
+    asyncio.run(_create(directory, earlier_shape, page_size))
     conn = sqlite3.connect(directory / DB_FILENAME, isolation_level=None)
     conn.execute("PRAGMA synchronous=FULL")  # as the writer process sets it
     # The WAL's frames are counted at each checkpoint this loop runs itself (wal_checkpoint answers how many
@@ -95,12 +97,15 @@ CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 """
 
 
-async def _create(directory: Path, earlier_shape: bool) -> None:
-    if earlier_shape:
-        earlier = sqlite3.connect(directory / DB_FILENAME)
-        earlier.execute("PRAGMA journal_mode=WAL")
-        earlier.executescript(EARLIER_RECORDS)
-        earlier.close()
+async def _create(directory: Path, earlier_shape: bool, page_size: int | None) -> None:
+    if earlier_shape or page_size is not None:
+        first = sqlite3.connect(directory / DB_FILENAME)
+        if page_size is not None:  # a new file takes its page size before anything is written, WAL mode included
+            first.execute(f"PRAGMA page_size={page_size:d}")
+        first.execute("PRAGMA journal_mode=WAL")
+        if earlier_shape:
+            first.executescript(EARLIER_RECORDS)
+        first.close()
     # The rest of the schema, exactly as tc-server makes it. The open's warning about the earlier shape
     # (tc-server upgrade-store) is left out: this file has it on purpose (and run() is called in-process too).
     with structlog.testing.capture_logs():
@@ -116,15 +121,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinators", type=int, default=16, help="coordinators the txns are spread over")
     parser.add_argument("--earlier-shape", action="store_true",
                         help="records keyed by their key (WITHOUT ROWID), as in files made before 2026-11-30")
+    parser.add_argument("--page-size", type=int, choices=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
+                        help="SQLite page size of the file in bytes (default: SQLite's, 4096)")
     args = parser.parse_args(argv)
     groups = args.group or [4, 8, 16, 32, 64, 128]
     shape = "records WITHOUT ROWID (files before 2026-11-30)" if args.earlier_shape else "records as files are made now"
+    if args.page_size is not None:
+        shape += f", pages of {args.page_size} bytes"
     print(f"# the embedded store's writer alone, {args.pairs} pairs of {args.coordinators} coordinators (each group: "
           f"the creates of its txns and the CAS to COMMITTED of the previous group's), {shape}, per group size")
     print(f"{'group':>6} {'CPU/pair':>10} {'wall/pair':>10} {'WAL pages/pair':>15}")
     for group in groups:
         with tempfile.TemporaryDirectory(prefix="tc-writer-floor-") as tmp:
-            cpu_us, wall_us, pages = run(Path(tmp), args.pairs, group, args.coordinators, args.earlier_shape)
+            cpu_us, wall_us, pages = run(Path(tmp), args.pairs, group, args.coordinators, args.earlier_shape,
+                                         args.page_size)
         print(f"{group:>6} {cpu_us:>8.1f}us {wall_us:>8.1f}us {pages:>15.2f}")
     return 0
 
