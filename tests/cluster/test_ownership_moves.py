@@ -66,7 +66,8 @@ def finish_produce(producer: RunningHarness, after_end: Path, server: TcServerPr
     assert producer.finish(HARNESS_TIMEOUT_S + TAKEOVER_BOUND_S) == 0, (producer.stderr_tail(), server.log_tail())
     result = producer.wait_for("result", 1, 5)[0]
     expected = [f"txn-{i}" for i in range(COUNT)] if action == "commit" else []
-    assert exactly_once(result["received_after_end"], expected) == {}, result
+    # The outbox says whether tc-server is still retrying a broker (and which error it gets) or has delivered.
+    assert exactly_once(result["received_after_end"], expected) == {}, (result, undelivered(server))
     # Every marker arrives (no partition pinned). A committed message the consumer got again after its
     # partition moved (its plain ack lost in the move) is the consumer's at-least-once redelivery, not a
     # second copy in the topic: tolerated, and printed. An aborted one is never tolerated.
