@@ -39,6 +39,12 @@ SHARED_SESSION_FIXTURES = {"pulsar_broker": "session-pulsar-broker", "front_door
                            "spark": "session-spark"}
 
 
+# tryfirst: pytest-xdist reads the groups in its own pytest_collection_modifyitems, appending each to its test's
+# id, which is what --dist loadgroup schedules by; so the markers must be there before it runs. Until 2026-12-02
+# this hook ran after it, and pytest 9.2 ignores the appended id anyway (pyproject.toml pins pytest below it):
+# either way no group was seen, every module's tests were spread over both processes, and each process started
+# its own session broker, Spark session and module fixtures. tests/test_xdist_groups.py checks the groups hold.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if TEST_LOOP == "uvloop":
         # Only the asyncio tests: a test that is no coroutine runs the same on either loop setting (it
