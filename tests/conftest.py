@@ -13,7 +13,7 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.logs import logging_state, restore_logging
 from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import PulsarBroker, running_broker
+from tests.support.pulsar_broker import QUICK_START_JVM, PulsarBroker, running_broker
 
 # TC_TEST_LOOP=uvloop runs every asyncio test on uvloop, the event loop production runs on (make
 # test-uvloop); unset (or "asyncio") leaves pytest-asyncio's default loop alone. uvloop differs where
@@ -101,7 +101,7 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBr
     Tests that stop or restart it must leave it running. A broker that cannot start fails the test
     with its log and the command that installs it; it never skips (docs/architecture.md §9).
     """
-    broker = PulsarBroker(tmp_path_factory.mktemp("pulsar-broker"))
+    broker = PulsarBroker(tmp_path_factory.mktemp("pulsar-broker"), jvm_options=QUICK_START_JVM)
     yield from running_broker(broker)
 
 

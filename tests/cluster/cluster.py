@@ -47,18 +47,11 @@ COMMON = {
 }
 
 
-class LeanMixin:
-    def command(self, java: str) -> list[str]:
-        cmd = PulsarBroker.command(self, java)  # type: ignore[arg-type]
-        # replace the project's -Xmx1g / MaxDirectMemorySize=1g with leaner options
-        return [cmd[0], *LEAN_JVM, *[a for a in cmd[1:] if not a.startswith(("-Xmx", "-XX:MaxDirect"))]]
-
-
-class ZkStandaloneBroker(LeanMixin, PulsarBroker):
+class ZkStandaloneBroker(PulsarBroker):
     """Node A: ZooKeeper + bookie + broker A."""
 
     def __init__(self, workdir: Path) -> None:
-        super().__init__(workdir, extra_config=COMMON)
+        super().__init__(workdir, extra_config=COMMON, jvm_options=LEAN_JVM)
         self.zk_port = free_port()
         self.stream_port = free_port()
 
@@ -70,7 +63,7 @@ class ZkStandaloneBroker(LeanMixin, PulsarBroker):
                 "--stream-storage-port", str(self.stream_port), "--num-bookies", "1"]
 
 
-class SecondBroker(LeanMixin, PulsarBroker):
+class SecondBroker(PulsarBroker):
     """Node B: ``org.apache.pulsar.PulsarBrokerStarter`` (a plain broker, not standalone: standalone's
     --only-broker mode runs with runningStandalone=true, and with it lookups of bundles owned by A were
     answered with B, which then refused them as "not served by this instance"), on A's ZooKeeper, so
@@ -79,7 +72,7 @@ class SecondBroker(LeanMixin, PulsarBroker):
     STOPPED_LINES = (PulsarBroker.STOPPED_LINES[1],)
 
     def __init__(self, workdir: Path, first: ZkStandaloneBroker) -> None:
-        super().__init__(workdir, extra_config=COMMON)
+        super().__init__(workdir, extra_config=COMMON, jvm_options=LEAN_JVM)
         self.first = first
         self.config_path = workdir / "broker.conf"
 

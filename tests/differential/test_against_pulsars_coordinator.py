@@ -27,7 +27,7 @@ from tc_server.wire import PartitionedMetadata
 from tests.differential.peer import Peer, lookup, outcome, raw_end_txn, wait_closed
 from tests.interop.conftest import JAVA_JAR, JVM_OPTS, Harness
 from tests.support.front_door import start_front_door
-from tests.support.pulsar_broker import PulsarBroker, running_broker
+from tests.support.pulsar_broker import QUICK_START_JVM, PulsarBroker, running_broker
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -38,7 +38,7 @@ HUGE = (1 << 64) - 1
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarBroker]:
-    yield from running_broker(PulsarBroker(tmp_path_factory.mktemp("oracle-broker")))
+    yield from running_broker(PulsarBroker(tmp_path_factory.mktemp("oracle-broker"), jvm_options=QUICK_START_JVM))
 
 
 @pytest.fixture(scope="module")

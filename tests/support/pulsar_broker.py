@@ -14,6 +14,7 @@ from tc_server.bench.pulsar_broker import (
     CLUSTER,
     COORDINATORS,
     MAKE_COMMAND,
+    QUICK_START_JVM,
     BrokerStartError,
     PulsarBroker,
     split_topic,
@@ -21,8 +22,8 @@ from tc_server.bench.pulsar_broker import (
 from tests.support.server_process import started
 
 __all__ = ["ASSIGN_TOPIC", "BROKER_LIB", "CLUSTER", "COORDINATORS", "MAKE_COMMAND", "TOKEN_PLUGIN",
-           "TOKEN_PROVIDER", "BrokerStartError", "PulsarBroker", "discard", "running_broker", "split_topic",
-           "token_auth_broker"]
+           "TOKEN_PROVIDER", "BrokerStartError", "PulsarBroker", "QUICK_START_JVM", "discard", "running_broker",
+           "split_topic", "token_auth_broker"]
 
 TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
 TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
@@ -55,4 +56,4 @@ def token_auth_broker(workdir: Path, secret: bytes, admin_token: str, super_user
         "superUserRoles": super_users,
         "brokerClientAuthenticationPlugin": TOKEN_PLUGIN,
         "brokerClientAuthenticationParameters": f"token:{admin_token}",
-    }, admin_authorization=f"Bearer {admin_token}")
+    }, admin_authorization=f"Bearer {admin_token}", jvm_options=QUICK_START_JVM)

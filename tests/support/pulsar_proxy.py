@@ -79,7 +79,7 @@ class PulsarProxy(LoggedProcess):
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
         opens = [arg for module in ADD_OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")]
-        self.proc = spawn_logged([java, "-Xmx256m", "-Djava.net.preferIPv4Stack=true",
+        self.proc = spawn_logged([java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true",
                                   f"-Djava.io.tmpdir={self.workdir / 'tmp'}", *opens,
                                   "-cp", f"{PROXY_LIB}/*", MAIN_CLASS, "--config", str(self.config_path)],
                                  self.log_path, stdin=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tc_server.bench.pulsar_broker import (
     ADD_OPENS,
+    QUICK_START_JVM,
     START_TIMEOUT_S,
     BrokerStartError,
     PulsarBroker,
@@ -74,7 +75,7 @@ class Pulsar5Broker(PulsarBroker):
     STOPPED_LINES = (re.compile(r"BrokerService@\d+\] - Broker service completely shut down"),)
 
     def __init__(self, workdir: Path, oxia_address: str, extra_config: Mapping[str, str] | None = None) -> None:
-        super().__init__(workdir, extra_config)
+        super().__init__(workdir, extra_config, jvm_options=QUICK_START_JVM)
         self.oxia_address = oxia_address
 
     @property
