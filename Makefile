@@ -71,7 +71,8 @@ PYTEST_UVLOOP = TC_TEST_LOOP=uvloop $(PY) -m pytest $(PYTEST_PROCESSES) $(UVLOOP
 # processes and timeouts, not computing: on the 2-core machine two processes took the fresh-clone CI run
 # (.ci/run) from 29 to 19 min, the main pass from 27:02 to 15:51. TEST_PROCESSES=0: one process, as before.
 # The groups only hold since 2026-12-02 (tests/conftest.py): the main pass then took 37:01 against 40:32 the same
-# day, each process no longer starting its own session broker, Spark and module fixtures.
+# day, each process no longer starting its own session broker, Spark and module fixtures. A fresh clone's whole
+# run took 27 min on a faster phase later that day (main pass 23:27), test brokers then on the client compiler only.
 TEST_PROCESSES ?= 2
 PYTEST_PROCESSES = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadgroup)
 
