@@ -73,7 +73,10 @@ PYTEST_UVLOOP = TC_TEST_LOOP=uvloop $(PY) -m pytest $(PYTEST_PROCESSES) $(UVLOOP
 # The groups only hold since 2026-12-02 (tests/conftest.py): the main pass then took 37:01 against 40:32 the same
 # day, each process no longer starting its own session broker, Spark and module fixtures. A fresh clone's whole
 # run took 27 min on a faster phase later that day (main pass 23:27), test brokers then on the client compiler only.
-TEST_PROCESSES ?= 2
+# Three processes since 2026-12-03: on one slow phase of a fresh machine, fresh clones of bcee47e one after the
+# other, the main pass took 22:36 against 30:31 with two (uvloop pass 1:36 against 2:15, the whole run 26 against
+# 34.5 min), the cores still 18 % idle over the run (/proc/stat): a third process fills the waits of the other two.
+TEST_PROCESSES ?= 3
 PYTEST_PROCESSES = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadgroup)
 
 test: setup proto-check lint $(TEST_DEPS)

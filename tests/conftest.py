@@ -31,7 +31,7 @@ if TEST_LOOP == "uvloop":
         return {"uvloop": uvloop.new_event_loop}
 
 
-# make test runs the suite on two processes (pytest-xdist, --dist loadgroup): each group of tests below runs
+# make test runs the suite on three processes (pytest-xdist, --dist loadgroup): each group of tests below runs
 # whole in one of them. A test of the session's broker or Spark joins that one group, so each is started once
 # (a second broker would cost its start and a core); every other test stays with its module, whose
 # module-scoped fixtures (its own brokers, clusters, servers) are then started once too.

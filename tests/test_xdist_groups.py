@@ -1,4 +1,4 @@
-"""make test's two processes keep each group of tests (tests/conftest.py) in one of them: under pytest-xdist's
+"""make test's processes keep each group of tests (tests/conftest.py) in one of them: under pytest-xdist's
 --dist loadgroup, a test's id carries its group. A pytest or pytest-xdist upgrade that drops it fails here,
 instead of quietly doubling the suite's brokers and Spark sessions."""
 
