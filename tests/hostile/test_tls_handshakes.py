@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tc_server.auth.tls_accept import GIVE_UP_AFTER_S
 from tc_server.bench.process import rss_bytes_of
 from tc_server.client import ClientAuth
 from tests.security.pki import TestCa
@@ -70,7 +71,9 @@ async def test_stalled_tls_handshakes_cannot_take_the_memory_limit(tmp_path: Pat
                 sock.bind((source, 0))
                 sock.connect(("127.0.0.1", tls_port))
                 held.append(sock)
-        await asyncio.sleep(2)
+        # Past the age at which a handshake's slot goes to a new connection, counted from the server's accept
+        # (which may lag the connects above), with a second to spare.
+        await asyncio.sleep(GIVE_UP_AFTER_S + 1)
         during = rss(server)
         # A well-behaved TLS client (another address) is still served meanwhile.
         good = await tls_client(tls_port, ssl.create_default_context(cafile=str(ca.cert_file)), ClientAuth())

@@ -94,7 +94,7 @@ async def test_a_client_that_answers_every_ping_is_not_dropped_while_the_server_
     store = GatedStore()
     # request timeout above the keep-alive interval (as END_TXN's participant wait, 25 s, plus its
     # decision, up to --request-timeout-s, is above the default 30 s keep-alive).
-    app = await start_app(replace(settings, keepalive_s=0.3, request_timeout_s=2.0, max_requests_in_flight=4),
+    app = await start_app(replace(settings, keepalive_s=0.5, request_timeout_s=2.0, max_requests_in_flight=4),
                           store=store)
     try:
         assert app.listener is not None

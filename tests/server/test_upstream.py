@@ -265,7 +265,7 @@ async def test_a_broker_that_answers_keepalives_but_no_lookups_is_given_up_for_t
     # answer, so it never owed one long enough to be given up, and every forward timed out on it (a review).
     hung = StandInBroker(lambda lookup: None)
     healthy = StandInBroker(connect_to("pulsar://broker-1:6650"))
-    async with front_door(replace(settings, keepalive_s=0.2), [hung, healthy], request_timeout_s=1.0) as (app, client):
+    async with front_door(replace(settings, keepalive_s=0.5), [hung, healthy], request_timeout_s=1.0) as (app, client):
         await two_lookups_time_out_then_the_next_url_answers(app, client)
         assert hung.lookup_frames and healthy.connections_total == 1
 
@@ -281,7 +281,7 @@ async def test_a_broker_idle_since_its_one_unanswered_lookup_is_asked_again_befo
 
     first = StandInBroker(all_but_the_first)
     second = StandInBroker(connect_to("pulsar://broker-2:6650"))
-    async with front_door(replace(settings, keepalive_s=0.2), [first, second], request_timeout_s=1.0) as (_, client):
+    async with front_door(replace(settings, keepalive_s=0.5), [first, second], request_timeout_s=1.0) as (_, client):
         assert (await client.lookup(TOPIC)).response is LookupType.FAILED
         await asyncio.sleep(2.5)  # idle past twice the request timeout, keep-alives going both ways
         answer = await client.lookup(TOPIC)
@@ -325,7 +325,9 @@ async def test_forwards_that_waited_for_a_fresh_connection_check_it_before_writi
         assert first.response is LookupType.FAILED
         hung = {conn for session in sessions(app) for conn in session._connections.values()}
         broker.connect_delay_s = 0.2  # the whole burst arrives while the fresh connection opens
-        await asyncio.sleep(2 * 0.5 + 0.1)
+        # Until it has owed an answer for two timeouts (its silence counts from the send, not from this
+        # test's lookup): a burst sent sooner found it usable, and the test no longer took the path it is for.
+        assert await eventually(lambda: all(conn.owed_answer_for() >= 2 * 0.5 for conn in hung), within_s=10.0)
         request_ids = [client.next_request_id() for _ in range(150)]  # 30 MB
         await asyncio.gather(*(client.request(Lookup(topic, request_id), 10.0) for request_id in request_ids))
         assert len(hung) == 1 and all(conn.closed.done() for conn in hung)
@@ -336,7 +338,7 @@ async def test_forwards_that_waited_for_a_fresh_connection_check_it_before_writi
 async def test_an_idle_upstream_connection_to_a_broker_that_stopped_answering_is_closed_by_keepalive(settings):
     # Before, upstream connections had no keep-alive: an idle one to a hung broker stayed for good.
     broker = StandInBroker(connect_to("pulsar://broker-1:6650"))
-    async with front_door(replace(settings, keepalive_s=0.2), [broker]) as (_, client):
+    async with front_door(replace(settings, keepalive_s=0.5), [broker]) as (_, client):
         assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
         broker.answers = False
         assert await eventually(lambda: not broker.open, within_s=10.0)

@@ -24,6 +24,7 @@ from tc_server.server import connection as connection_module
 from tc_server.server import relay as relay_module
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tc_server.wire import ServerError, encode_command
+from tests.support.waiting import async_wait_for
 
 
 async def proxied_client(port: int, proxy_to_broker_url: str) -> TcClient:
@@ -100,10 +101,15 @@ async def test_a_relay_set_up_after_its_connection_closed_leaves_the_gauge_at_ze
     # had been (the gauge went negative).
     monkeypatch.setattr(leadership, "RECHECK_INTERVAL_S", 0.05)
     real_open_relay = relay_module.open_relay
+    started, opened = asyncio.Event(), asyncio.Event()
 
     async def slow_open_relay(*args: Any, **kwargs: Any) -> Any:
+        started.set()
         await asyncio.sleep(0.5)
-        return await real_open_relay(*args, **kwargs)
+        try:
+            return await real_open_relay(*args, **kwargs)
+        finally:
+            opened.set()
 
     monkeypatch.setattr(connection_module, "open_relay", slow_open_relay)
     backend = MemoryBackend()
@@ -118,9 +124,13 @@ async def test_a_relay_set_up_after_its_connection_closed_leaves_the_gauge_at_ze
         reader, writer = await asyncio.open_connection("127.0.0.1", a.listeners[0].port)
         writer.write(encode_command(replace(connect_command(), proxy_to_broker_url=b_url)))
         await writer.drain()
-        await asyncio.sleep(0.1)  # the relay's setup is under way
+        # Events and polls, not fixed sleeps: on a slow machine the sleeps ended before the relay was set up or
+        # closed, and the gauge read 0 without the path under test having run.
+        await asyncio.wait_for(started.wait(), 10)  # the relay's setup is under way
         writer.close()  # the client leaves before it is done
-        await asyncio.sleep(0.8)  # the relay is opened, found unwanted, closed
+        await asyncio.wait_for(opened.wait(), 10)
+        await async_wait_for(lambda: not b.context.connections, "the relay's broker side closed", step_s=0.05)
+        await asyncio.sleep(0.2)  # and whatever its close counts on a's side
         assert proxied(a) == 0
     finally:
         await b.stop()

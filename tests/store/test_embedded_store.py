@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tc_server.backoff import Backoff
 from tc_server.bench.writer_floor import EARLIER_RECORDS
 from tc_server.store import embedded, open_store, sqlite_writer
 from tc_server.store.api import (
@@ -32,6 +33,7 @@ from tc_server.store.api import (
     StoreUnavailableError,
 )
 from tc_server.store.embedded import DB_FILENAME, EmbeddedStore
+from tests.support.waiting import async_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -737,6 +739,9 @@ async def test_a_writer_that_cannot_start_is_retried_after_a_delay_not_per_write
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedded, "command", lambda *args: [sys.executable, "-c", "import sys; sys.exit(3)"])
     store = await EmbeddedStore.open(tmp_path)
+    # A first delay of 1-2 s, not the 25-50 ms of INITIAL_DELAY_S: the refusal below must come inside it, and a
+    # stall of the test's process as long as the delay (a loaded CI machine) let a new writer start first.
+    store._restarts = Backoff(initial_s=2.0)
     try:
         with pytest.raises(StoreUnavailableError, match="writer process .* is gone"):
             await store.put("/r/a", b"")
@@ -745,7 +750,8 @@ async def test_a_writer_that_cannot_start_is_retried_after_a_delay_not_per_write
             await store.put("/r/b", b"")
         assert store._writer is None
         monkeypatch.setattr(embedded, "command", sqlite_writer.command)
-        while True:  # within the first delay (at most 50 ms) a new writer starts and serves
+        store._no_writer_until = 0.0  # the delay is over
+        while True:  # a new writer starts and serves
             try:
                 record = await store.put("/r/c", b"")
                 break
@@ -856,8 +862,11 @@ async def test_writes_are_refused_at_once_while_the_writer_is_too_far_behind(tmp
         assert writer is not None
         os.kill(writer.pid, signal.SIGSTOP)
         queued = [asyncio.ensure_future(store.put(f"/r/{i}", b"")) for i in range(3)]
-        await asyncio.sleep(0.5)
-        with pytest.raises(StoreUnavailableError, match=r"writer process is 0\.\d s behind \(3 writes unanswered"):
+        # Waited for, not slept: the lag counts from when the puts' tasks first ran (a slow machine ran them late).
+        loop = asyncio.get_running_loop()
+        await async_wait_for(lambda: len(store._pending) == 3 and store._behind_s(loop.time()) > 0.35,
+                             "the three writes unanswered for over 0.3 s", step_s=0.02)
+        with pytest.raises(StoreUnavailableError, match=r"writer process is \d+\.\d s behind \(3 writes unanswered"):
             await store.put("/r/refused", b"")
         refused = store.start_put("/r/refused-too", b"")  # NEW_TXN's way: through its future
         with pytest.raises(StoreUnavailableError, match="s behind"):
@@ -914,7 +923,9 @@ async def test_a_writer_far_behind_is_a_write_problem_until_it_answers(tmp_path:
         os.kill(writer.pid, signal.SIGSTOP)
         try:
             held = asyncio.ensure_future(store.put("/r/a", b""))
-            await asyncio.sleep(0.4)
+            loop = asyncio.get_running_loop()
+            await async_wait_for(lambda: store._behind_s(loop.time()) > 0.25, "the write unanswered for over 0.2 s",
+                                 step_s=0.02)
             problem = store.write_problem()
             assert problem is not None and "has not answered a write for" in problem, problem
         finally:
