@@ -28,6 +28,11 @@ K8S = DEPLOY / "kubernetes"
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "tc-server.json"
+# The tests' own Prometheus: its scrape and evaluation intervals (the shipped configs use 15 s). A scrape's
+# timeout is its interval, 2 s and not 1: a scrape that times out makes `up` 0 (TcServerDown pends) and the
+# scraped series stale, and a loaded 2-core machine can hold a process for a second.
+TEST_SCRAPE = "2s"
+TEST_EVALUATION = "1s"
 
 # What the downward API gives a pod at run time; any valid IPv4 address will do for validation.
 SAMPLE_POD_IP = "10.1.2.3"

@@ -39,7 +39,18 @@ from tc_server.wire import Error, ServerError, encode_command
 from tests.security.pki import TestCa
 from tests.support.server_process import ServerProcess, free_port, started
 
-from .manifests import COMPOSE, DEPLOY, K8S, ROOT, compose, load_yaml_docs, metric_names, sidecar_post_rendered
+from .manifests import (
+    COMPOSE,
+    DEPLOY,
+    K8S,
+    ROOT,
+    TEST_EVALUATION,
+    TEST_SCRAPE,
+    compose,
+    load_yaml_docs,
+    metric_names,
+    sidecar_post_rendered,
+)
 
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
@@ -53,8 +64,6 @@ NOT_FROM_ONE_PROCESS = {"up", "tc_server_worker_restarts_total"}
 AFTER_THE_FIRST_FORWARD = {"tc_server_forwarded_requests_total"}
 # Exported with TLS on only (a 0 without would be an expired certificate); the TLS test below sees it.
 ONLY_WITH_TLS = {"tc_server_tls_certificate_expiry_timestamp_seconds"}
-# Prometheus' own wait for a scrape and an evaluation here (the shipped configs use 15 s).
-INTERVAL = "1s"
 WAIT_S = 30.0
 
 
@@ -171,7 +180,8 @@ class Prometheus:
     def __init__(self, workdir: Path, *admin_ports: int) -> None:
         self.port = free_port()
         config = {
-            "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
+            "global": {"scrape_interval": TEST_SCRAPE, "scrape_timeout": TEST_SCRAPE,
+                       "evaluation_interval": TEST_EVALUATION},
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": "tc-server",
                                 "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in admin_ports]}]}],

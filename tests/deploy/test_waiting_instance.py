@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tc_server.bench.process import terminate_process
-from tests.deploy.manifests import DEPLOY, dashboard, dashboard_panels
+from tests.deploy.manifests import DEPLOY, TEST_EVALUATION, TEST_SCRAPE, dashboard, dashboard_panels
 from tests.support.server_process import ServerProcess, free_port
 
 RULES = DEPLOY / "prometheus" / "alerts.yml"
@@ -50,7 +50,8 @@ class Prom:
             pytest.fail("prometheus not on the PATH (make debian-tools)")
         self.port = free_port()
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": TEST_SCRAPE, "scrape_timeout": TEST_SCRAPE,
+                       "evaluation_interval": TEST_EVALUATION},
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": "tc-server",
                                 "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in admin_ports]}]}],
@@ -155,6 +156,8 @@ def test_dashboard_instances_not_ready_counts_an_instance_waiting_for_its_store(
     built to show not-ready instances said 0 while one was stuck not ready, and a cluster whose every instance
     waited was not in $cluster at all."""
     prom = setup.prom
+    # Both waiting instances scraped now (a scrape that failed since the set-up leaves its series stale).
+    prom.wait_for(lambda: len(prom.query("tc_server_ready == 0")) == 2, "the two waiting instances scraped")
     cluster_query = variable("cluster")["query"]["query"]
     metric = re.fullmatch(r"label_values\((\w+), cluster\)", cluster_query)
     assert metric, cluster_query

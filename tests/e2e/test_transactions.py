@@ -114,9 +114,11 @@ def test_timed_out_txn_is_aborted_on_the_broker(java_harness: Harness, pulsar_br
     topic = new_topic(pulsar_broker, "txn-timeout", PARTITIONS)
     # Never ended by the client: only the coordinator's timeout can end it. The markers sent after it
     # arrive only once the broker was told the abort (until then every partition's horizon is pinned).
+    # 10 s: the txn's 100 sends must be acknowledged before it times out, on a loaded machine too (3 s
+    # was close for them).
     result = result_of(java_harness.run(
         "txn-produce", timeout_s=HARNESS_TIMEOUT_S, service_url=url, topic=topic, count=MESSAGES,
-        action="none", txn_timeout_ms=3_000, op_timeout_ms=OP_TIMEOUT_MS,
+        action="none", txn_timeout_ms=10_000, op_timeout_ms=OP_TIMEOUT_MS,
         receive_timeout_ms=RECEIVE_TIMEOUT_MS), server)
     assert result["visible_before_end"] == [], result
     assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result

@@ -33,6 +33,7 @@ from tests.e2e.txn_support import (
 from tests.interop.conftest import Harness, RunningHarness
 from tests.support.front_door import start_front_door
 from tests.support.pulsar_broker import PulsarBroker, split_topic
+from tests.support.server_process import undelivered
 
 pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -143,17 +144,6 @@ def keep_fed(broker: PulsarBroker, topic: str, inputs: list[str]) -> None:
     finally:
         client.close()
     inputs.extend(more)
-
-
-def undelivered(server: TcServerProcess) -> list[Any]:
-    """tc-server's outbox: decided txns some participant broker has not acknowledged yet."""
-    try:
-        code, body = server.get_json("/admin/v3/transactions/undelivered", timeout_s=2.0)
-    except OSError:
-        return []
-    if code != 200:
-        return []
-    return list(body) if isinstance(body, list) else list((body or {}).get("transactions", []))
 
 
 def kill_with_a_decision_held(harness: Harness, spawned: list[RunningHarness], broker: PulsarBroker,

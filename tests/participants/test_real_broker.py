@@ -24,7 +24,7 @@ from tc_server.client import connect
 from tests.interop.conftest import Harness, java_harness
 from tests.participants.test_outbox import http_json
 from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
-from tests.support.server_process import started
+from tests.support.server_process import started, undelivered
 from tests.support.txn_ack import assert_acks_applied
 
 __all__ = ["java_harness"]
@@ -65,12 +65,6 @@ def produce(harness: Harness, server: TcServerProcess, topic: str, action: str) 
     if run.events("fatal") or not run.events("result"):
         pytest.fail(f"txn-produce failed: {run.lines[-3:]}\n{run.stderr_tail()}\n{server.log_tail()}")
     return run.result
-
-
-def undelivered(server: TcServerProcess) -> Any:
-    status, body = server.get_json("/admin/v3/transactions/undelivered")
-    assert status == 200, body
-    return body
 
 
 def test_commit_is_visible_once_commit_returns(pulsar_broker: PulsarBroker, java_harness: Harness,
@@ -191,8 +185,13 @@ async def test_an_operator_drops_the_participant_of_a_deleted_namespace(pulsar_b
             assert code in (200, 204), (path, code, body)
         assert (await client.end_txn(5, opened.least, commit=True)).error is None  # after the wait
         assert [entry["txnId"] for entry in await asyncio.to_thread(undelivered, server)] == [f"(5,{opened.least})"]
+        # A delivery attempt has failed, or will: the counter is read until it says so (an attempt still
+        # under way when END_TXN answered counts once it ends).
         failed = 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="'
-        assert metric(server, failed) - metric(server, failed + 'ok"}') >= 1, server.log_tail()
+        deadline = time.monotonic() + 30
+        while metric(server, failed) - metric(server, failed + 'ok"}') < 1:
+            assert time.monotonic() < deadline, server.log_tail()
+            await asyncio.sleep(0.2)
 
         drop = (f"{server.admin_url}/admin/v3/transactions/undelivered/5/{opened.least}/drop?"
                 + urllib.parse.urlencode({"topic": topic}))

@@ -19,7 +19,7 @@ from tc_server.bench.process import ServerStartError, TcServerProcess, free_port
 TC_SERVER = str(Path(sys.executable).with_name("tc-server"))
 ServerProcess = TcServerProcess
 
-__all__ = ["TC_SERVER", "ServerProcess", "ServerStartError", "free_port", "started"]
+__all__ = ["TC_SERVER", "ServerProcess", "ServerStartError", "free_port", "started", "undelivered"]
 
 
 class _Startable(Protocol):
@@ -39,3 +39,15 @@ def started(process: P, what: str = "tc-server", errors: type[Exception] = Serve
         process.kill()
         pytest.fail(f"{what} did not start: {exc}{hint}")
     return process
+
+
+def undelivered(server: TcServerProcess, timeout_s: float = 10.0) -> list[Any]:
+    """tc-server's outbox (``GET /admin/v3/transactions/undelivered``): the decided txns some participant broker
+    has not acknowledged yet. An answer other than 200, or none, fails the test: an outbox not read is not an
+    empty one (a loop waiting for it to empty ended early on a 2 s read timeout before)."""
+    try:
+        status, body = server.get_json("/admin/v3/transactions/undelivered", timeout_s=timeout_s)
+    except OSError as exc:
+        pytest.fail(f"the outbox not read: {exc}\n{server.log_tail()}")
+    assert status == 200 and isinstance(body, list), (status, body)
+    return body
