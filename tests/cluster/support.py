@@ -9,6 +9,7 @@ from typing import Any
 
 from tc_server.bench.process import TcServerProcess
 from tests.cluster.cluster import TwoBrokerCluster
+from tests.support.server_process import undelivered
 
 NAMESPACE = "public/rc"
 DEDUP_NAMESPACE = "public/rc-dedup"
@@ -60,12 +61,6 @@ def spread_topic(cluster: TwoBrokerCluster, name: str, partitions: int = 4, name
             assert {p: cluster.owner_url(p) for p in owners} == owners, "ownership moved while loading"
             return topic, owners
     raise AssertionError(f"no topic spread over both brokers, clear of {snapshot_bundle}, in 20 tries: {owners}")
-
-
-def undelivered(server: TcServerProcess) -> list[Any]:
-    code, body = server.get_json("/admin/v3/transactions/undelivered", timeout_s=10.0)
-    assert code == 200, (code, body)
-    return list(body)
 
 
 def wait_outbox_empty(server: TcServerProcess, timeout_s: float = 120.0) -> list[Any]:

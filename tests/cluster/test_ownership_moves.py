@@ -21,12 +21,12 @@ from tests.cluster.support import (
     forwarded,
     participant_requests,
     spread_topic,
-    undelivered,
     wait_outbox_empty,
 )
 from tests.e2e.txn_support import exactly_once
 from tests.interop.conftest import Harness, RunningHarness
 from tests.support.pulsar_broker import split_topic
+from tests.support.server_process import undelivered
 
 pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -19,10 +19,10 @@ from tests.cluster.support import (
     forwarded,
     participant_requests,
     spread_topic,
-    undelivered,
 )
 from tests.e2e.txn_support import exactly_once, result_of
 from tests.interop.conftest import Harness
+from tests.support.server_process import undelivered
 from tests.support.txn_ack import assert_acks_applied
 
 pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -15,7 +15,8 @@ import pytest
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.cluster.cluster import TwoBrokerCluster, put_following
-from tests.cluster.support import participant_requests, spread_topic, undelivered, wait_outbox_empty
+from tests.cluster.support import participant_requests, spread_topic, wait_outbox_empty
+from tests.support.server_process import undelivered
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -29,8 +29,9 @@ from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tc_server.wire import EndTxn, ServerError, TxnAction
 from tests.interop.conftest import Harness, RunningHarness, java_harness
-from tests.participants.test_real_broker import fresh_topic, start_server, undelivered
+from tests.participants.test_real_broker import fresh_topic, start_server
 from tests.support.pulsar_broker import PulsarBroker
+from tests.support.server_process import undelivered
 from tests.workers.helpers import worker_pids
 
 __all__ = ["java_harness"]

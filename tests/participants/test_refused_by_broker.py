@@ -15,7 +15,7 @@ import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
-from tests.participants.test_real_broker import metric, undelivered
+from tests.participants.test_real_broker import metric
 from tests.security.pki import make_token
 from tests.support.pulsar_broker import (
     COORDINATORS,
@@ -24,7 +24,7 @@ from tests.support.pulsar_broker import (
     running_broker,
     token_auth_broker,
 )
-from tests.support.server_process import started
+from tests.support.server_process import started, undelivered
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -20,8 +20,9 @@ from tc_server.bench.process import TcServerProcess
 from tc_server.client import connect
 from tests.e2e.txn_support import HARNESS_TIMEOUT_S, OP_TIMEOUT_MS
 from tests.interop.conftest import Harness, RunningHarness, java_harness
-from tests.participants.test_real_broker import start_server, undelivered
+from tests.participants.test_real_broker import start_server
 from tests.support.pulsar_broker import PulsarBroker, split_topic
+from tests.support.server_process import undelivered
 
 __all__ = ["java_harness"]
 
