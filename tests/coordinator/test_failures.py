@@ -20,10 +20,11 @@ from tc_server.coordinator.partition import TIMEOUT_RETRY_MS, CoordinatorPartiti
 from tc_server.metrics import Metrics
 from tc_server.store.api import MetadataStore, Record, StoreUnavailableError
 from tc_server.store.memory import MemoryBackend, MemoryStore
-from tests.coordinator.test_partition import FakeClock, eventually, header, make, seed_sequence
+from tests.coordinator.test_partition import FakeClock, header, make, seed_sequence
 from tests.participants.test_outbox import OTHER, TOPIC, RecordingSender, committed_count, led
 from tests.participants.test_outbox import coordinator as coordinator_with_sender
 from tests.support.gated_store import GatedStore
+from tests.support.waiting import async_wait_for
 
 _T = TypeVar("_T")
 
@@ -100,7 +101,7 @@ async def test_created_header_with_lost_reply_still_times_out():
     with pytest.raises(StoreUnavailableError):
         await tc.partition(0).new_txn(100, None)
     assert await open_headers(store) == [layout.header_path(0, first)]  # it was written after all
-    assert await eventually(lambda: not tc.partition(0).open_txns())
+    assert await async_wait_for(lambda: not tc.partition(0).open_txns())
     assert await open_headers(store) == []
     # Created once its header was found, so a timeout has its creation: without it, each such txn raised
     # TcServerTransactionsTimingOut's timeouts / creations ratio, past 1 in a store outage (a review).
@@ -223,7 +224,7 @@ async def new_txn_held_past_its_deadline(
     partition = tc.partition(0)
     store.gate.clear()
     request = asyncio.create_task(partition.new_txn(1_000, None))
-    assert await eventually(lambda: bool(partition.open_txns()))
+    assert await async_wait_for(lambda: bool(partition.open_txns()))
     clock.now += 2_000
     return tc, partition, request
 
@@ -344,7 +345,7 @@ async def test_new_txn_waiting_for_ids_when_the_partition_steps_down_is_told_to_
     partition = tc.partition(0)
     store.gate.clear()
     waiting = asyncio.create_task(partition.new_txn(60_000, None))
-    assert await eventually(lambda: partition._ids._refill is not None)
+    assert await async_wait_for(lambda: partition._ids._refill is not None)
     await tc.stop()
     outcome = (await asyncio.gather(waiting, return_exceptions=True))[0]
     assert isinstance(outcome, CoordinatorNotFound), repr(outcome)
@@ -365,14 +366,14 @@ async def test_failed_recovery_scan_is_retried(error):
     a, b = coordinator(a_store, "pulsar://a:1"), coordinator(b_store, "pulsar://b:2")
     await a.start()
     await b.start()
-    assert await eventually(lambda: b.leads(1))
+    assert await async_wait_for(lambda: b.leads(1))
     left_open = await a.partition(0).new_txn(60_000, None)
     b_store.failures = 1  # the recovery scan after taking partition 0 over fails once
     await a.stop()
     await a_store.close()
-    assert await eventually(lambda: b.leads(0) and b.leads(1))
+    assert await async_wait_for(lambda: b.leads(0) and b.leads(1))
     assert b.leader_url(0) == "pulsar://b:2"
-    assert await eventually(lambda: left_open in b.partition(0).open_txns())
+    assert await async_wait_for(lambda: left_open in b.partition(0).open_txns())
     await b.stop()
 
 
@@ -385,7 +386,7 @@ async def test_leader_record_with_lost_reply_is_adopted():
     b_store.prefix = layout.LEADER_PREFIX
     await a.stop()
     await a_store.close()
-    assert await eventually(lambda: b.leads(0))
+    assert await async_wait_for(lambda: b.leads(0))
     await b.stop()
 
 
@@ -397,7 +398,7 @@ async def test_txns_created_by_the_old_leader_during_hand_over_are_timed_out():
     late = await a.partition(1).new_txn(300, None)  # created just before b joins and takes 1 over
     b = coordinator(b_store, "pulsar://b:2")
     await b.start()
-    assert await eventually(lambda: b.leads(1))
+    assert await async_wait_for(lambda: b.leads(1))
     state = None
     for _ in range(200):  # bounded poll: the new leader recovers the txn and aborts it at its deadline
         record = await b_store.get(layout.header_path(1, late))
@@ -456,7 +457,7 @@ async def stepped_down_and_led_again(tc, old):
     """Our leader record is deleted under us (an Oxia session expired, another instance released it):
     the partition ``old`` stops, the record is taken again and a new partition recovers."""
     await tc.store.delete(layout.leader_path(old.tc_id))
-    assert await eventually(lambda: tc.leads(old.tc_id) and tc.partition(old.tc_id) is not old)
+    assert await async_wait_for(lambda: tc.leads(old.tc_id) and tc.partition(old.tc_id) is not old)
     await tc.wait_recovered()
     return tc.partition(old.tc_id)
 
@@ -472,7 +473,7 @@ async def test_new_txn_landing_after_its_partition_stepped_down_is_not_handed_ou
     old = tc.partition(0)
     store.gate.clear()
     request = asyncio.create_task(old.new_txn(60_000, None))
-    assert await eventually(lambda: bool(old.open_txns()))  # its header write is in flight
+    assert await async_wait_for(lambda: bool(old.open_txns()))  # its header write is in flight
     new = await stepped_down_and_led_again(tc, old)
     store.gate.set()
     with pytest.raises(CoordinatorNotFound,
@@ -528,7 +529,7 @@ async def test_no_id_block_is_reserved_after_the_partition_stopped(turns: int):
                                      FakeClock(), sweep_timeouts=False)
     store.gate.clear()
     waiting = [asyncio.create_task(partition.new_txn(60_000, None)) for _ in range(3)]
-    assert await eventually(lambda: partition._ids._refill is not None)
+    assert await async_wait_for(lambda: partition._ids._refill is not None)
     store.gate.set()
     for _ in range(turns):
         await asyncio.sleep(0)
@@ -606,7 +607,7 @@ async def test_leader_record_with_lost_reply_at_start_does_not_fail_the_start():
     store = LoseLeaderReply()
     tc = coordinator(store, "pulsar://a:1", partitions=2)
     await tc.start()  # the first campaign's store error is the recheck's to retry
-    assert await eventually(lambda: tc.leads(0) and tc.leads(1))
+    assert await async_wait_for(lambda: tc.leads(0) and tc.leads(1))
     await tc.stop()
 
 
@@ -627,7 +628,7 @@ async def test_an_id_reservation_that_failed_earlier_fails_no_request_after_one_
     assert await ids.next_id() == first  # block [first, first + 2); the prefetch of the next one fails
     store.fail = True
     assert await ids.next_id() == first + 1
-    assert await eventually(lambda: ids._refill is None)
+    assert await async_wait_for(lambda: ids._refill is None)
     # Two requests now: one reservation serves them both (a block of 2), the old failure neither.
     assert sorted(await asyncio.gather(ids.next_id(), ids.next_id())) == [first + 2, first + 3]
     await ids.close()
@@ -699,7 +700,7 @@ async def test_a_timeout_abort_cancelled_between_its_cas_and_its_events_still_wr
     least = await old.new_txn(300, None)
     await write_v5_op(store, least)
     store.gate.clear()  # the events are slow: the sweeper's abort waits on them after its CAS
-    assert await eventually(lambda: least not in old.open_txns())
+    assert await async_wait_for(lambda: least not in old.open_txns())
     stopping = asyncio.create_task(old.stop())  # as it steps down: cancels the sweeper mid-publish
     await asyncio.sleep(0.1)
     store.gate.set()
@@ -718,7 +719,7 @@ async def test_a_repeated_end_txn_whose_events_fail_is_retried_by_the_sweeper():
     with pytest.raises(StoreUnavailableError):
         await partition.end_txn(least, commit=True, principal=None)  # the client's retry fails too
     store.failing = False
-    assert await eventually(lambda: not partition._unpublished)
+    assert await async_wait_for(lambda: not partition._unpublished)
     assert await decision_events(store) == [f'{{"txnId":"0_{least}","decision":"COMMITTED"}}'.encode()]
     await tc.stop()
 
@@ -795,7 +796,7 @@ async def test_owed_events_are_retried_on_their_own_when_their_scan_fails():
     store.failed = False
     new = await stepped_down_and_led_again(tc, old)
     assert store.failed
-    assert await eventually(lambda: new._owed_events is not None and new._owed_events.done())
+    assert await async_wait_for(lambda: new._owed_events is not None and new._owed_events.done())
     assert await decision_events(store) == [f'{{"txnId":"0_{committed}","decision":"COMMITTED"}}'.encode()]
     assert store.deadline_scans == 2 * one_recovery
     await tc.stop()
@@ -881,7 +882,7 @@ async def test_an_add_whose_record_lands_after_the_decision_is_refused() -> None
         # The ADD was acknowledged after the COMMIT was durable: it must be refused instead.
         assert isinstance(outcome, InvalidTxnStatus), f"ADD answered {outcome!r} on a txn already COMMITTED"
         # Both participants still hear the commit (the refused ADD's record was written all the same).
-        assert await eventually(lambda: {t.participant.topic for t in sender.told} == {TOPIC, OTHER})
+        assert await async_wait_for(lambda: {t.participant.topic for t in sender.told} == {TOPIC, OTHER})
         assert {(t.participant.topic, t.committed) for t in sender.told} == {(TOPIC, True), (OTHER, True)}
 
 
@@ -979,7 +980,7 @@ async def test_a_stop_on_a_frozen_store_stops_every_partition_at_once() -> None:
     store.gate.clear()  # the store stops answering
     stopping = asyncio.ensure_future(tc.stop())
     try:
-        assert await eventually(lambda: store.waiting >= FROZEN_PARTITIONS), store.waiting
+        assert await async_wait_for(lambda: store.waiting >= FROZEN_PARTITIONS), store.waiting
     finally:
         store.gate.set()
         await asyncio.wait_for(stopping, 60)
@@ -997,11 +998,11 @@ async def test_a_decision_landing_after_the_early_look_is_delivered_before_the_d
         clock.now += TIMEOUT_RETRY_MS  # the early look: the header is still OPEN on the store
         await tc.abort_expired_now()
         store.gate.set()  # the writer goes on: the COMMIT lands, and no client asks again
-        assert await eventually(lambda: store.landed())
+        assert await async_wait_for(lambda: store.landed())
         for _ in range(10):  # ten seconds of sweeps, far before the txn's 60 s deadline
             clock.now += TIMEOUT_RETRY_MS
             await tc.abort_expired_now()
-        assert await eventually(lambda: bool(sender.told))
+        assert await async_wait_for(lambda: bool(sender.told))
         assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
 
 
@@ -1026,12 +1027,12 @@ async def test_a_coordinator_left_by_its_leader_is_taken_while_another_ones_reco
     await a.start()
     await b.start()
     try:
-        assert await eventually(lambda: len(a._election.led) == 1 and len(b._election.led) == 1)
+        assert await async_wait_for(lambda: len(a._election.led) == 1 and len(b._election.led) == 1)
         (a_led,) = a._election.led
         down.down = layout.leader_path(a_led)
         await b.stop()
         await other.close()
-        assert await eventually(lambda: a.leads(1 - a_led)), "the coordinator B left has no leader"
+        assert await async_wait_for(lambda: a.leads(1 - a_led)), "the coordinator B left has no leader"
     finally:
         down.down = None
         await a.stop()
@@ -1099,7 +1100,7 @@ async def test_a_coordinator_won_as_the_instance_stops_leaves_no_recovery_runnin
     a = TransactionCoordinator(a_store, config("pulsar://a:1"), Metrics("a"), FakeClock())
     await a.start()
     await a.wait_recovered()
-    assert await eventually(lambda: len(a.led_partitions()) == 1 and len(b.led_partitions()) == 1)
+    assert await async_wait_for(lambda: len(a.led_partitions()) == 1 and len(b.led_partitions()) == 1)
     a_store.gate.clear()
     await b.stop()  # B leaves: A campaigns for B's coordinator, its create held
     await b_store.close()
@@ -1139,7 +1140,7 @@ async def test_a_stop_during_a_step_down_still_stops_the_partition_to_the_end() 
     await committed_without_events(store, old)  # one decision owes its events: the partition's stop writes them
     store.gate.clear()  # slowly
     await store.delete(layout.leader_path(0))  # the leader record goes (an Oxia session expired)
-    assert await eventually(lambda: not tc.leads(0))  # the step-down is under way, writing the events
+    assert await async_wait_for(lambda: not tc.leads(0))  # the step-down is under way, writing the events
     stopping = asyncio.create_task(tc.stop())  # SIGTERM meanwhile
     await asyncio.sleep(0.1)
     store.gate.set()

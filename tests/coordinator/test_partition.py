@@ -27,6 +27,7 @@ from tc_server.store.api import EXPECT_ABSENT, lease_clock
 from tc_server.store.embedded import EmbeddedStore
 from tc_server.store.memory import MemoryBackend, MemoryStore
 from tests.support.gated_store import GatedStore
+from tests.support.waiting import async_wait_for
 
 
 class FakeClock:
@@ -306,15 +307,6 @@ async def test_partition_not_led(setup):
         tc.partition(4)
 
 
-async def eventually(predicate, attempts=100, delay=0.05):
-    """Poll a condition (bounded); the bound is a test timeout, not a timing assertion."""
-    for _ in range(attempts):
-        if predicate():
-            return True
-        await asyncio.sleep(delay)
-    return predicate()
-
-
 async def test_two_instances_split_leadership_and_take_over():
     backend = MemoryBackend()
     a_store, b_store = MemoryStore(backend), MemoryStore(backend)
@@ -326,14 +318,14 @@ async def test_two_instances_split_leadership_and_take_over():
     assert [a.leads(i) for i in range(4)] == [True] * 4
     await b.start()
     # a sees a second member, releases its two highest partitions, and b campaigns for them.
-    assert await eventually(lambda: sum(b.leads(i) for i in range(4)) == 2)
+    assert await async_wait_for(lambda: sum(b.leads(i) for i in range(4)) == 2)
     assert [a.leads(i) for i in range(4)] == [True, True, False, False]
     assert [b.leads(i) for i in range(4)] == [False, False, True, True]
     # Each learns the other's leader records through its store watch, a moment after the election.
-    assert await eventually(lambda: b.leader_url(0) == "pulsar://a:1" and a.leader_url(3) == "pulsar://b:1")
+    assert await async_wait_for(lambda: b.leader_url(0) == "pulsar://a:1" and a.leader_url(3) == "pulsar://b:1")
     await a_store.close()  # a's session ends: its ephemeral leader and member records go
-    assert await eventually(lambda: all(b.leads(i) for i in range(4)))
-    assert await eventually(lambda: b.leader_url(0) == "pulsar://b:1")
+    assert await async_wait_for(lambda: all(b.leads(i) for i in range(4)))
+    assert await async_wait_for(lambda: b.leader_url(0) == "pulsar://b:1")
     await b.stop()
     # a too. Left running when the test's loop closed, a's tasks made pytest end the run with CPython
     # 3.11.7's "SystemError: AST constructor recursion depth mismatch" in a later ast.parse (this test
@@ -394,7 +386,7 @@ async def test_new_txn_cancelled_while_its_header_write_is_in_flight_is_counted_
         partition = tc.partition(0)
         store.gate.clear()
         request = asyncio.create_task(partition.new_txn(1000, None))
-        assert await eventually(lambda: bool(partition.open_txns()))
+        assert await async_wait_for(lambda: bool(partition.open_txns()))
         (least,) = partition.open_txns()
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -432,7 +424,7 @@ async def test_new_txn_cancelled_before_the_embedded_writer_answers_is_counted_a
 async def counted_then_aborted_at_its_deadline(tc, store, clock, least, created):
     """The header of the cancelled NEW_TXN ``least`` (coordinator 0, 1 s timeout) landed and is counted
     (``created`` in all), and every open txn of coordinator 0 is aborted at its deadline."""
-    assert await eventually(lambda: tc.metrics.registry.get_sample_value(
+    assert await async_wait_for(lambda: tc.metrics.registry.get_sample_value(
         "pulsar_txn_created_total", tc.metrics.tc(0)) == created)
     assert (await header(store, 0, least)).state is TxnState.OPEN
     clock.now += 1000
@@ -474,7 +466,7 @@ async def test_gc_goes_on_after_a_pass_that_failed_unexpectedly(monkeypatch):
     tc = TransactionCoordinator(store, config, Metrics("test"), FakeClock())
     await tc.start()
     try:
-        assert await eventually(lambda: len(passes) >= 2, attempts=100, delay=0.05)
+        assert await async_wait_for(lambda: len(passes) >= 2)
     finally:
         await tc.stop()
         await store.close()
@@ -510,11 +502,11 @@ async def test_an_instance_restarted_in_place_is_not_ready_while_its_predecessor
     after = TransactionCoordinator(after_store, config, Metrics("t"))  # the old session still stands
     await after.start()
     try:
-        assert await eventually(lambda: all(after.leader_url(i) == "pulsar://tc:6650" for i in range(4)))
+        assert await async_wait_for(lambda: all(after.leader_url(i) == "pulsar://tc:6650" for i in range(4)))
         assert not any(after.leads(i) for i in range(4))
         assert after.not_served() == ([], [0, 1, 2, 3])  # held by another session under its own URL
         await before_store.close()  # the predecessor's session expires: its records go
-        assert await eventually(lambda: all(after.leads(i) for i in range(4)))
+        assert await async_wait_for(lambda: all(after.leads(i) for i in range(4)))
         assert after.not_served() == ([], [])
     finally:
         await after.stop()
@@ -532,8 +524,8 @@ async def test_the_outstanding_ops_gauge_is_zero_on_an_instance_that_does_not_ru
     await tc.start()
     try:
         assert not tc.leads(0)
-        assert await eventually(lambda: metrics.registry.get_sample_value(
-            "pulsar_txn_metadata_store_outstanding_op_records") == 0, attempts=100, delay=0.05)
+        assert await async_wait_for(lambda: metrics.registry.get_sample_value(
+            "pulsar_txn_metadata_store_outstanding_op_records") == 0)
     finally:
         await tc.stop()
         await store.close()
@@ -548,11 +540,11 @@ async def test_the_outstanding_ops_gauge_is_zeroed_as_the_gc_coordinator_is_lost
     tc = TransactionCoordinator(store, config, metrics, FakeClock())
     await tc.start()
     try:
-        assert await eventually(lambda: tc.leads(0))
+        assert await async_wait_for(lambda: tc.leads(0))
         metrics.outstanding_ops.set(7)  # what its sweep counted while it led coordinator 0
         await store.delete(layout.leader_path(0))  # its leader record goes (an Oxia session expired)
-        assert await eventually(lambda: metrics.registry.get_sample_value(
-            "pulsar_txn_metadata_store_outstanding_op_records") == 0, attempts=100, delay=0.05)
+        assert await async_wait_for(lambda: metrics.registry.get_sample_value(
+            "pulsar_txn_metadata_store_outstanding_op_records") == 0)
     finally:
         await tc.stop()
         await store.close()

@@ -36,15 +36,10 @@ from tc_server.store.oxia.store import children_range, is_child
 from tc_server.store.oxia.write_stream import MAX_BATCHES_IN_FLIGHT
 from tests.oxia_standin import server as standin
 from tests.oxia_standin.server import StandinOxia, compare_with_slash
+from tests.support.waiting import async_wait_for
 
 # Only a bound so that a broken test fails instead of hanging; nothing asserts on durations.
 WAIT = 10.0
-
-
-async def eventually(condition, what: str) -> None:
-    async with asyncio.timeout(WAIT):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 async def test_concurrent_puts_are_batched(store: OxiaStore, oxia: StandinOxia) -> None:
@@ -135,7 +130,7 @@ async def test_the_index_check_starts_with_the_first_write_and_a_store_that_writ
     store = await connect(oxia.address, request_timeout_s=5.0)
     try:
         await store.put("/txn/tc/leader/0", b"")
-        await eventually(lambda: store.index_gets_known, "the index check done after the first write")
+        await async_wait_for(lambda: store.index_gets_known, "the index check done after the first write")
         reads = oxia.read_requests
         assert not await store.index_has("idx:ops", "/txn/op/1_1", partition_key="p")
         assert oxia.read_requests == reads + 1  # the probe alone: nothing of the check left to do
@@ -155,7 +150,8 @@ async def test_a_cancelled_put_not_yet_sent_is_never_sent(oxia: StandinOxia) -> 
         held = []
         for i in range(MAX_BATCHES_IN_FLIGHT):  # the writer's window, full
             held.append(store.start_put(f"/w/{i}", b""))
-            await eventually(lambda count=i + 2: writer.batches_sent >= count, f"batch {i} sent")
+            await async_wait_for(lambda count=i + 2: writer.batches_sent >= count,  # type: ignore[misc]
+                                 f"batch {i} sent")
         cancelled = asyncio.ensure_future(store.put("/w/cancelled", b""))
         await asyncio.sleep(0.05)
         assert writer.batches_sent == MAX_BATCHES_IN_FLIGHT + 1  # /w/cancelled waits in the queue
@@ -238,7 +234,7 @@ async def test_broken_stream_fails_in_flight_then_recovers(store: OxiaStore, oxi
     oxia.hold_writes()
     before = oxia.write_requests
     pending = [asyncio.ensure_future(store.put(f"/f/{i}", b"")) for i in range(10)]
-    await eventually(lambda: oxia.write_requests > before, "the batch reached the server")
+    await async_wait_for(lambda: oxia.write_requests > before, "the batch reached the server")
     oxia.break_write_streams()
     oxia.release_writes()
     outcomes = await asyncio.gather(*pending, return_exceptions=True)
@@ -268,7 +264,7 @@ async def test_start_put_without_a_task_fails_typed_like_put(store: OxiaStore, o
     oxia.hold_writes()
     before = oxia.write_requests
     pending = [store.start_put(f"/s/{i}", b"", expected_version=EXPECT_ABSENT) for i in range(10)]
-    await eventually(lambda: oxia.write_requests > before, "the batch reached the server")
+    await async_wait_for(lambda: oxia.write_requests > before, "the batch reached the server")
     oxia.break_write_streams()
     oxia.release_writes()
     outcomes = await asyncio.gather(*pending, return_exceptions=True)
@@ -289,7 +285,8 @@ async def test_start_put_times_out_typed_and_an_unsent_one_is_never_sent(oxia: S
         writer = store.writers[0]
         for i in range(MAX_BATCHES_IN_FLIGHT - 1):  # the held one above is the first
             sent.append(store.start_put(f"/u/{i}", b""))
-            await eventually(lambda count=i + 2: writer.batches_sent >= count, f"batch {i} sent")
+            await async_wait_for(lambda count=i + 2: writer.batches_sent >= count,  # type: ignore[misc]
+                                 f"batch {i} sent")
         queued = store.start_put("/u/queued", b"")
         with pytest.raises(StoreUnavailableError, match="no answer within"):
             await queued
@@ -420,7 +417,7 @@ async def renewed_lease(store: OxiaStore, key: str, what: str) -> Callable[[], f
     assert lease is not None
     first = lease()
     assert first > lease_clock()
-    await eventually(lambda: lease() > first, what)
+    await async_wait_for(lambda: lease() > first, what)
     return lease
 
 
@@ -431,7 +428,7 @@ async def test_the_lease_of_an_ephemeral_record_follows_its_session(oxia: Standi
         lease = await renewed_lease(owner, "/l/leader", "a keep-alive renews the lease")
         (session_id,) = oxia.sessions
         oxia.close_session(session_id)  # as the server does when the session times out
-        await eventually(lambda: lease() == 0.0, "the lease ends once the session is found gone")
+        await async_wait_for(lambda: lease() == 0.0, "the lease ends once the session is found gone")
         # Written again, the record is held by a new session: a lease taken now follows that one; the
         # old lease stays over.
         await owner.put("/l/leader", b"me", ephemeral=True)
@@ -556,7 +553,7 @@ async def test_a_session_created_while_the_store_closes_does_not_outlive_it(
         with pytest.raises(StoreClosedError):
             await late
         assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("oxia-session")] == []
-        await eventually(lambda: not server.sessions, "the late session closed on the server")
+        await async_wait_for(lambda: not server.sessions, "the late session closed on the server")
     finally:
         await server.stop()
 
@@ -654,7 +651,7 @@ async def test_a_write_routed_before_a_leader_move_goes_to_the_new_leader(
     store = await connect(old_leader.address)
     try:
         put = asyncio.ensure_future(store.put("/c/leader", b"me", ephemeral=True))
-        await eventually(lambda: bool(asked), "the put waits for its session")
+        await async_wait_for(lambda: bool(asked), "the put waits for its session")
         store._assignments._install(ShardMap([ShardInfo(0, new_leader.address, 0, HASH_SPACE_MAX)]))
         moved.set()
         assert (await asyncio.wait_for(put, WAIT)).key == "/c/leader"
@@ -709,7 +706,7 @@ async def test_a_failed_heartbeat_keeps_the_session(monkeypatch: pytest.MonkeyPa
     store = await connect(server.address, session_timeout_ms=2000)  # a heartbeat every 0.2 s
     try:
         await store.put("/c/leader", b"me", ephemeral=True)
-        await eventually(lambda: len(beats) >= 3, "heartbeats go on after the failed one")
+        await async_wait_for(lambda: len(beats) >= 3, "heartbeats go on after the failed one")
         assert len(server.sessions) == 1
         assert await store.get("/c/leader") is not None
     finally:
@@ -729,7 +726,7 @@ async def test_a_session_the_server_does_not_know_is_forgotten(monkeypatch: pyte
     store = await connect(server.address, session_timeout_ms=2000)
     try:
         await store.put("/c/leader", b"me", ephemeral=True)
-        await eventually(lambda: beats and not store._sessions._sessions, "the session is forgotten")
+        await async_wait_for(lambda: beats and not store._sessions._sessions, "the session is forgotten")
         # The next ephemeral put starts a new session.
         await store.put("/c/again", b"", ephemeral=True)
         assert store._sessions._sessions[0].session_id != beats[0]
@@ -972,7 +969,7 @@ async def test_a_new_shard_ends_the_subscriptions_made_before_it(monkeypatch: py
             await asyncio.wait_for(anext(stream), WAIT)
         on_second = [key for key in (f"/n/{i}" for i in range(200)) if key_hash(key) >= second.min_hash][:2]
         await store.put(on_second[0], b"x")  # before the next subscription: not notified to it
-        await eventually(lambda: 1 in store._pump._offsets, "the new shard's stream received its first batch")
+        await async_wait_for(lambda: 1 in store._pump._offsets, "the new shard's stream received its first batch")
         again = store.notifications("/n/")
         await store.put(on_second[1], b"y")
         assert (await asyncio.wait_for(anext(again), WAIT)).key == on_second[1]

@@ -32,6 +32,7 @@ from tests.interop.conftest import Harness, RunningHarness, java_harness
 from tests.participants.test_real_broker import fresh_topic, start_server
 from tests.support.pulsar_broker import PulsarBroker
 from tests.support.server_process import undelivered
+from tests.support.waiting import wait_for
 from tests.workers.helpers import worker_pids
 
 __all__ = ["java_harness"]
@@ -58,14 +59,6 @@ def cleanup() -> Iterator[list[Any]]:
             thing.kill()
 
 
-def wait_until(condition: Any, what: str, bound_s: float = BOUND_S, step_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + bound_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"not within {bound_s:.0f} s: {what}"
-        time.sleep(step_s)
-    return value
-
-
 def owed(server: TcServerProcess) -> list[str]:
     return [entry["txnId"] for entry in undelivered(server)]
 
@@ -85,7 +78,7 @@ async def decided_while_the_broker_is_frozen(harness: Harness, broker: PulsarBro
     os.kill(broker.proc.pid, signal.SIGSTOP)
     client = await connect("127.0.0.1", port_of(server, most, workers))
     client.send(EndTxn(client.next_request_id(), most, least, TxnAction.COMMIT))  # waits for the broker
-    await asyncio.to_thread(wait_until, lambda: owed(server) == [f"({most},{least})"],
+    await asyncio.to_thread(wait_for, lambda: owed(server) == [f"({most},{least})"],
                             "the commit decided and waiting for its broker", 30)
     client.close()
     return most, least
@@ -136,14 +129,14 @@ async def test_end_txn_retried_right_after_a_restart_waits_for_the_brokers(
         else:
             os.kill(worker_pids(server)[most % workers], signal.SIGKILL)  # the supervisor restarts it
         answer = await end_txn_as_soon_as_served(port, most, least)
-        await asyncio.to_thread(wait_until, lambda: server.status("/readyz") == 200, "ready again", 60)
+        await asyncio.to_thread(wait_for, lambda: server.status("/readyz") == 200, "ready again", 60)
         assert answer is None, (
             f"the retried END_TXN of ({most},{least}) was answered {answer} while its broker (stopped) had not "
             f"acknowledged the commit; undelivered now: {owed(server)}\n{server.log_tail(30)}")
     finally:
         assert pulsar_broker.proc is not None
         os.kill(pulsar_broker.proc.pid, signal.SIGCONT)
-    await asyncio.to_thread(wait_until, lambda: owed(server) == [], "delivered once the broker resumed")
+    await asyncio.to_thread(wait_for, lambda: owed(server) == [], "delivered once the broker resumed", BOUND_S)
 
 
 def visible(broker: PulsarBroker, topic: str, bound_s: float = 60.0) -> tuple[list[str], list[str]]:
@@ -197,14 +190,14 @@ async def test_a_resend_after_the_txns_abort_was_delivered_is_refused_and_pins_n
     run = java_harness.spawn("txn-produce", service_url=server.url, topic=topic, count=3000, action="none",
                              visible_wait_ms=500, receive_timeout_ms=5_000, txn_timeout_ms=3_000)
     cleanup.append(run)
-    await asyncio.to_thread(wait_until, lambda: participant_writes(server) >= 2, "partitions added to the txn",
+    await asyncio.to_thread(wait_for, lambda: participant_writes(server) >= 2, "partitions added to the txn",
                             120, 0.02)
     server.kill()  # the txn's sends in flight through its relay
     await asyncio.sleep(4)  # past the txn's deadline
     server.start()
     # The restarted process aborts the txn and tells its partitions; the producer, reconnected, sends again
     # what it had in flight: refused now ("has been ended"), where it opened the txn again on the broker.
-    await asyncio.to_thread(wait_until, lambda: owed(server) == [] and (run.proc.poll() is not None or any(
+    await asyncio.to_thread(wait_for, lambda: owed(server) == [] and (run.proc.poll() is not None or any(
         line.get("event") == "produced" for line in run.lines)), "the abort delivered and the producer done", 120)
     run.terminate()
     values, seen = await asyncio.to_thread(visible, pulsar_broker, topic)

@@ -44,9 +44,10 @@ from tc_server.store import open_store
 from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableError, WriteResult
 from tc_server.store.memory import MemoryStore
 from tc_server.wire import AddPartitionToTxn, ServerError
-from tests.coordinator.test_partition import FakeClock, eventually
+from tests.coordinator.test_partition import FakeClock
 from tests.support.gated_store import GatedStore
 from tests.support.stand_in_broker import StandInBroker, acknowledge
+from tests.support.waiting import async_wait_for
 
 TOPIC = "persistent://public/default/t-partition-0"
 OTHER = "persistent://public/default/t-partition-1"
@@ -171,7 +172,7 @@ async def test_decision_is_delivered_then_records_deleted(store: MetadataStore) 
         assert {t.low_watermark for t in sender.told} == {first - 1}
         # END_TXN answers once every broker acknowledged; the records go right after, in one batch,
         # and the txn leaves the outbox only then.
-        assert await eventually(lambda: second not in partition.undelivered())
+        assert await async_wait_for(lambda: second not in partition.undelivered())
         assert await records(store, 0, second) == {}
         # A repeated END_TXN answers as before and starts no second delivery.
         assert await partition.end_txn(second, commit=True, principal=None) is None
@@ -196,7 +197,7 @@ async def test_txns_acknowledged_together_all_lose_their_records(store: Metadata
         assert len(deliveries) == len(txns) and all(d is not None for d in deliveries)
         assert sorted((t.least, t.committed) for t in sender.told) == sorted(
             (least, least % 2 == 0) for least in txns for _ in range(2))
-        assert await eventually(lambda: not partition.undelivered())
+        assert await async_wait_for(lambda: not partition.undelivered())
         for least in txns:
             assert await records(store, 1, least) == {}
 
@@ -233,7 +234,7 @@ async def test_an_abort_is_sent_to_its_partitions_once_more_after_a_while(
         for least, commit in zip(txns, (True, False), strict=True):
             await partition.add_participants(least, None, [Participant(TOPIC), Participant(OTHER, "s")])
             await (await partition.end_txn(least, commit=commit, principal=None) or asyncio.sleep(0))
-        assert await eventually(lambda: len(sender.told) == 5)
+        assert await async_wait_for(lambda: len(sender.told) == 5)
         await asyncio.sleep(0.2)
         told = sorted((t.least, t.participant.topic, t.committed) for t in sender.told)
         assert told == sorted([(txns[0], TOPIC, True), (txns[0], OTHER, True), (txns[1], TOPIC, False),
@@ -250,7 +251,7 @@ async def test_aborts_waiting_for_their_reminder_share_one_task(store: MetadataS
             least = await partition.new_txn(60_000, None)
             await partition.add_participants(least, None, [Participant(TOPIC)])
             await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
-        assert await eventually(lambda: len(sender.told) == 40)
+        assert await async_wait_for(lambda: len(sender.told) == 40)
         waiting = [task for task in asyncio.all_tasks() if task.get_name().startswith("abort-remind")]
         assert [task.get_name() for task in waiting] == ["abort-reminders-0"]
 
@@ -268,7 +269,7 @@ async def test_reminders_due_at_different_times_are_each_sent_once(
             await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
             aborted.append(least)
             await asyncio.sleep(0.04)
-        assert await eventually(lambda: len(sender.told) == 6)
+        assert await async_wait_for(lambda: len(sender.told) == 6)
         await asyncio.sleep(0.3)
         assert sorted(t.least for t in sender.told) == sorted(aborted * 2)
 
@@ -295,7 +296,7 @@ async def test_a_gone_broker_does_not_hold_back_the_reminder_to_the_other_partit
         await partition.add_participants(least, None, [Participant(OTHER)])
         await partition.add_participants(least, None, [Participant(TOPIC)])
         await (await partition.end_txn(least, commit=False, principal=None) or asyncio.sleep(0))
-        assert await eventually(lambda: [t.participant.topic for t in sender.told].count(TOPIC) == 2)
+        assert await async_wait_for(lambda: [t.participant.topic for t in sender.told].count(TOPIC) == 2)
 
 
 async def test_watermark_never_reaches_an_open_or_undelivered_txn() -> None:
@@ -363,12 +364,12 @@ async def test_outbox_is_redriven_when_a_coordinator_is_led_again(store: Metadat
 
     sender = RecordingSender()
     async with led(store, sender) as second:
-        assert await eventually(lambda: len(sender.told) == 2)
+        assert await async_wait_for(lambda: len(sender.told) == 2)
         assert {(t.most, t.least, t.committed) for t in sender.told} == {(1, least, False)}
         assert sorted(t.participant.subscription or "" for t in sender.told) == ["", "sub"]
         # Never a watermark that reaches the txn still OPEN (found in the deadline index, not memory).
         assert all(t.low_watermark < still_open for t in sender.told)
-        assert await eventually(lambda: not second.partition(1).undelivered())
+        assert await async_wait_for(lambda: not second.partition(1).undelivered())
         assert await records(store, 1, least) == {}
 
 
@@ -615,10 +616,10 @@ async def test_a_timeout_and_a_force_abort_deliver_like_end_txn(store: MetadataS
         clock.now += 10_000
         assert await tc.abort_expired_now() == 1
         assert await p.force_abort(forced) is TxnState.ABORTED
-        assert await eventually(lambda: len(sender.told) == 2)
+        assert await async_wait_for(lambda: len(sender.told) == 2)
         assert sorted((t.least, t.participant.topic, t.committed) for t in sender.told) == [
             (timed_out, TOPIC, False), (forced, OTHER, False)]
-        assert await eventually(lambda: not p.undelivered())
+        assert await async_wait_for(lambda: not p.undelivered())
 
 
 class FailingOnceSender(RecordingSender):
@@ -644,8 +645,8 @@ async def test_an_unexpected_delivery_error_starts_over(store: MetadataStore, mo
         least = await p.new_txn(60_000, None)
         await p.add_participants(least, None, [Participant(TOPIC)])
         await p.end_txn(least, commit=True, principal=None)
-        assert await eventually(lambda: len(sender.told) == 1)
-        assert await eventually(lambda: not p.undelivered())
+        assert await async_wait_for(lambda: len(sender.told) == 1)
+        assert await async_wait_for(lambda: not p.undelivered())
         assert await records(store, 0, least) == {}
 
 
@@ -661,14 +662,14 @@ async def test_a_delivery_to_start_over_holds_its_txn_whatever_a_sibling_deliver
         least = await p.new_txn(60_000, None)
         await p.add_participants(least, None, [Participant(TOPIC)])
         await p.end_txn(least, commit=True, principal=None)
-        assert await eventually(lambda: sender.failed)
+        assert await async_wait_for(lambda: sender.failed)
         outbox = p._undelivered[least]
-        assert await eventually(lambda: not outbox.tasks)  # the failed one ended, its restart due later
+        assert await async_wait_for(lambda: not outbox.tasks)  # the failed one ended, its restart due later
         sibling = p._start_delivery(least, TxnState.COMMITTED, None, outbox.decided_ms)
         await sibling
-        assert await eventually(lambda: not outbox.tasks)
+        assert await async_wait_for(lambda: not outbox.tasks)
         assert least in p.undelivered(), "left the outbox before its failed delivery started over"
-        assert await eventually(lambda: not p.undelivered())  # the restart, then out
+        assert await async_wait_for(lambda: not p.undelivered())  # the restart, then out
         assert [t.least for t in sender.told] == [least]
 
 
@@ -696,7 +697,7 @@ async def test_delivered_commits_leave_nothing_behind_in_memory(store: MetadataS
             least = await partition.new_txn(60_000, None)
             await partition.add_participants(least, None, [Participant(TOPIC)])
             await (await partition.end_txn(least, commit=True, principal=None) or asyncio.sleep(0))
-        assert await eventually(lambda: not partition.undelivered())
+        assert await async_wait_for(lambda: not partition.undelivered())
         assert len(partition._undelivered_ids) <= 1024  # the heap's own bound (_compact) for an empty outbox
 
 
@@ -764,7 +765,7 @@ async def test_a_commit_whose_answer_was_lost_is_delivered_on_the_retry(tmp_path
             if delivery is not None:
                 await delivery
             assert [(t.least, t.participant.topic, t.committed) for t in sender.told] == [(least, TOPIC, True)]
-            assert await eventually(lambda: not partition.undelivered())
+            assert await async_wait_for(lambda: not partition.undelivered())
             assert await records(store, 0, least) == {}
     finally:
         await store.close()
@@ -786,7 +787,7 @@ async def test_a_commit_whose_answer_was_lost_is_delivered_without_a_retry(tmp_p
             assert await tc.abort_expired_now() == 0 and not sender.told
             clock.now += TIMEOUT_RETRY_MS
             await tc.abort_expired_now()
-            assert await eventually(lambda: len(sender.told) == 1)
+            assert await async_wait_for(lambda: len(sender.told) == 1)
             assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
             # An open txn the same look found in time is back at its own deadline, not forgotten.
             assert partition.open_txns() == {still_open: clock.now - TIMEOUT_RETRY_MS + 60_000}
@@ -841,7 +842,7 @@ async def test_a_decision_the_previous_leader_took_after_the_scan_is_delivered_a
     await previous.end_txn(least, commit=True, principal=None)
     await previous.stop()
     assert await new.recover_outbox() == 1
-    assert await eventually(lambda: len(sender.told) == 1)
+    assert await async_wait_for(lambda: len(sender.told) == 1)
     assert [(t.least, t.committed) for t in sender.told] == [(least, True)]
     assert least not in new.open_txns()
     # Counted once in the cluster: by the leader whose CAS took the decision (the new one counted it too).
@@ -918,7 +919,7 @@ async def test_an_add_whose_txn_was_decided_while_its_record_was_written_is_refu
     # Its broker is told the abort (the record landed), and the client must not send in the txn.
     with pytest.raises(InvalidTxnStatus, match="is already ABORTED"):
         await add
-    assert await eventually(lambda: (OTHER, False) in [(t.participant.topic, t.committed) for t in sender.told])
+    assert await async_wait_for(lambda: (OTHER, False) in [(t.participant.topic, t.committed) for t in sender.told])
     await partition.stop()
 
 
@@ -1000,7 +1001,7 @@ async def test_a_partition_stepping_down_tells_no_watermark_past_a_txn_decided_m
     committed = await store.get(layout.header_path(0, a))
     assert committed is not None and TxnHeader.from_json(committed.value).state is TxnState.COMMITTED
     sender.go.set()
-    assert await eventually(lambda: len(sender.told) == 1)
+    assert await async_wait_for(lambda: len(sender.told) == 1)
     assert sender.told[0].least == b
     assert sender.told[0].low_watermark < a, sender.told
     await stop
@@ -1030,7 +1031,7 @@ async def test_an_unexpected_error_publishing_one_decision_holds_back_neither_th
     monkeypatch.setattr(partition_module, "publish_decision", publish)
     partition._unpublished.update({bad: TxnState.ABORTED, good: TxnState.COMMITTED})  # their first try failed
     partition.start()
-    assert await eventually(lambda: calls.count(bad) >= 2)  # the sweeper lives on and tries again
+    assert await async_wait_for(lambda: calls.count(bad) >= 2)  # the sweeper lives on and tries again
     assert good in calls and good not in partition._unpublished
     await partition.stop()
     await store.close()
@@ -1064,8 +1065,8 @@ async def test_a_participant_record_that_landed_after_its_add_gave_up_is_told_th
         await asyncio.wait_for(partition.add_participants(least, None, [Participant(TOPIC)]), 0.1)
     store.delay_s = 0.0
     await partition.end_txn(least, commit=False, principal=None)
-    assert await eventually(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)])
-    assert await eventually(lambda: not partition.undelivered())
+    assert await async_wait_for(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)])
+    assert await async_wait_for(lambda: not partition.undelivered())
     assert [r async for r in store.scan_prefix(layout.participants_prefix(0, least))] == []
     await partition.stop()
 
@@ -1112,7 +1113,7 @@ async def test_an_operator_drops_a_participant_that_can_never_be_told(tmp_path: 
         assert await asyncio.to_thread(http_json, f"{drop}?{ack}", "POST") == (
             200, {"txnId": f"(0,{decided.least})", "dropped": {"topic": OTHER, "subscription": "sub"},
                   "participantsLeft": 0})
-        assert await eventually(lambda: not partition.undelivered())
+        assert await async_wait_for(lambda: not partition.undelivered())
         assert await records(app.store, 0, decided.least) == {}
         assert await asyncio.to_thread(http_json, base) == (200, [])
 
@@ -1143,14 +1144,14 @@ async def test_dropping_the_participant_a_delivery_waits_on_lets_the_others_fini
     sender = HangingOnTopic()
     partition, least = await committed_to_topic_and_other(store, sender)
     later = await partition.new_txn(60_000, None)
-    assert await eventually(lambda: [told.participant for told in sender.told] == [Participant(OTHER)])
+    assert await async_wait_for(lambda: [told.participant for told in sender.told] == [Participant(OTHER)])
     assert partition.undelivered().keys() == {least}
     assert partition.low_watermark() == least - 1  # held below the undelivered txn
     with pytest.raises(TransactionNotFound):
         await partition.drop_participant(least, Participant(OTHER, "no-such"))
     assert partition.undelivered().keys() == {least}  # started over, still waiting on TOPIC
     assert await partition.drop_participant(least, Participant(TOPIC)) == 1
-    assert await eventually(lambda: not partition.undelivered())
+    assert await async_wait_for(lambda: not partition.undelivered())
     assert await records(store, 0, least) == {}
     assert partition.low_watermark() == later - 1  # only the open txn holds it now
     await partition.stop()
@@ -1190,16 +1191,16 @@ async def test_a_drop_whose_delete_fails_leaves_the_delivery_going() -> None:
     store = FailDelete()
     sender = HangingOnTopic()
     partition, least = await committed_to_topic_and_other(store, sender)
-    assert await eventually(lambda: len(sender.told) == 1)
+    assert await async_wait_for(lambda: len(sender.told) == 1)
     store.failing = True
     with pytest.raises(StoreUnavailableError):
         await partition.drop_participant(least, Participant(TOPIC))
     # Started over with both: OTHER is told again (brokers ignore a repeat), TOPIC still waited on.
-    assert await eventually(lambda: len(sender.told) == 2)
+    assert await async_wait_for(lambda: len(sender.told) == 2)
     assert partition.undelivered().keys() == {least}
     store.failing = False
     assert await partition.drop_participant(least, Participant(TOPIC)) == 1
-    assert await eventually(lambda: not partition.undelivered())
+    assert await async_wait_for(lambda: not partition.undelivered())
     await partition.stop()
 
 
@@ -1210,11 +1211,11 @@ async def test_a_drop_at_a_leader_that_read_the_record_before_it_was_deleted_sta
     delivery again from the records left."""
     sender = HangingOnTopic()
     partition, least = await committed_to_topic_and_other(store, sender)
-    assert await eventually(lambda: len(sender.told) == 1)
+    assert await async_wait_for(lambda: len(sender.told) == 1)
     await store.delete(Participant(TOPIC).path(0, least), partition_key=layout.txn_key(0, least))  # the other's
     with pytest.raises(TransactionNotFound, match="started again"):
         await partition.drop_participant(least, Participant(TOPIC))
-    assert await eventually(lambda: not partition.undelivered())
+    assert await async_wait_for(lambda: not partition.undelivered())
     await partition.stop()
 
 
@@ -1257,8 +1258,8 @@ async def test_records_landing_after_the_decision_are_delivered_when_the_adds_lo
     landing.set()
     with pytest.raises(StoreUnavailableError):
         await adding
-    told = await eventually(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)])
-    delivered = await eventually(lambda: not partition.undelivered())  # its record deleted (late too)
+    told = await async_wait_for(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)])
+    delivered = await async_wait_for(lambda: not partition.undelivered())  # its record deleted (late too)
     left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, 5))]
     await partition.stop()
     assert told, f"the late participant was never told: {sender.told}"
@@ -1316,7 +1317,7 @@ async def test_a_participant_recorded_while_the_lease_lapsed_is_told_the_decisio
     lease_until[0] = math.inf
     assert [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))], "the record landed"
     await partition.end_txn(least, commit=False, principal=None)
-    told = await eventually(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)], attempts=40)
+    told = await async_wait_for(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)])
     left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))]
     await partition.stop()
     await store.close()
@@ -1359,10 +1360,10 @@ async def test_commit_abort_and_timeout_racing_agree_with_the_stored_decision(fi
         assert succeeded == ["commit"], succeeded
     else:
         assert "commit" not in succeeded, (stored, succeeded)
-    assert await eventually(lambda: len(sender.told) >= 1)
+    assert await async_wait_for(lambda: len(sender.told) >= 1)
     assert all(t.committed == (stored is TxnState.COMMITTED) for t in sender.told), sender.told
     assert not partition.open_txns()
-    assert await eventually(lambda: not partition.undelivered())
+    assert await async_wait_for(lambda: not partition.undelivered())
     await partition.stop()
 
 

@@ -16,6 +16,7 @@ from tc_server.config import Settings
 from tc_server.wire import AuthResponse, Connect, FeatureFlags, ServerError
 from tests.security.pki import data_url, make_token
 from tests.security.support import WAIT_S, token_auth
+from tests.support.waiting import async_wait_for
 
 CHECK_S = 0.2
 # exp has whole-second resolution (make_token: int(now + lifetime)), so a token made now with this lifetime
@@ -41,12 +42,6 @@ async def refreshing_client(port: int, token: str, fresh_token: str) -> tuple[Tc
     return client, answered
 
 
-async def wait_for(condition) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not condition():
-            await asyncio.sleep(0.05)
-
-
 async def test_client_refreshes_with_a_fresh_token_and_stays(start, secret):
     app = await start(authentication_providers="token", token_secret_key=data_url(secret),
                       authentication_refresh_check_s=CHECK_S)
@@ -54,7 +49,7 @@ async def test_client_refreshes_with_a_fresh_token_and_stays(start, secret):
     client, challenges = await refreshing_client(app.listener.port, short,
                                                  make_token(secret, "HS256", "alice", expires_in_s=3600))
     try:
-        await wait_for(lambda: challenges)
+        await async_wait_for(lambda: challenges)
         await client.ping(WAIT_S)  # the AUTH_RESPONSE went before it and has been handled
         await asyncio.sleep(5 * CHECK_S)  # several more checks: none may close the refreshed connection
         created = await client.new_txn(tc_id=0)
@@ -131,7 +126,7 @@ async def test_a_refresh_reaches_the_clients_upstream_connections(start, secret)
         # naming --upstream-url. Seeing that answer means the forwarding connection is alive.
         first = await client.partitioned_metadata(topic)
         assert first.error is ServerError.TopicNotFound and "upstream" in (first.message or ""), first
-        await wait_for(lambda: challenges)
+        await async_wait_for(lambda: challenges)
         await asyncio.sleep(10 * CHECK_S)  # the upstream's checks have challenged the forwarding connection
         again = await client.partitioned_metadata(topic)
         assert again.error is ServerError.TopicNotFound and "upstream" in (again.message or ""), again

@@ -13,7 +13,7 @@ import asyncio
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -59,6 +59,7 @@ from tc_server.wire import (
 )
 from tests.security.support import raw_connect
 from tests.support.stand_in_broker import StandInBroker, connect_to, redirect_to
+from tests.support.waiting import async_wait_for
 
 TOPIC = "persistent://public/default/orders"
 
@@ -150,14 +151,6 @@ async def ask_to_be_relayed(app: App, owner: StandInBroker, **connect_fields: An
     return writer
 
 
-async def eventually(condition: Callable[[], bool], within_s: float) -> bool:
-    """Whether ``condition`` holds within ``within_s`` (polled)."""
-    async with asyncio.timeout(within_s):
-        while not condition():
-            await asyncio.sleep(0.02)
-    return True
-
-
 async def test_concurrent_redirects_to_one_broker_share_one_connection(settings):
     # Before, each lookup redirected while the connection to the target was still opening opened one
     # more; only the last stored was closed when the client left, the others stayed open for good.
@@ -168,7 +161,7 @@ async def test_concurrent_redirects_to_one_broker_share_one_connection(settings)
         assert all(a.response is LookupType.CONNECT for a in answers), answers
         assert target.connections_total == 1
         client.close()
-        assert await eventually(lambda: not target.open and not first.open, within_s=10.0)
+        assert await async_wait_for(lambda: not target.open and not first.open)
 
 
 async def test_a_connection_still_opening_when_the_client_leaves_is_closed(settings):
@@ -178,9 +171,9 @@ async def test_a_connection_still_opening_when_the_client_leaves_is_closed(setti
     first = StandInBroker(lambda lookup: redirect_to(target.url)(lookup))
     async with front_door(settings, [first], (target,)) as (_, client):
         client.send(Lookup(TOPIC, client.next_request_id()))
-        assert await eventually(lambda: target.connections_total == 1, within_s=10.0)
+        assert await async_wait_for(lambda: target.connections_total == 1)
         client.close()  # while tc-server waits for the target's CONNECTED
-        assert await eventually(lambda: not target.open and not first.open, within_s=10.0)
+        assert await async_wait_for(lambda: not target.open and not first.open)
 
 
 async def test_a_connection_opening_past_a_forwards_deadline_is_kept_for_the_next_and_closed_with_the_client(
@@ -197,7 +190,7 @@ async def test_a_connection_opening_past_a_forwards_deadline_is_kept_for_the_nex
         assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
         assert target.connections_total == 1  # the opening went on and served the second lookup
         client.close()
-        assert await eventually(lambda: not target.open and not first.open, within_s=10.0)
+        assert await async_wait_for(lambda: not target.open and not first.open)
 
 
 def sessions(app: App) -> list[ForwardingSession]:
@@ -228,7 +221,7 @@ async def test_a_closed_upstream_connection_is_forgotten(settings):
         (session,) = sessions(app)
         assert len(session._connections) == 2
         target.stop()
-        assert await eventually(lambda: list(session._connections) == [upstream_module.PRIMARY], within_s=5.0)
+        assert await async_wait_for(lambda: list(session._connections) == [upstream_module.PRIMARY])
 
 
 async def two_lookups_time_out_then_the_next_url_answers(app: App, client: TcClient) -> None:
@@ -242,7 +235,7 @@ async def two_lookups_time_out_then_the_next_url_answers(app: App, client: TcCli
     (session,) = sessions(app)
     hung = session._connections[upstream_module.PRIMARY]
     limit_s = 2 * app.settings.request_timeout_s
-    assert await eventually(lambda: hung.owed_answer_for() >= limit_s, within_s=limit_s + 5.0)
+    assert await async_wait_for(lambda: hung.owed_answer_for() >= limit_s)
     answers = [await client.lookup(TOPIC) for _ in range(2)]
     assert [a.response for a in answers] == [LookupType.CONNECT] * 2, answers
 
@@ -256,7 +249,7 @@ async def test_a_hung_upstream_broker_is_given_up_for_the_next_url(settings):
     async with front_door(settings, [hung, healthy], request_timeout_s=1.0) as (app, client):
         await two_lookups_time_out_then_the_next_url_answers(app, client)
         assert healthy.connections_total == 1
-        assert await eventually(lambda: not hung.open, within_s=10.0)
+        assert await async_wait_for(lambda: not hung.open)
         assert app.metrics.upstream_up.labels(hung.url)._value.get() == 0
 
 
@@ -327,7 +320,7 @@ async def test_forwards_that_waited_for_a_fresh_connection_check_it_before_writi
         broker.connect_delay_s = 0.2  # the whole burst arrives while the fresh connection opens
         # Until it has owed an answer for two timeouts (its silence counts from the send, not from this
         # test's lookup): a burst sent sooner found it usable, and the test no longer took the path it is for.
-        assert await eventually(lambda: all(conn.owed_answer_for() >= 2 * 0.5 for conn in hung), within_s=10.0)
+        assert await async_wait_for(lambda: all(conn.owed_answer_for() >= 2 * 0.5 for conn in hung))
         request_ids = [client.next_request_id() for _ in range(150)]  # 30 MB
         await asyncio.gather(*(client.request(Lookup(topic, request_id), 10.0) for request_id in request_ids))
         assert len(hung) == 1 and all(conn.closed.done() for conn in hung)
@@ -341,7 +334,7 @@ async def test_an_idle_upstream_connection_to_a_broker_that_stopped_answering_is
     async with front_door(replace(settings, keepalive_s=0.5), [broker]) as (_, client):
         assert (await client.lookup(TOPIC)).response is LookupType.CONNECT
         broker.answers = False
-        assert await eventually(lambda: not broker.open, within_s=10.0)
+        assert await async_wait_for(lambda: not broker.open)
         broker.answers = True
         assert (await client.lookup(TOPIC)).response is LookupType.CONNECT  # on a fresh connection
         assert broker.connections_total == 2
@@ -614,8 +607,8 @@ async def test_a_relayed_connection_whose_broker_stopped_reading_is_closed_when_
         upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)  # the owner is named: a proxied connection may go there
         writer = await ask_to_be_relayed(app, owner)
-        await eventually(lambda: any(c._relay is not None and c._relay.transport is not None
-                                     for c in app.context.connections), 5)
+        await async_wait_for(lambda: any(c._relay is not None and c._relay.transport is not None
+                                     for c in app.context.connections))
         (relayed,) = [c for c in app.context.connections if c._relay is not None]
         assert relayed._relay is not None and relayed._relay.transport is not None
         broker_side = relayed._relay.transport
@@ -675,7 +668,7 @@ async def test_a_relayed_connection_whose_broker_reads_nothing_is_closed_after_t
         upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)
         writer = await ask_to_be_relayed(app, owner)
-        await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+        await async_wait_for(lambda: any(c._relay is not None for c in app.context.connections))
         (relayed,) = [c for c in app.context.connections if c._relay is not None]
         with capture_logs() as logged:
             async with asyncio.timeout(30):  # a bound for a failing test, not a timing check
@@ -715,11 +708,11 @@ async def test_a_relayed_connection_whose_client_reads_nothing_is_closed_after_t
             silent.connect(("127.0.0.1", app.listeners[0].port))
             silent.sendall(encode_command(replace(connect_command(), proxy_to_broker_url=f"127.0.0.1:{owner_port}")))
             try:
-                await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+                await async_wait_for(lambda: any(c._relay is not None for c in app.context.connections))
                 (relayed,) = [c for c in app.context.connections if c._relay is not None]
                 with capture_logs() as logged:
                     await asyncio.wait_for(broker_left.wait(), 10)
-                    await eventually(lambda: relayed._closing, 30)  # a bound for a failing test, not a timing check
+                    await async_wait_for(lambda: relayed._closing)
                 assert [line["waited_s"] for line in logged
                         if line["event"] == "the client of a relayed connection read nothing; closing it"] == [1.0]
             finally:
@@ -744,9 +737,9 @@ async def test_a_relay_slower_to_set_up_than_the_keepalive_interval_is_not_close
         upstream.answer = connect_to(owner.url)
         await client.lookup(TOPIC)
         writer = await ask_to_be_relayed(app, owner)
-        assert await eventually(lambda: any(c._relay is not None for c in app.context.connections), 5)
+        assert await async_wait_for(lambda: any(c._relay is not None for c in app.context.connections))
         assert not [c for c in app.context.connections if c._relay is not None][0]._closing
-        assert await eventually(lambda: len(owner.connects) == 1, 5)  # the client's CONNECT reached the broker
+        assert await async_wait_for(lambda: len(owner.connects) == 1)  # the client's CONNECT reached the broker
         writer.close()
 
 
@@ -774,7 +767,7 @@ async def test_a_relayed_connect_names_no_original_principal_for_a_client_that_i
         await client.lookup(TOPIC)
         writer = await ask_to_be_relayed(app, owner, original_principal="admin", original_auth_method="token",
                                          original_auth_data="admin's token")
-        await eventually(lambda: bool(owner.connects), 5)
+        await async_wait_for(lambda: bool(owner.connects))
         (relayed,) = owner.connects
         assert (relayed.original_principal, relayed.original_auth_method, relayed.original_auth_data) == (
             None, None, None)
