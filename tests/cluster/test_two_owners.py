@@ -15,14 +15,9 @@ import pytest
 
 from tc_server.bench.process import TcServerProcess
 from tests.cluster.cluster import TwoBrokerCluster
-from tests.cluster.support import (
-    forwarded,
-    participant_requests,
-    spread_topic,
-)
+from tests.cluster.support import PASSING_FAILURES, forwarded, participant_requests, spread_topic, wait_outbox_empty
 from tests.e2e.txn_support import exactly_once, result_of
 from tests.interop.conftest import Harness
-from tests.support.server_process import undelivered
 from tests.support.txn_ack import assert_acks_applied
 
 pytestmark = [pytest.mark.java, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -54,7 +49,7 @@ def test_commit_reaches_both_owners(cluster: TwoBrokerCluster, java_harness: Har
     assert result["visible_before_end"] == []
     assert exactly_once(result["received_after_end"], [f"txn-{i}" for i in range(COUNT)]) == {}, result
     assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
-    assert undelivered(server) == [], server.log_tail()
+    assert wait_outbox_empty(server) == [], server.log_tail()  # emptied after the answer
     counts = participant_requests(server)
     assert counts.get(("END_TXN_ON_PARTITION", "ok")) == PARTITIONS, (counts, forwarded(server))
     assert {cluster.owner_url(p) for p in owners} == {cluster.a.url, cluster.b.url}
@@ -72,7 +67,7 @@ def test_abort_is_never_visible_on_either_owner(cluster: TwoBrokerCluster, java_
     assert result["end"]["outcome"] == "ok", result["end"]
     assert result["visible_before_end"] == [] and result["received_after_end"] == []
     assert sorted(result["received_with_markers"]) == sorted(result["markers_sent"]), result
-    assert undelivered(server) == []
+    assert wait_outbox_empty(server) == [], server.log_tail()  # emptied after the answer
     assert participant_requests(server).get(("END_TXN_ON_PARTITION", "ok")) == PARTITIONS
 
 
@@ -88,10 +83,12 @@ def test_acks_on_partitions_of_both_owners(cluster: TwoBrokerCluster, java_harne
                                         op_timeout_ms=OP_TIMEOUT_MS), server)
     assert result["end"]["outcome"] == "ok", result["end"]
     assert_acks_applied(result, action, COUNT)
-    assert undelivered(server) == []
+    assert wait_outbox_empty(server) == [], server.log_tail()  # emptied after the answer
     counts = participant_requests(server)
     assert counts.get(("END_TXN_ON_SUBSCRIPTION", "ok"), 0) >= 2, counts  # one per partition acked on
-    assert sum(v for (c, o), v in counts.items() if o != "ok") == 0, counts
+    # A retry after a broker's passing refusal or a timeout on a loaded machine is fine; any other failure is not.
+    refused = {k: v for k, v in counts.items() if k[1] not in ("ok", *PASSING_FAILURES)}
+    assert refused == {}, counts
 
 
 @pytest.mark.parametrize("mode", ["proxy"])

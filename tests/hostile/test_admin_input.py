@@ -19,6 +19,7 @@ from tc_server.client import TcClient
 from tc_server.config import Settings
 from tc_server.coordinator import layout
 from tests.security.pki import TestCa, data_url
+from tests.support.waiting import async_wait_for
 
 from .conftest import tracebacks
 
@@ -134,10 +135,7 @@ async def test_idle_connections_beyond_the_admin_ports_budget_are_closed_at_once
     assert app.admin.budget.count == 5
     for _, held_writer in held:
         held_writer.close()
-    for _ in range(100):  # the slots come back as the held connections go
-        if app.admin.budget.count == 0:
-            break
-        await asyncio.sleep(0.05)
+    await async_wait_for(lambda: app.admin.budget.count == 0)  # the slots come back as the held connections go
     assert (await http(app, "GET", "/healthz"))[0] == 200
     assert app.admin.budget.count == 0 and app.admin.budget.by_address == {}
 
@@ -231,7 +229,9 @@ async def test_readiness_checks_at_once_share_one_store_read(app: App, monkeypat
         nonlocal reads
         if key == layout.PARALLELISM_PATH:
             reads += 1
-            await asyncio.sleep(0.2)  # a store that takes its time: the checks overlap
+            # A store that takes its time, so that the 30 checks overlap: 1 s, under the probe's own 2 s bound
+            # (READY_PROBE_TIMEOUT_S); 0.2 s let a stall of the loaded machine split them over two reads.
+            await asyncio.sleep(1.0)
         return await original(key, **kwargs)
 
     monkeypatch.setattr(app.coordinator.store, "get", counted)

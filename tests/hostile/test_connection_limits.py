@@ -19,6 +19,7 @@ from tc_server.client import ClientAuth, TcClient
 from tc_server.config import Settings
 from tests.security.pki import TestCa
 from tests.security.support import tls_client
+from tests.support.waiting import async_wait_for
 
 from .conftest import BASE, tracebacks
 
@@ -83,10 +84,7 @@ async def test_past_max_connections_a_connection_is_closed_at_once(
         assert (await client.new_txn(tc_id=1)).error is None
     held.pop().close()
     await asyncio.sleep(0)  # let the server see the close
-    for _ in range(100):
-        if len(app.context.connections) < 4:
-            break
-        await asyncio.sleep(0.05)
+    await async_wait_for(lambda: len(app.context.connections) < 4)
     again = await open_from(app, "127.0.0.9")
     assert (await again.new_txn(tc_id=2)).error is None
     assert tracebacks(server_log) == []
@@ -128,10 +126,7 @@ async def test_tls_handshakes_under_way_are_bounded_as_connections_are(settings:
         assert isinstance(server, TlsServer) and server.budget.count == 2
         for _, writer in stalled:  # a stalled handshake gone gives its slot back
             writer.close()
-        for _ in range(int(CLOSE_BOUND_S / 0.05)):
-            if server.budget.count == 0:
-                break
-            await asyncio.sleep(0.05)
+        await async_wait_for(lambda: server.budget.count == 0)
         assert server.budget.count == 0
     finally:
         await app.stop()

@@ -227,7 +227,9 @@ def test_unreadable_overdue_headers_are_counted_and_leave_the_instance_ready(tmp
     data = tmp_path / "data"
     seed(data, _overdue_unreadable(5))
     with running(data) as server:
-        time.sleep(12)  # two overdue scans (every 5 s)
+        wait_for(lambda: "tc_server_unreadable_overdue_headers 5.0" in server.get("/metrics")[1].decode(),
+                 "the 5 unreadable overdue headers counted (an overdue scan runs every 5 s)")
+        time.sleep(6)  # one more scan: still ready, still counted
         status, body = server.get("/readyz")
         _, metrics = server.get("/metrics")
     assert status == 200, body
@@ -239,11 +241,14 @@ def test_unreadable_overdue_headers_are_not_logged_again_at_every_scan(tmp_path:
     logged once now."""
     data = tmp_path / "data"
     seed(data, _overdue_unreadable(200))
+    def skipped() -> list[dict[str, Any]]:
+        return [line for line in log_lines(server) if line.get("event") == "skipping unreadable header"]
+
     with running(data) as server:
-        time.sleep(16)
-        lines = log_lines(server)
-    skipped = [line for line in lines if line.get("event") == "skipping unreadable header"]
-    assert len(skipped) == 200, len(skipped)
+        wait_for(lambda: len(skipped()) >= 200, "the 200 unreadable headers logged by the first overdue scan")
+        time.sleep(11)  # two more scans (every 5 s), which must log none of them again
+        logged = skipped()
+    assert len(logged) == 200, len(logged)
 
 
 def _readyz(port: int) -> tuple[int, dict[str, Any]]:

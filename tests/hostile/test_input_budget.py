@@ -16,6 +16,7 @@ import pytest
 from tc_server.app import App
 from tc_server.client import TcClient, connect
 from tc_server.config import Settings
+from tests.support.waiting import async_wait_for
 
 from .conftest import BASE, tracebacks
 
@@ -77,8 +78,5 @@ async def test_stalled_large_frames_cannot_take_more_than_the_budget(
     assert tracebacks(server_log) == []
     for staller in stallers:
         staller.close()
-    for _ in range(100):
-        if buffered_input(app) == 0:
-            break
-        await asyncio.sleep(0.02)
+    await async_wait_for(lambda: buffered_input(app) == 0)
     assert buffered_input(app) == 0

@@ -12,6 +12,7 @@ from tc_server.app import start_app
 from tc_server.client import connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
+from tests.support.waiting import async_wait_for
 
 from .test_fairness import GatedStore
 
@@ -44,10 +45,7 @@ async def test_a_txn_created_after_its_request_timed_out_is_counted(settings: Se
         assert answer.error is ServerError.TransactionCoordinatorNotFound
         assert created.value == 0
         store.gate.set()  # the write the timed-out request started now lands
-        for _ in range(200):
-            if created.value == 1:
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_for(lambda: created.value == 1)
         assert created.value == 1
         assert app.coordinator.partition(6).open_count == 1  # tracked: it will be aborted on time
         client.close()

@@ -75,7 +75,7 @@ class TcServer(TcServerProcess):
     def txn(self, most: int, least: int) -> tuple[int, Any]:
         return txn_header(self, most, least)
 
-    def wait_status(self, most: int, least: int, want: str, timeout_s: float = 10.0) -> str | None:
+    def wait_status(self, most: int, least: int, want: str, timeout_s: float = 60.0) -> str | None:
         """Poll the header until it has ``want``; returns the last status seen (None: 404)."""
         deadline = time.monotonic() + timeout_s
         status: str | None = None

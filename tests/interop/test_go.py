@@ -21,7 +21,7 @@ def test_concurrent_open_commit_abort(go_harness: Harness, tc_server: TcServer) 
 
 
 def test_timeout_then_commit(go_harness: Harness, tc_server: TcServer) -> None:
-    result = go_harness.run("timeout", service_url=tc_server.url, txn_timeout_ms=2000, sleep_ms=3000).result
+    result = go_harness.run("timeout", service_url=tc_server.url, txn_timeout_ms=2000, sleep_ms=6000).result
     # The Go client times the txn out on its own timer and refuses Commit locally.
     assert result["state_before_commit"] == "TIME_OUT", result
     assert result["commit"]["outcome"] == "pulsar.Error/InvalidStatus", result

@@ -26,7 +26,7 @@ def test_concurrent_open_commit_abort(java_harness: Harness, tc_server: TcServer
 
 
 def test_timeout_then_commit(java_harness: Harness, tc_server: TcServer) -> None:
-    result = java_harness.run("timeout", service_url=tc_server.url, txn_timeout_ms=2000, sleep_ms=3000).result
+    result = java_harness.run("timeout", service_url=tc_server.url, txn_timeout_ms=2000, sleep_ms=6000).result
     # TransactionImpl's own timer moved the txn to TIME_OUT: commit() fails without reaching the server.
     assert result["commit"]["outcome"] == EXC + "InvalidTxnStatusException", result
     assert result["state_after_commit"] == "TIME_OUT"

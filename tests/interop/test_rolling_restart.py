@@ -46,9 +46,10 @@ def test_a_rolling_restart_fails_no_transaction(java_harness: Harness, tc_server
     # also sets a host that refused a connection aside for 60 s). An instance restarted within that minute is
     # given back its share of the coordinators at once, and the client's NEW_TXNs for those wait in its handler's
     # queue until the 60 s are over: with a 60 s operation timeout they timed out at the same moment (seen
-    # in a quarter of the runs, when the restart was quickest). 150 s, so that only a failure fails.
+    # in a quarter of the runs, when the restart was quickest). 150 s, so that only a failure fails; and the
+    # txns' own timeout above it (the default 60 s would abort a txn whose END_TXN waited that long in the queue).
     loop = java_harness.spawn("commit-loop", service_url=service_url, until_file=stop, threads=THREADS,
-                              op_timeout_ms=150_000)
+                              op_timeout_ms=150_000, txn_timeout_ms=300_000)
     harness_process.append(loop)
     loop.wait_for("ready", 1, 60)
     loop.wait_for("committed", COMMITS_PER_PHASE, PHASE_BOUND_S)

@@ -25,7 +25,7 @@ async def send_and_wait_close(port: int, payload: bytes) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(payload)
     try:
-        await asyncio.wait_for(reader.read(), 5)  # until the server closes it
+        await asyncio.wait_for(reader.read(), 30)  # until the server closes it (30 s: a failure's bound)
     finally:
         writer.close()
 

@@ -40,6 +40,9 @@ from tests.support.waiting import async_wait_for
 
 # Only a bound so that a broken test fails instead of hanging; nothing asserts on durations.
 WAIT = 10.0
+# The request timeout of the tests that hold writes until it runs out: short, but their writes after the hold
+# must still be answered within it, by a stand-in in the test's own loop (0.3 s failed on a stall of the machine).
+HELD_TIMEOUT_S = 1.0
 
 
 async def test_concurrent_puts_are_batched(store: OxiaStore, oxia: StandinOxia) -> None:
@@ -246,7 +249,7 @@ async def test_broken_stream_fails_in_flight_then_recovers(store: OxiaStore, oxi
 
 
 async def test_unanswered_write_times_out_typed(oxia: StandinOxia) -> None:
-    store = await connect(oxia.address, request_timeout_s=0.3)
+    store = await connect(oxia.address, request_timeout_s=HELD_TIMEOUT_S)
     try:
         oxia.hold_writes()
         with pytest.raises(StoreUnavailableError):
@@ -274,7 +277,7 @@ async def test_start_put_without_a_task_fails_typed_like_put(store: OxiaStore, o
 
 
 async def test_start_put_times_out_typed_and_an_unsent_one_is_never_sent(oxia: StandinOxia) -> None:
-    store = await connect(oxia.address, request_timeout_s=0.3)
+    store = await connect(oxia.address, request_timeout_s=HELD_TIMEOUT_S)
     try:
         oxia.hold_writes()
         with pytest.raises(StoreUnavailableError, match="no answer within"):

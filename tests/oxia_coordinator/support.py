@@ -21,7 +21,9 @@ from tc_server.wire import LookupType
 from tests.oxia_standin.server import StandinOxia
 from tests.support.server_process import ServerProcess
 
-SESSION_TIMEOUT_MS = 2_000
+# 4 s, not 2: the stand-in Oxia runs in the test's own event loop, and a stall of ~1.8 s (90 % of 2 s) in the test
+# or in tc-server lapsed a lease or expired a session that the test needed alive.
+SESSION_TIMEOUT_MS = 4_000
 # Bounds of the polls below: far above what any step takes (the session timeout plus a leadership
 # recheck, a few seconds), so that only a real failure, not a loaded machine, reaches them.
 POLL_BOUND_S = 45.0

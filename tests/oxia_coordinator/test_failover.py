@@ -3,7 +3,7 @@ server (tests/oxia_standin, 3 shards, in this test's event loop): the real serve
 installed on these machines (the Go module proxy refuses github.com/oxia-db/oxia).
 
 Two instances split the 16 coordinators 8/8. ``kill -9`` of one leaves its leader records in place
-until its Oxia sessions expire by timeout (2 s here); then the survivor leads all 16, clients that
+until its Oxia sessions expire by timeout (4 s here); then the survivor leads all 16, clients that
 look up again are served by it, no txn id is ever handed out twice, and no decided txn changes state.
 """
 

@@ -31,7 +31,9 @@ from tests.support.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
-REQUEST_TIMEOUT_S = 2
+# 5 s: after the outage every one of 320 requests must be answered in time, by a stand-in Oxia in the test's own
+# event loop (2 s failed a request on a stall of a loaded machine).
+REQUEST_TIMEOUT_S = 5
 # A request may take the request timeout plus scheduling on a loaded machine; one not answered by
 # this bound is a hang. Not a timing assertion: it only separates "answered" from "never".
 HANG_BOUND_S = 5 * REQUEST_TIMEOUT_S

@@ -16,7 +16,8 @@ from tests.oxia_coordinator.support import SESSION_TIMEOUT_MS, client_for, get_j
 from tests.oxia_standin import server as standin_server
 from tests.oxia_standin.server import StandinOxia
 
-ANSWER_DELAY_S = 1.2  # above half the session timeout (1.0 s), below its lease share (1.8 s)
+# Above half the session timeout, below its lease share (90 %): 2.4 s of 4.
+ANSWER_DELAY_S = 0.6 * SESSION_TIMEOUT_MS / 1000
 TTL_MS = 600_000
 
 

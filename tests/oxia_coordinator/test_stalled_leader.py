@@ -7,7 +7,7 @@ serves again once it leads under a live session.
 
 The Oxia server is the STAND-IN (tests/oxia_standin, 3 shards, in this test's event loop): the real
 server cannot be installed here (the Go module proxy refuses github.com/oxia-db/oxia). It expires
-sessions by timeout as Oxia does (2 s here)."""
+sessions by timeout as Oxia does (4 s here)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from tc_server.coordinator.principals import OpenByPrincipal
 from tc_server.metrics import Metrics
 from tc_server.store import open_store
 from tests.coordinator.test_partition import FakeClock
+from tests.support.waiting import async_wait_for
 
 TOPIC = "persistent://public/default/t-partition-0"
 
@@ -97,10 +98,7 @@ async def test_unreadable_record_holds_and_its_drop_by_key_releases_the_owner_on
         assert 5 in partition.undelivered()
         assert principals._undelivered == {"mallory": 1}
         assert await partition.drop_participant(5, bad.path(0, 5)) == 0
-        for _ in range(100):
-            if 5 not in partition.undelivered():
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_for(lambda: 5 not in partition.undelivered())
         assert 5 not in partition.undelivered()
         assert principals._undelivered == {}
     finally:

@@ -24,8 +24,9 @@ from tc_server.wire import Command, Connect, encode_command
 from tests.security.pki import make_token
 from tests.support.raw_frames import read_commands
 
-# Bounds every wait of these tests: a server that neither answers nor closes fails the test.
-WAIT_S = 10.0
+# Bounds every wait of these tests: a server that neither answers nor closes fails the test. 30 s: a bound
+# for a failure, far above a token's expiry of 2-3 s plus a check on a loaded machine.
+WAIT_S = 30.0
 
 
 @dataclass

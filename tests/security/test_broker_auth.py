@@ -115,8 +115,11 @@ def test_aborted_and_timed_out_txns_are_aborted_on_the_secured_broker(
     grant_app(secure_broker)
     topic = f"persistent://public/default/secure-txn-{action}"
     secure_broker.create_topic(topic, PARTITIONS)
+    # Transactional sends wait for each new partition's transaction buffer to recover, and a txn that timed out
+    # meanwhile failed them: the buffers ready first, and 10 s for the txn's sends.
+    secure_broker.wait_partitions_ready(topic, PARTITIONS)
     result = java_harness.run("txn-produce", timeout_s=240, service_url=secure_tc_server.url, topic=topic,
-                              count=MESSAGES, action=action, txn_timeout_ms=3_000, op_timeout_ms=30_000,
+                              count=MESSAGES, action=action, txn_timeout_ms=10_000, op_timeout_ms=30_000,
                               receive_timeout_ms=60_000, token=keys.token("app")).result
     assert result["visible_before_end"] == [], result
     # Up to the marker sent to every partition: the markers only, no message of the txn.

@@ -17,6 +17,7 @@ from tc_server.wire import LookupResponse, LookupType
 from tests.participants.test_delivery_gates import owner_broker
 from tests.security.pki import TestCa
 from tests.support.stand_in_broker import StandInBroker
+from tests.support.waiting import async_wait_for
 
 BROKER_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0Yy1zZXJ2ZXIifQ.tc-server-superuser-signature"
 
@@ -82,10 +83,7 @@ async def test_decisions_reach_plain_brokers_when_trust_certs_is_set(start, tmp_
         txn = await client.new_txn(tc_id=0)
         assert (await client.add_partition(txn.most, txn.least, "persistent://public/default/orders")).error is None
         assert (await client.end_txn(txn.most, txn.least, commit=True)).error is None
-        for _ in range(100):
-            if owner.end_txns:
-                break
-            await asyncio.sleep(0.1)
+        await async_wait_for(lambda: owner.end_txns)
         assert len(owner.end_txns) == 1
     finally:
         client.close()

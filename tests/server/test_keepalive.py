@@ -76,10 +76,8 @@ async def test_a_client_that_stopped_reading_is_dropped_though_its_answers_canno
                 await asyncio.sleep(0.02)
             except OSError:  # already cut (a slow machine): what is checked below
                 break
-        for _ in range(200):  # the keep-alive (0.5 s) closes it, then the flush bound cuts it
-            if not app.context.connections:
-                break
-            await asyncio.sleep(0.05)
+        # The keep-alive (0.5 s) closes it, then the flush bound cuts it.
+        await async_wait_for(lambda: not app.context.connections)
         assert not app.context.connections
     finally:
         sock.close()

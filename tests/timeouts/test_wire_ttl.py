@@ -3,12 +3,12 @@ timeout is 2**64 - n) and the ones at the edges of the limit, on a real tc-serve
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from tc_server.client import connect
 from tc_server.wire import ServerError
 from tests.support.server_process import ServerProcess, started
+from tests.support.waiting import async_wait_for
 
 
 async def test_edge_timeouts_from_the_wire(tmp_path: Path) -> None:
@@ -22,14 +22,10 @@ async def test_edge_timeouts_from_the_wire(tmp_path: Path) -> None:
         assert (await client.new_txn(tc_id=1, ttl_ms=86_400_000)).error is None
         quick = await client.new_txn(tc_id=1, ttl_ms=1)
         assert quick.error is None
-        status = None
-        for _ in range(100):  # bounded poll: a 1 ms txn is aborted by the sweep, not kept open
-            _, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/1/{quick.least}")
-            status = doc.get("status")
-            if status == "ABORTED":
-                break
-            await asyncio.sleep(0.1)
-        assert status == "ABORTED"
+        # A 1 ms txn is aborted by the sweep, not kept open.
+        await async_wait_for(lambda: server.get_json(
+            f"/admin/v3/transactions/transactionMetadata/1/{quick.least}")[1].get("status") == "ABORTED",
+            "the 1 ms txn aborted by the timeout sweep", step_s=0.2)
         late = await client.end_txn(1, quick.least, commit=True)
         assert late.error is ServerError.TransactionNotFound
         client.close()

@@ -91,7 +91,9 @@ async def test_kill9_during_end_txns_leaves_no_terminal_header_without_its_event
             header = TxnHeader.from_json(record.value) if record is not None else None
             if header is not None and header.state.terminal and not await _events_of(store, segment):
                 window += 1
-        server.start()
+        # Ready once the killed process's Oxia session has expired (its timeout, 15 s by default): 120 s, so that
+        # a loaded machine's slow start on top of that does not fail the test.
+        server.start(timeout_s=120)
         # Bounded wait for the restarted leader's repair (a test bound, not a timing claim).
         missing: dict[int, str] = {}
         for _ in range(150):
