@@ -440,10 +440,7 @@ async def test_decision_events_are_retried_after_a_failed_publication():
         events[:] = [r async for r in store.scan_prefix(layout.SEGMENT_EVENTS_PREFIX)]
         return bool(events)
 
-    for _ in range(100):
-        if await published():
-            break
-        await asyncio.sleep(0.05)
+    await async_wait_for(published)
     assert len(events) == 1
     await tc.stop()
 
@@ -754,10 +751,7 @@ async def test_the_next_leader_writes_at_once_the_events_a_crashed_leader_owed()
         written[:] = sorted(await decision_events(store))
         return written == expected
 
-    for _ in range(100):
-        if await all_written():
-            break
-        await asyncio.sleep(0.05)
+    await async_wait_for(all_written)
     assert written == expected
     assert still_open in new.open_txns()
     await tc.stop()
@@ -1060,11 +1054,10 @@ async def test_events_owed_by_a_crashed_leader_are_written_whatever_one_op_recor
     await stepped_down_and_led_again(tc, old)
     expected = [f'{{"txnId":"0_{good}","decision":"COMMITTED"}}'.encode()]
     try:
-        for _ in range(200):  # a bound for a failing test, not a timing check
-            if await decision_events(store) == expected:
-                break
-            await asyncio.sleep(0.05)
-        assert await decision_events(store) == expected
+        async def decided() -> bool:
+            return await decision_events(store) == expected
+
+        await async_wait_for(decided, "the good txn's decision event")
     finally:
         await tc.stop()
 

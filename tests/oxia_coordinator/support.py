@@ -12,7 +12,6 @@ waiting for it, admin HTTP calls, kill) runs in a thread: a blocked loop would s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tc_server.client import TcClient, connect
@@ -24,9 +23,6 @@ from tests.support.server_process import ServerProcess
 # 4 s, not 2: the stand-in Oxia runs in the test's own event loop, and a stall of ~1.8 s (90 % of 2 s) in the test
 # or in tc-server lapsed a lease or expired a session that the test needed alive.
 SESSION_TIMEOUT_MS = 4_000
-# Bounds of the polls below: far above what any step takes (the session timeout plus a leadership
-# recheck, a few seconds), so that only a real failure, not a loaded machine, reaches them.
-POLL_BOUND_S = 45.0
 
 
 async def start_oxia_server(tmp_path: Path, name: str, oxia: StandinOxia, *extra: str) -> ServerProcess:
@@ -59,15 +55,6 @@ async def led(server: ServerProcess) -> set[int] | None:
     if status != 200 or not isinstance(doc, dict):
         return None
     return set(doc["led"])
-
-
-async def poll(condition: Callable[[], Awaitable[bool]], what: str, bound_s: float = POLL_BOUND_S) -> None:
-    """Wait until ``condition()`` holds; a bounded poll, not a timing assertion."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    while not await condition():
-        assert loop.time() < deadline, f"not within {bound_s}s: {what}"
-        await asyncio.sleep(0.2)
 
 
 async def client_for(bootstrap: ServerProcess, tc_id: int) -> TcClient:

@@ -14,8 +14,9 @@ import asyncio
 import pytest
 
 from tc_server.client import TcClient
-from tests.oxia_coordinator.support import client_for, get_json, led, poll, start_oxia_server
+from tests.oxia_coordinator.support import client_for, get_json, led, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,7 @@ async def test_survivor_takes_every_coordinator_and_nothing_decided_changes(tmp_
                 return True
             return False
 
-        await poll(split, "two instances split the 16 coordinators 8/8")
+        await async_wait_for(split, "two instances split the 16 coordinators 8/8")
         # What the poll saw, not a second /readyz: in a fresh-clone run on a machine loaded by benchmarks beside it,
         # the second read found the instance not ready for a moment and failed the test (its logs were not kept).
         led_by_a = seen["a"]
@@ -91,7 +92,7 @@ async def test_survivor_takes_every_coordinator_and_nothing_decided_changes(tmp_
         async def survivor_leads_all() -> bool:
             return await led(b) == ALL
 
-        await poll(survivor_leads_all, "the survivor leads all 16 coordinators")
+        await async_wait_for(survivor_leads_all, "the survivor leads all 16 coordinators")
 
         # After: every client looks up again (through the survivor) and is served by the survivor.
         for c in clients:

@@ -24,10 +24,11 @@ from tc_server.app import start_app
 from tc_server.client import TcClient, connect
 from tc_server.config import Settings
 from tc_server.wire import ServerError
-from tests.oxia_coordinator.support import get_json, poll, start_oxia_server
+from tests.oxia_coordinator.support import get_json, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
 from tests.security.pki import data_url
 from tests.support.server_process import ServerProcess, free_port
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ async def test_requests_fail_typed_during_an_outage_and_service_resumes(tmp_path
         async def loaded() -> bool:
             return len(before.decided) >= 160
 
-        await poll(loaded, "160 txns decided before the outage")
+        await async_wait_for(loaded, "160 txns decided before the outage")
         decided_before_stall = len(before.decided)
 
         async def loaded_again() -> bool:
@@ -112,12 +113,12 @@ async def test_requests_fail_typed_during_an_outage_and_service_resumes(tmp_path
         async def resumed() -> bool:
             return await before.pair(1, commit=False)
 
-        await poll(resumed, "a txn succeeds once Oxia answers writes again")
+        await async_wait_for(resumed, "a txn succeeds once Oxia answers writes again")
 
         # The outage: every request sent while Oxia is down gets an answer, and it is a typed error.
         stop.clear()
         workers = [asyncio.create_task(before.worker(tc_id, stop)) for tc_id in range(16)]
-        await poll(loaded_again, "txns decided again under load")
+        await async_wait_for(loaded_again, "txns decided again under load")
         await standin.stop()
         stop.set()
         await asyncio.gather(*workers)
@@ -134,7 +135,7 @@ async def test_requests_fail_typed_during_an_outage_and_service_resumes(tmp_path
         async def serving() -> bool:
             return await after.pair(0, commit=True)
 
-        await poll(serving, "a txn succeeds after Oxia is back")
+        await async_wait_for(serving, "a txn succeeds after Oxia is back")
         outcomes = await asyncio.gather(*(after.pair(tc_id, commit=tc_id % 2 == 0) for tc_id in range(16)
                                           for _ in range(10)))
         assert all(outcomes), after.errors
@@ -167,17 +168,17 @@ async def test_a_start_while_oxia_is_down_waits_for_it_alive_and_unready(tmp_pat
             return False
 
     try:
-        await poll(lambda: readyz_is(503), "the waiting start's /readyz")
+        await async_wait_for(lambda: readyz_is(503), "the waiting start's /readyz")
 
         async def says_unreachable() -> bool:
             return "metadata store unreachable" in str((await get_json(server, "/readyz"))[1])
 
-        await poll(says_unreachable, "/readyz naming the failed first try")
+        await async_wait_for(says_unreachable, "/readyz naming the failed first try")
         assert (await get_json(server, "/healthz"))[0] == 200
         await asyncio.sleep(2 * REQUEST_TIMEOUT_S)  # longer than the start used to wait
         assert server.running(), server.log_tail()
         await oxia.start()
-        await poll(lambda: readyz_is(200), "ready once Oxia is up")
+        await async_wait_for(lambda: readyz_is(200), "ready once Oxia is up")
         assert "the metadata store does not answer yet; trying again" in server.log_path.read_text()
     finally:
         await asyncio.to_thread(server.stop)
@@ -201,7 +202,7 @@ async def test_the_admin_port_answers_while_the_first_try_of_a_silent_oxia_waits
                 return False
 
         try:
-            await poll(answers, "/healthz while the first try waits")  # before: only after 600 s
+            await async_wait_for(answers, "/healthz while the first try waits")  # before: only after 600 s
             status, body = await get_json(server, "/readyz")
             assert status == 503 and "connecting to" in str(body), body
             # A scrape meanwhile finds an instance that is not ready, not a failed scrape (TcServerDown).
@@ -239,7 +240,7 @@ async def test_the_waiting_admin_port_asks_for_credentials_where_the_running_one
         return await status_of("/healthz") == 200
 
     try:
-        await poll(answers, "the waiting admin port")
+        await async_wait_for(answers, "the waiting admin port")
         assert await status_of("/metrics") == 401
         assert await status_of("/admin/v3/transactions/coordinatorStats") == 401
     finally:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.oxia_coordinator.support import SESSION_TIMEOUT_MS, client_for, get_json, poll, start_oxia_server
+from tests.oxia_coordinator.support import SESSION_TIMEOUT_MS, client_for, get_json, start_oxia_server
 from tests.oxia_standin import server as standin_server
 from tests.oxia_standin.server import StandinOxia
+from tests.support.waiting import async_wait_for
 
 # Above half the session timeout, below its lease share (90 %): 2.4 s of 4.
 ANSWER_DELAY_S = 0.6 * SESSION_TIMEOUT_MS / 1000
@@ -51,7 +52,7 @@ async def test_keepalives_answered_late_but_in_time_keep_the_lease(tmp_path, mon
             return answer.error is None and ready[0] == 200
 
         try:
-            await poll(serves, "NEW_TXN served and /readyz 200", bound_s=20)
+            await async_wait_for(serves, "NEW_TXN served and /readyz 200", bound_s=20)
         except AssertionError:
             raise AssertionError(f"keep-alives answered {ANSWER_DELAY_S} s late: still refused after 20 s; last "
                                  f"NEW_TXN error and /readyz: {last}") from None

@@ -18,8 +18,9 @@ import signal
 import pytest
 
 from tc_server.wire import AddPartitionToTxn, ServerError
-from tests.oxia_coordinator.support import client_for, get_json, led, poll, start_oxia_server
+from tests.oxia_coordinator.support import client_for, get_json, led, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ async def test_a_leader_stalled_past_its_session_answers_no_new_txn_written_afte
         async def leads() -> bool:
             return TC_ID in (await led(server) or set())
 
-        await poll(leads, f"the instance leads coordinator {TC_ID}")
+        await async_wait_for(leads, f"the instance leads coordinator {TC_ID}")
         client = await client_for(server, TC_ID)
         served = await client.new_txn(tc_id=TC_ID, ttl_ms=TTL_MS)
         assert served.error is None, served
@@ -44,7 +45,7 @@ async def test_a_leader_stalled_past_its_session_answers_no_new_txn_written_afte
             async def sessions_expired() -> bool:
                 return not standin.sessions
 
-            await poll(sessions_expired, "the stopped instance's sessions expired on the store")
+            await async_wait_for(sessions_expired, "the stopped instance's sessions expired on the store")
             # Sent while the process is stopped: it reads the request as soon as it runs again, before
             # anything has told it that its session is gone.
             stale = asyncio.ensure_future(client.new_txn(tc_id=TC_ID, ttl_ms=TTL_MS))
@@ -65,7 +66,7 @@ async def test_a_leader_stalled_past_its_session_answers_no_new_txn_written_afte
             finally:
                 fresh.close()
 
-        await poll(serves_again, "the instance serves NEW_TXN again under a live session")
+        await async_wait_for(serves_again, "the instance serves NEW_TXN again under a live session")
     finally:
         await asyncio.to_thread(server.kill)
 
@@ -87,7 +88,7 @@ async def test_a_lapsed_leader_answers_no_add_for_a_txn_the_new_leader_aborted(t
             la, lb = await led(a) or set(), await led(b) or set()
             return bool(la) and bool(lb) and len(la) + len(lb) == 16
 
-        await poll(split, "two instances split the coordinators")
+        await async_wait_for(split, "two instances split the coordinators")
         tc_id = min(await led(a) or set())
         client = await client_for(a, tc_id)
         clients.append(client)
@@ -106,12 +107,12 @@ async def test_a_lapsed_leader_answers_no_add_for_a_txn_the_new_leader_aborted(t
             async def a_sessions_gone() -> bool:
                 return not any(f":{a_pid}" in s.identity for s in standin.sessions.values())
 
-            await poll(a_sessions_gone, "the stopped instance's sessions expired")
+            await async_wait_for(a_sessions_gone, "the stopped instance's sessions expired")
 
             async def b_leads() -> bool:
                 return tc_id in (await led(b) or set())
 
-            await poll(b_leads, "the other instance took the coordinator over")
+            await async_wait_for(b_leads, "the other instance took the coordinator over")
             other = await client_for(b, tc_id)
             clients.append(other)
             aborted = await other.end_txn(*txn, commit=False)

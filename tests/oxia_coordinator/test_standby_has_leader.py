@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.oxia_coordinator.support import get_json, led, poll, start_oxia_server
+from tests.oxia_coordinator.support import get_json, led, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
 from tests.support.server_process import ServerProcess
+from tests.support.waiting import async_wait_for
 
 SERIES = 'tc_server_coordinator_has_leader{cluster="standalone",coordinator_id="0"}'
 
@@ -36,13 +37,13 @@ async def test_a_standby_does_not_report_a_leader_while_oxia_is_unreachable(tmp_
     b = None
     stopped = False
     try:
-        await poll(lambda: _led_is(a, {0}), "instance a leads coordinator 0")
+        await async_wait_for(lambda: _led_is(a, {0}), "instance a leads coordinator 0")
         b = await start_oxia_server(tmp_path, "b", oxia, "--coordinators", "1")
-        await poll(lambda: _is(b, 1.0), "standby b reports coordinator 0 as led (by a)")
+        await async_wait_for(lambda: _is(b, 1.0), "standby b reports coordinator 0 as led (by a)")
         assert await led(b) in (set(), None), "precondition: b leads nothing"
         await oxia.stop()  # Oxia unreachable from every instance
         stopped = True
-        await poll(lambda: _lapsed(a), "a's /readyz names its lease as lapsed", bound_s=30)
+        await async_wait_for(lambda: _lapsed(a), "a's /readyz names its lease as lapsed", bound_s=30)
         last: dict[str, float | None] = {}
 
         async def no_instance_says_1() -> bool:
@@ -50,7 +51,7 @@ async def test_a_standby_does_not_report_a_leader_while_oxia_is_unreachable(tmp_
             return max((v for v in last.values() if v is not None), default=0.0) == 0.0
 
         try:
-            await poll(no_instance_says_1, "max over instances of has_leader{0} is 0", bound_s=20)
+            await async_wait_for(no_instance_says_1, "max over instances of has_leader{0} is 0", bound_s=20)
         except AssertionError:
             raise AssertionError(f"Oxia unreachable from every instance, coordinator 0's leader's lease lapsed, yet "
                                  f"has_leader by instance = {last}: the standby still says 1, so the no-leader "

@@ -17,6 +17,7 @@ from tc_server.coordinator.layout import TxnHeader, TxnState
 from tc_server.server.discovery import ASSIGN_TOPIC
 from tc_server.wire import LookupType, ServerError
 from tests.oxia_standin.server import StandinOxia
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.parametrize("settings_store", ["memory", "embedded", "oxia-standin"], indirect=True)
 
@@ -124,11 +125,11 @@ async def test_default_ttl(client, app):
 
 async def test_timeout_aborts_within_a_second(client, app):
     t = await client.new_txn(tc_id=6, ttl_ms=300)
-    for _ in range(100):  # polls the store; the bound is the test timeout, not a timing assertion
-        if await state_of(app, 6, t.least) is TxnState.ABORTED:
-            break
-        await asyncio.sleep(0.05)
-    assert await state_of(app, 6, t.least) is TxnState.ABORTED
+
+    async def aborted() -> bool:
+        return await state_of(app, 6, t.least) is TxnState.ABORTED
+
+    await async_wait_for(aborted, "the txn aborted by the timeout sweep")
     late = await client.end_txn(6, t.least, commit=True)
     assert late.error is ServerError.TransactionNotFound
 

@@ -39,9 +39,13 @@ def _attempts(condition: Callable[[], object], what: str, bound_s: float) -> Ite
 async def async_wait_for(condition: Callable[[], object], what: str = "", bound_s: float = BOUND_S,
                          step_s: float = STEP_S) -> object:
     """``condition()``'s first true value, polled every ``step_s``; AssertionError naming ``what`` (by default the
-    condition's source) past ``bound_s``."""
+    condition's source) past ``bound_s``. A condition may be a coroutine function (one that asks the store or a
+    server): what it returns is awaited."""
     for _ in _attempts(condition, what, bound_s):
-        if value := condition():
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
             return value
         await asyncio.sleep(step_s)
     raise AssertionError("unreachable")

@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from tests.oxia_coordinator.support import client_for, get_json, led, poll, start_oxia_server
+from tests.oxia_coordinator.support import client_for, get_json, led, start_oxia_server
 from tests.oxia_standin.server import StandinOxia
+from tests.support.waiting import async_wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ async def test_the_survivor_aborts_what_a_killed_leader_left_open(tmp_path, stan
             la, lb = await led(a), await led(b)
             return la is not None and lb is not None and len(la) == len(lb) == 8 and la | lb == ALL
 
-        await poll(split, "two instances split the coordinators")
+        await async_wait_for(split, "two instances split the coordinators")
         victims = sorted(await led(a) or ())
         opened = await _open_on(a, victims)
         await asyncio.to_thread(a.kill)
@@ -62,7 +63,7 @@ async def test_the_survivor_aborts_what_a_killed_leader_left_open(tmp_path, stan
         async def all_aborted() -> bool:
             return all([await _status(b, *txn) == "ABORTED" for txn in opened])
 
-        await poll(all_aborted, "the survivor aborts the dead leader's txns at their deadline")
+        await async_wait_for(all_aborted, "the survivor aborts the dead leader's txns at their deadline")
     finally:
         await asyncio.to_thread(a.kill)
         if b is not None:
@@ -73,7 +74,7 @@ async def test_txns_of_coordinators_handed_over_in_a_rebalance_time_out(tmp_path
     a = await start_oxia_server(tmp_path, "a", standin)
     b = None
     try:
-        await poll(lambda: _leads_all(a), "the first instance leads every coordinator")
+        await async_wait_for(lambda: _leads_all(a), "the first instance leads every coordinator")
         opened = await _open_on(a, sorted(ALL))
         b = await start_oxia_server(tmp_path, "b", standin)
 
@@ -81,14 +82,14 @@ async def test_txns_of_coordinators_handed_over_in_a_rebalance_time_out(tmp_path
             la, lb = await led(a), await led(b)
             return la is not None and lb is not None and len(la) == len(lb) == 8
 
-        await poll(split, "the coordinators are split")
+        await async_wait_for(split, "the coordinators are split")
 
         async def all_aborted() -> bool:
             states = [await _status(a if (await led(a) or set()) & {most} else b, most, least)
                       for most, least in opened]
             return all(state == "ABORTED" for state in states)
 
-        await poll(all_aborted, "every txn is aborted at its deadline by whichever instance leads it")
+        await async_wait_for(all_aborted, "every txn is aborted at its deadline by whichever instance leads it")
     finally:
         await asyncio.to_thread(a.stop)
         if b is not None:
