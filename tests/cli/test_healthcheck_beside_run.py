@@ -17,7 +17,10 @@ from tests.support.waiting import wait_for
 
 
 def healthy_admin(server) -> None:
-    wait_for(lambda: server.status("/healthz") == 200, f"/healthz 200\n{server.log_tail()}")
+    try:
+        wait_for(lambda: server.status("/healthz") == 200, "/healthz 200", step_s=0.2)
+    except AssertionError as exc:
+        pytest.fail(f"{exc}\n{server.log_tail()}")
 
 
 def healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

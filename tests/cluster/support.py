@@ -63,11 +63,6 @@ def spread_topic(cluster: TwoBrokerCluster, name: str, partitions: int = 4, name
     raise AssertionError(f"no topic spread over both brokers, clear of {snapshot_bundle}, in 20 tries: {owners}")
 
 
-# Outcomes of a delivery attempt that a retry mends: a broker not ready yet for the topic (a load, an unload), a
-# connection that closed or failed, a request that timed out on a loaded machine.
-PASSING_FAILURES = ("ServiceNotReady", "ConnectionClosed", "RequestTimedOut", "ConnectionFailed")
-
-
 def wait_outbox_empty(server: TcServerProcess, timeout_s: float = 120.0) -> list[Any]:
     """Poll the outbox until it is empty or the bound passes; returns what is left."""
     deadline = time.monotonic() + timeout_s

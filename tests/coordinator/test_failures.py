@@ -974,7 +974,7 @@ async def test_a_stop_on_a_frozen_store_stops_every_partition_at_once() -> None:
     store.gate.clear()  # the store stops answering
     stopping = asyncio.ensure_future(tc.stop())
     try:
-        assert await async_wait_for(lambda: store.waiting >= FROZEN_PARTITIONS), store.waiting
+        await async_wait_for(lambda: store.waiting >= FROZEN_PARTITIONS, "every frozen partition's write waiting")
     finally:
         store.gate.set()
         await asyncio.wait_for(stopping, 60)
@@ -1026,7 +1026,7 @@ async def test_a_coordinator_left_by_its_leader_is_taken_while_another_ones_reco
         down.down = layout.leader_path(a_led)
         await b.stop()
         await other.close()
-        assert await async_wait_for(lambda: a.leads(1 - a_led)), "the coordinator B left has no leader"
+        await async_wait_for(lambda: a.leads(1 - a_led), "a leader of the coordinator B left")
     finally:
         down.down = None
         await a.stop()

@@ -228,7 +228,7 @@ def test_unreadable_overdue_headers_are_counted_and_leave_the_instance_ready(tmp
     seed(data, _overdue_unreadable(5))
     with running(data) as server:
         wait_for(lambda: "tc_server_unreadable_overdue_headers 5.0" in server.get("/metrics")[1].decode(),
-                 "the 5 unreadable overdue headers counted (an overdue scan runs every 5 s)")
+                 "the 5 unreadable overdue headers counted (an overdue scan runs every 5 s)", step_s=0.2)
         time.sleep(6)  # one more scan: still ready, still counted
         status, body = server.get("/readyz")
         _, metrics = server.get("/metrics")
@@ -245,7 +245,8 @@ def test_unreadable_overdue_headers_are_not_logged_again_at_every_scan(tmp_path:
         return [line for line in log_lines(server) if line.get("event") == "skipping unreadable header"]
 
     with running(data) as server:
-        wait_for(lambda: len(skipped()) >= 200, "the 200 unreadable headers logged by the first overdue scan")
+        wait_for(lambda: len(skipped()) >= 200, "the 200 unreadable headers logged by the first overdue scan",
+                 step_s=0.2)
         time.sleep(11)  # two more scans (every 5 s), which must log none of them again
         logged = skipped()
     assert len(logged) == 200, len(logged)

@@ -66,6 +66,6 @@ async def test_an_unreachable_participant_broker_is_said_at_log_level_warning(tm
         # half shorter), and one comes after FAILING_WARN_AFTER_S (5 s) of failing, ~12 s in on a quiet machine.
         await async_wait_for(lambda: [e for e in events(server.log_path) if e.get("level") in ("warning", "error")],
                              "a warning about decisions undeliverable for seconds on end, at --log-level warning "
-                             "(the delivery failures are info lines)")
+                             "(the delivery failures are info lines)", step_s=0.2)
     finally:
         server.stop()

@@ -79,7 +79,7 @@ async def decided_while_the_broker_is_frozen(harness: Harness, broker: PulsarBro
     client = await connect("127.0.0.1", port_of(server, most, workers))
     client.send(EndTxn(client.next_request_id(), most, least, TxnAction.COMMIT))  # waits for the broker
     await asyncio.to_thread(wait_for, lambda: owed(server) == [f"({most},{least})"],
-                            "the commit decided and waiting for its broker", 30)
+                            "the commit decided and waiting for its broker", 30, 0.2)
     client.close()
     return most, least
 
@@ -129,14 +129,14 @@ async def test_end_txn_retried_right_after_a_restart_waits_for_the_brokers(
         else:
             os.kill(worker_pids(server)[most % workers], signal.SIGKILL)  # the supervisor restarts it
         answer = await end_txn_as_soon_as_served(port, most, least)
-        await asyncio.to_thread(wait_for, lambda: server.status("/readyz") == 200, "ready again", 60)
+        await asyncio.to_thread(wait_for, lambda: server.status("/readyz") == 200, "ready again", 60, 0.2)
         assert answer is None, (
             f"the retried END_TXN of ({most},{least}) was answered {answer} while its broker (stopped) had not "
             f"acknowledged the commit; undelivered now: {owed(server)}\n{server.log_tail(30)}")
     finally:
         assert pulsar_broker.proc is not None
         os.kill(pulsar_broker.proc.pid, signal.SIGCONT)
-    await asyncio.to_thread(wait_for, lambda: owed(server) == [], "delivered once the broker resumed", BOUND_S)
+    await asyncio.to_thread(wait_for, lambda: owed(server) == [], "delivered once the broker resumed", BOUND_S, 0.2)
 
 
 def visible(broker: PulsarBroker, topic: str, bound_s: float = 60.0) -> tuple[list[str], list[str]]:
@@ -198,7 +198,8 @@ async def test_a_resend_after_the_txns_abort_was_delivered_is_refused_and_pins_n
     # The restarted process aborts the txn and tells its partitions; the producer, reconnected, sends again
     # what it had in flight: refused now ("has been ended"), where it opened the txn again on the broker.
     await asyncio.to_thread(wait_for, lambda: owed(server) == [] and (run.proc.poll() is not None or any(
-        line.get("event") == "produced" for line in run.lines)), "the abort delivered and the producer done", 120)
+        line.get("event") == "produced" for line in run.lines)), "the abort delivered and the producer done", 120,
+                            0.2)
     run.terminate()
     values, seen = await asyncio.to_thread(visible, pulsar_broker, topic)
     name = topic.rsplit("/", 1)[1]

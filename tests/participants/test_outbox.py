@@ -1258,12 +1258,14 @@ async def test_records_landing_after_the_decision_are_delivered_when_the_adds_lo
     landing.set()
     with pytest.raises(StoreUnavailableError):
         await adding
-    told = await async_wait_for(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)])
-    delivered = await async_wait_for(lambda: not partition.undelivered())  # its record deleted (late too)
-    left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, 5))]
-    await partition.stop()
-    assert told, f"the late participant was never told: {sender.told}"
-    assert delivered and left == [], left
+    try:
+        await async_wait_for(lambda: [(t.participant.topic, t.committed) for t in sender.told] == [(TOPIC, True)],
+                             "the late participant told the commit")
+        await async_wait_for(lambda: not partition.undelivered(), "its record deleted (late too)")
+        left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, 5))]
+    finally:
+        await partition.stop()
+    assert left == [], left
 
 
 async def test_no_watermark_is_sent_while_the_lease_lapsed(store: MetadataStore) -> None:
@@ -1317,11 +1319,13 @@ async def test_a_participant_recorded_while_the_lease_lapsed_is_told_the_decisio
     lease_until[0] = math.inf
     assert [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))], "the record landed"
     await partition.end_txn(least, commit=False, principal=None)
-    told = await async_wait_for(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)])
-    left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))]
-    await partition.stop()
-    await store.close()
-    assert told, f"the recorded participant was never told the abort: told={sender.told}"
+    try:
+        await async_wait_for(lambda: [(t.least, t.committed) for t in sender.told] == [(least, False)],
+                             "the recorded participant told the abort")
+        left = [r.key async for r in store.scan_prefix(layout.participants_prefix(0, least))]
+    finally:
+        await partition.stop()
+        await store.close()
     assert left == []
 
 
