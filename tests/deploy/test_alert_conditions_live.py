@@ -56,15 +56,15 @@ async def test_a_store_failing_every_transaction_meets_a_critical_rule(tmp_path:
         (tmp_path / "prometheus").mkdir()
         prometheus = Prometheus(tmp_path / "prometheus", *(server.admin_port + i for i in range(3)))
         await async_wait_for(lambda: len(prometheus.query('up{job="tc-server"} == 1')) == 3,
-                             "Prometheus scrapes the supervisor and both workers")
+                             "Prometheus scrapes the supervisor and both workers", step_s=0.2)
         (writer,) = descendants_of(worker_pids(server)[1])
         os.kill(writer, signal.SIGSTOP)
         answers: list[str] = []
         asker = asyncio.create_task(_keep_asking(server.port, answers, stop))
         await async_wait_for(lambda: scrape(server, 1).get(FAILED, 0) >= 3,
-                             "worker 1 fails NEW_TXNs while its writer is stalled", bound_s=60)
+                             "worker 1 fails NEW_TXNs while its writer is stalled", bound_s=60, step_s=0.2)
         await async_wait_for(lambda: prometheus.query(f"{FAILED} >= 3"), "Prometheus has scraped the failures",
-                             bound_s=30)
+                             bound_s=30, step_s=0.2)
         assert "ok" not in answers[-3:], answers[-10:]
         holding = {name: prometheus.query(expr) for name, expr in critical_rules().items()}
         assert holding["TcServerTransactionsRefused"], (

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 
 BOUND_S = 60.0
-# A poll every 50 ms: soon enough after an in-process state changes, cheap for a condition that asks a process
-# over HTTP (those may pass a longer step).
+# A poll every 50 ms: soon enough after an in-process state changes. A condition that asks another process (over
+# HTTP, or its log file) passes 0.2 s, so as not to add load to the process under test.
 STEP_S = 0.05
 
 

@@ -32,7 +32,7 @@ async def test_a_hung_worker_is_replaced_and_the_service_recovers(tmp_path: Path
         writers = descendants_of(pids[1])
         os.kill(pids[1], signal.SIGSTOP)
         stopped_at = time.monotonic()
-        await async_wait_for(lambda: server.status("/readyz") == 503, "supervisor /readyz 503", bound_s=10)
+        await async_wait_for(lambda: server.status("/readyz") == 503, "supervisor /readyz 503", bound_s=10, step_s=0.2)
         await async_wait_for(lambda: all(load.since(i, stopped_at) >= 3 for i in (0, 2)),
                              "worker 0's coordinators keep committing", bound_s=30)
         # Killed (with its writer) after WORKER_HUNG_S and restarted; its coordinators serve again.
@@ -154,16 +154,16 @@ async def test_a_worker_whose_admin_port_is_full_of_local_connections_is_not_kil
             assert server.proc is not None
             supervisor_pid = server.proc.pid
             await async_wait_for(lambda: _worker_pid(supervisor_pid, 1) not in (None, pids[1]), "worker 1 restarted",
-                                 bound_s=30)
+                                 bound_s=30, step_s=0.2)
             restarted = _worker_pid(supervisor_pid, 1)
             assert restarted is not None
             await async_wait_for(lambda: "admin connection refused" in server.log_path.read_text(),
-                                 "the restarted worker's admin port full", bound_s=30)
+                                 "the restarted worker's admin port full", bound_s=30, step_s=0.2)
             await asyncio.sleep(1.5 * QUICK_S)  # longer than the silence it would have been killed for
             assert alive(restarted), server.log_tail()
             assert "worker not answering; killing it" not in server.log_path.read_text(), server.log_tail()
         await async_wait_for(lambda: server.status("/readyz") == 200, "ready once the idle connections are gone",
-                             bound_s=30)
+                             bound_s=30, step_s=0.2)
         assert worker_pids(server)[1] == restarted
     finally:
         server.kill()

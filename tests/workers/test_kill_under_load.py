@@ -35,7 +35,7 @@ async def test_a_worker_killed_with_its_writer_under_load_loses_no_acknowledged_
 
         # While it is down: the supervisor says so at once, the other worker goes on committing.
         await async_wait_for(lambda: server.status("/readyz") == 503, "supervisor /readyz 503 while worker 1 is down",
-                             bound_s=5)
+                             bound_s=5, step_s=0.2)
         await async_wait_for(lambda: all(load.since(i, killed_at) >= 3 for i in (0, 2)),
                              "worker 0's coordinators keep committing", bound_s=30)
 
@@ -45,7 +45,8 @@ async def test_a_worker_killed_with_its_writer_under_load_loses_no_acknowledged_
         assert server.running()
         assert (await asyncio.to_thread(worker_pids, server))[0] == pids[0]
         assert not any(alive(pid) for pid in writers)
-        await async_wait_for(lambda: _worker_ready_metric(server, 1) == "1.0", "tc_server_worker_ready 1 again")
+        await async_wait_for(lambda: _worker_ready_metric(server, 1) == "1.0", "tc_server_worker_ready 1 again",
+                             step_s=0.2)
     # Ids handed out after the restart never repeat one acknowledged before it.
     for tc_id in range(COORDINATORS):
         leasts = [least for _, least, _ in load.committed[tc_id]]

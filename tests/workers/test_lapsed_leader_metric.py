@@ -45,7 +45,8 @@ async def test_coordinators_refused_after_a_lapsed_session_are_not_reported_as_l
             os.kill(oxia.pid, signal.SIGSTOP)
             for worker in range(WORKERS):
                 await async_wait_for(lambda w=worker: lapsed(server, w),  # type: ignore[misc]
-                                     f"worker {worker}'s /readyz names its coordinators as lapsed", bound_s=30)
+                                     f"worker {worker}'s /readyz names its coordinators as lapsed", bound_s=30,
+                                     step_s=0.2)
             try:
                 answer = await asyncio.wait_for(routed[0].new_txn(tc_id=0, ttl_ms=60_000), 15)
                 assert answer.error is not None, "a NEW_TXN was served while the session had lapsed"
