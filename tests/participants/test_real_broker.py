@@ -26,6 +26,7 @@ from tests.participants.test_outbox import http_json
 from tests.support.pulsar_broker import COORDINATORS, PulsarBroker
 from tests.support.server_process import started, undelivered
 from tests.support.txn_ack import assert_acks_applied
+from tests.support.waiting import async_wait_for
 
 __all__ = ["java_harness"]
 
@@ -188,10 +189,8 @@ async def test_an_operator_drops_the_participant_of_a_deleted_namespace(pulsar_b
         # A delivery attempt has failed, or will: the counter is read until it says so (an attempt still
         # under way when END_TXN answered counts once it ends).
         failed = 'tc_server_participant_requests_total{command="END_TXN_ON_PARTITION",outcome="'
-        deadline = time.monotonic() + 30
-        while metric(server, failed) - metric(server, failed + 'ok"}') < 1:
-            assert time.monotonic() < deadline, server.log_tail()
-            await asyncio.sleep(0.2)
+        await async_wait_for(lambda: metric(server, failed) - metric(server, failed + 'ok"}') >= 1,
+                             "a failed delivery attempt counted", step_s=0.2)
 
         drop = (f"{server.admin_url}/admin/v3/transactions/undelivered/5/{opened.least}/drop?"
                 + urllib.parse.urlencode({"topic": topic}))

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from tc_server.wire import ServerError
 
 BOUND_S = 60.0
 # A poll every 50 ms: soon enough after an in-process state changes. A condition that asks another process (over
@@ -59,3 +62,15 @@ def wait_for(condition: Callable[[], object], what: str = "", bound_s: float = B
             return value
         time.sleep(step_s)
     raise AssertionError("unreachable")
+
+
+async def until_served(ask: Callable[[], Awaitable[Any]], bound_s: float = BOUND_S) -> Any:
+    """``ask()``'s first answer other than TransactionCoordinatorNotFound, asked again every 0.1 s as a Pulsar client
+    retries that error (a store that did not answer within a short request timeout, or a writer behind by half of
+    it: a stall of a loaded machine), or the last answer once ``bound_s`` has passed."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        answer = await ask()
+        if answer.error is not ServerError.TransactionCoordinatorNotFound or time.monotonic() > deadline:
+            return answer
+        await asyncio.sleep(0.1)

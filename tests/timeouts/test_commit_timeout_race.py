@@ -11,10 +11,8 @@ import os
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +20,7 @@ from tc_server.bench.process import descendants_of
 from tc_server.client import connect
 from tc_server.wire import ServerError
 from tests.support.server_process import ServerProcess, started
+from tests.support.waiting import until_served
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +29,8 @@ TTL_MS = 2_500
 RETRY_BOUND_S = 40.0
 
 
-async def until_answered(ask: Callable[[], Awaitable[Any]]) -> Any:
-    """``ask()``'s first answer other than TransactionCoordinatorNotFound (a store that has not answered within
-    the 0.5 s request timeout, or a writer behind by half of it: a stall of the machine, retried as a client
-    does), or the last one once RETRY_BOUND_S has passed."""
-    deadline = time.monotonic() + RETRY_BOUND_S
-    while True:
-        answer = await ask()
-        if answer.error is not ServerError.TransactionCoordinatorNotFound or time.monotonic() > deadline:
-            return answer
-        await asyncio.sleep(0.1)
-
-
 async def commit_until_answered(client, most: int, least: int) -> tuple[ServerError | None, str | None]:
-    answer = await until_answered(lambda: client.end_txn(most, least, commit=True))
+    answer = await until_served(partial(client.end_txn, most, least, commit=True), RETRY_BOUND_S)
     return answer.error, answer.message
 
 
@@ -54,7 +41,7 @@ async def test_the_final_answer_to_a_commit_at_the_deadline_is_the_stored_decisi
     rng = random.Random(7)
     try:
         client = await connect("127.0.0.1", server.port)
-        opened = await asyncio.gather(*(until_answered(partial(client.new_txn, tc_id=i % 4, ttl_ms=TTL_MS))
+        opened = await asyncio.gather(*(until_served(partial(client.new_txn, tc_id=i % 4, ttl_ms=TTL_MS), RETRY_BOUND_S)
                                         for i in range(TXNS)))
         assert all(o.error is None for o in opened), [o for o in opened if o.error][:3]
         start = time.monotonic()
@@ -80,7 +67,7 @@ async def test_the_final_answer_to_a_commit_at_the_deadline_is_the_stored_decisi
         for o, (error, message) in zip(opened, answers, strict=True):
             code, doc = server.get_json(f"/admin/v3/transactions/transactionMetadata/{o.most}/{o.least}")
             status = doc.get("status") if code == 200 else code
-            again = await until_answered(partial(client.end_txn, o.most, o.least, commit=True))
+            again = await until_served(partial(client.end_txn, o.most, o.least, commit=True), RETRY_BOUND_S)
             expected = {None: "COMMITTED", ServerError.TransactionNotFound: "ABORTED"}.get(error)
             if status != expected or again.error is not error:
                 wrong.append(((o.most, o.least), error, message, status, again.error, again.message))

@@ -13,7 +13,7 @@ import os
 import re
 import signal
 import sqlite3
-import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from tc_server.bench.process import descendants_of
 from tc_server.client import connect
 from tc_server.wire import ServerError
 from tests.support.server_process import ServerProcess, started
+from tests.support.waiting import until_served
 
 pytestmark = pytest.mark.slow
 
@@ -79,10 +80,7 @@ async def test_new_txns_refused_by_a_stalled_store_do_not_fill_the_active_limit(
         for _ in range(10):  # the limit leaves room for these: they are all that is really open
             # A store refusal (TransactionCoordinatorNotFound, "store unavailable": a stall of the loaded machine
             # past half the 1 s request timeout) is retried, as clients do; the limit's NotAllowedError is not.
-            deadline = time.monotonic() + RETRY_BOUND_S
-            while (after := await client.new_txn(tc_id=0, ttl_ms=TTL_MS)).error is \
-                    ServerError.TransactionCoordinatorNotFound and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            after = await until_served(partial(client.new_txn, tc_id=0, ttl_ms=TTL_MS), RETRY_BOUND_S)
             if after.error is not None:
                 break
         assert after.error is None, (after, f"{really_open} txns are OPEN in the store",
