@@ -123,7 +123,7 @@ async def test_default_ttl(client, app):
     assert TxnHeader.from_json(record.value).timeout_ms == 60_000
 
 
-async def test_timeout_aborts_within_a_second(client, app):
+async def test_the_timeout_sweep_aborts_an_open_txn_past_its_deadline(client, app):
     t = await client.new_txn(tc_id=6, ttl_ms=300)
 
     async def aborted() -> bool:

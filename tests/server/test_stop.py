@@ -28,6 +28,7 @@ from tc_server.wire import ServerError
 from tests.support.gated_store import GatedStore
 from tests.support.proc_state import alive
 from tests.support.server_process import TC_SERVER
+from tests.support.waiting import async_wait_for
 
 # Keeps a stop that hangs from hanging the test; a stop takes a fraction of it.
 STOP_BOUND_S = 60.0
@@ -94,10 +95,8 @@ async def test_a_request_the_store_holds_is_answered_before_the_stop_closes_it(
     try:
         store.gate.clear()
         stalled = asyncio.create_task(client.new_txn(tc_id=3, ttl_ms=60_000))
-        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds it
-            if app.context.in_flight:
-                break
-            await asyncio.sleep(0.01)
+        # until the server holds it
+        await async_wait_for(lambda: app.context.in_flight, bound_s=STOP_BOUND_S, step_s=0.01)
         assert app.context.in_flight == 1
         await asyncio.wait_for(app.stop(), STOP_BOUND_S)
         answered = await asyncio.wait_for(stalled, STOP_BOUND_S)
@@ -120,10 +119,8 @@ async def test_requests_received_but_not_started_are_answered_by_the_stop(
     try:
         store.gate.clear()
         requests = [asyncio.ensure_future(client.new_txn(tc_id=i % 4, ttl_ms=60_000)) for i in range(8)]
-        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds its four
-            if app.context.in_flight == 4:
-                break
-            await asyncio.sleep(0.01)
+        # until the server holds its four
+        await async_wait_for(lambda: app.context.in_flight == 4, bound_s=STOP_BOUND_S, step_s=0.01)
         # Behind them a lookup and a partition-metadata request: those were closed on without an answer.
         lookup = asyncio.ensure_future(client.lookup("persistent://public/default/orders"))
         metadata = asyncio.ensure_future(client.partitioned_metadata("persistent://public/default/orders"))
@@ -152,10 +149,8 @@ async def test_the_admin_port_answers_through_the_drain_with_readyz_saying_stopp
     try:
         store.gate.clear()
         stalled = asyncio.create_task(client.new_txn(tc_id=3, ttl_ms=60_000))
-        for _ in range(int(STOP_BOUND_S / 0.01)):  # until the server holds it: the drain waits for it
-            if app.context.in_flight:
-                break
-            await asyncio.sleep(0.01)
+        # until the server holds it: the drain waits for it
+        await async_wait_for(lambda: app.context.in_flight, bound_s=STOP_BOUND_S, step_s=0.01)
         stopping = asyncio.create_task(app.stop())
         await asyncio.sleep(0.1)
         assert not stopping.done()
