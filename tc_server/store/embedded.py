@@ -466,14 +466,14 @@ class EmbeddedStore(StoreWrites):
         if outbox and self._channel is not None:
             try:
                 frame = encode_frame(outbox)
-            except Exception:  # noqa: BLE001 - a request pickle cannot take: its caller hears of it, the others go
+            except Exception:  # noqa: BLE001 - a request marshal cannot take: its caller hears of it, the others go
                 frame = self._frame_of_the_sendable(outbox)
             if frame:
                 self._send(frame)
 
     def _frame_of_the_sendable(self, outbox: list[tuple[int, Any]]) -> bytes:
         """The frame of the requests of ``outbox`` that encode on their own; each that does not fails its caller
-        (nothing of it was sent). Raised out of the turn's callback, one such request (a value of a type pickle
+        (nothing of it was sent). Raised out of the turn's callback, one such request (a value of a type marshal
         cannot take) left every request of the turn unsent and unanswered, and the writer "behind" for good: no
         write was taken again until a restart (a review)."""
         sendable = []
@@ -811,7 +811,7 @@ class EmbeddedStore(StoreWrites):
 
 
 def _encode(op: Put | Delete, indexed: set[str]) -> tuple[Any, ...]:
-    """An operation as the writer process reads it (sqlite_writer.py: plain tuples pickle fast); a put's
+    """An operation as the writer process reads it (sqlite_writer.py: plain tuples, which marshal takes); a put's
     index names join ``indexed`` (EmbeddedStore._indexed)."""
     if isinstance(op, Put):
         if op.secondary_indexes:

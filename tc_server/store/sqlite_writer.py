@@ -18,8 +18,10 @@ should tc-server end while this process is stopped or stalled, the kernel kills 
 The exclusive ``flock`` of the database file (embedded.py) is inherited: the lock lives as long as either
 process holds its descriptor, so no second tc-server can open the file while this process still writes.
 
-The channel is a Unix socket pair; each frame is a 4-byte big-endian length and a pickle (both ends are
-this code, in processes of one tc-server, never a peer on the network):
+The channel is a Unix socket pair; each frame is a 4-byte big-endian length and a ``marshal`` of plain values
+(both ends are this code, run by the same interpreter in processes of one tc-server, never a peer on the
+network; marshal writes and reads such values in about 60 % of pickle's time, docs/performance.md, *CPU per
+transaction*):
 
 * tc-server -> writer: a list of requests ``(request_id, ops)``; ``ops`` is None to delete the session's
   ephemeral records, else a list of ``(PUT, key, value, expected_version, partition_key, ephemeral,
@@ -37,7 +39,7 @@ module of another WRITER_LAYOUT (the package replaced in place under a running t
 
 from __future__ import annotations
 
-import pickle
+import marshal
 import signal
 import socket
 import sqlite3
@@ -78,14 +80,15 @@ _INDEX_DELETE_ALL: Final = "DELETE FROM index_entries WHERE key = ?"
 ENTRY_SEPARATOR: Final = "\x00"
 # The file layout and channel this module speaks; changed with either. The command that starts a writer
 # (command) checks it against the module it imports then.
-WRITER_LAYOUT: Final = 2
+WRITER_LAYOUT: Final = 3
 
 Request = tuple[int, list[tuple[Any, ...]] | None]
 
 
 def encode_frame(message: Any) -> bytes:
-    """One frame of the channel: the length, then the pickled message."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """One frame of the channel: the length, then the marshalled message (ValueError for a value that is not
+    a plain int, str, bytes, bool, None, tuple, list or dict)."""
+    body = marshal.dumps(message)
     return _LENGTH.pack(len(body)) + body
 
 
@@ -106,7 +109,7 @@ class FrameBuffer:
             if len(self._data) < end:
                 break
             # The peer is this module's other end, started by the same tc-server (see the module text).
-            messages.append(pickle.loads(self._data[start + 4:end]))  # noqa: S301
+            messages.append(marshal.loads(self._data[start + 4:end]))  # noqa: S302
             start = end
         del self._data[:start]
         return messages

@@ -989,9 +989,9 @@ async def test_a_file_of_a_later_layout_is_refused_naming_it_and_left_unchanged(
 
 
 async def test_a_write_that_cannot_be_sent_fails_its_own_caller_only(tmp_path: Path) -> None:
-    # A delete whose key pickle cannot take (the store's callers are this code: a bug) raised out of the turn's
-    # send, leaving that turn's other writes unsent and unanswered, and the writer "behind" for good: every
-    # write was refused until a restart (a review).
+    # A delete whose key the writer channel cannot encode (the store's callers are this code: a bug) raised out of
+    # the turn's send, leaving that turn's other writes unsent and unanswered, and the writer "behind" for good:
+    # every write was refused until a restart (a review).
     store = await EmbeddedStore.open(tmp_path)
     try:
         unsendable = Delete(threading.Lock())  # type: ignore[arg-type]
