@@ -151,14 +151,10 @@ async def test_a_client_that_reads_none_of_its_answers_loses_its_connection(app:
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", app.admin.port))
     reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n" * 500)  # ~10 MB of answers, never read
-    closed = False
-    for _ in range(600):  # bounded (30 s): paused, then closed WRITE_STALL_S later
-        await asyncio.sleep(0.05)
-        if app.admin.budget.count == 0:
-            closed = True
-            break
-    writer.close()
-    assert closed, f"still open: {app.admin.budget.count} admin connection(s)"
+    try:  # paused, then closed WRITE_STALL_S later
+        await async_wait_for(lambda: app.admin.budget.count == 0, "the stalled admin connection closed", bound_s=30)
+    finally:
+        writer.close()
     assert (await http(app, "GET", "/healthz"))[0] == 200
 
 

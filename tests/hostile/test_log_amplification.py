@@ -75,10 +75,7 @@ async def test_a_long_client_version_is_not_repeated_in_every_log_line(
     await async_wait_for(lambda: client.errors)
     assert client.errors
     client.close()
-    for _ in range(100):
-        if any(e["event"] == "connection closed" for e in server_log):
-            break
-        await asyncio.sleep(0.02)
+    await async_wait_for(lambda: any(e["event"] == "connection closed" for e in server_log))
     logged = sum(line_bytes(e) for e in server_log)
     biggest = max(server_log, key=line_bytes)
     assert line_bytes(biggest) <= 4096, (

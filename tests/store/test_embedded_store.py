@@ -902,10 +902,8 @@ async def test_an_idle_store_whose_writer_stopped_is_a_write_problem_by_the_next
             assert problem is not None and "has not answered a write for" in problem, problem
         finally:
             os.kill(writer.pid, signal.SIGCONT)
-        for _ in range(1000):  # the empty write is answered once the writer runs again
-            if not store._pending:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_for(lambda: not store._pending, "the empty write answered once the writer runs again",
+                             step_s=0.01)
         assert store.write_problem() is None
         assert committed == [1]  # the empty writes are not counted as commits of the batch-size metric
     finally:
