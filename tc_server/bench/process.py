@@ -11,6 +11,7 @@ dependencies is installed.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import random
@@ -39,6 +40,11 @@ STOP_TIMEOUT_S = 15.0
 PORT_FLOOR = 10000
 _handed_out: set[int] = set()
 _random = random.Random()
+# Where the next pick starts, shared by every process of the machine that picks ports (a test run's xdist
+# workers, a benchmark beside them): each process's picks follow the last one of any of them. Picked at
+# random per process, a port checked free by one process while another's server was still starting (a
+# --workers 2 worker binds its port seconds after the pick) went to both; CI saw the worker fail to start.
+_CURSOR_FILE = Path("/tmp/tc-server-free-port.cursor")
 
 
 def free_port(count: int = 1) -> int:
@@ -54,7 +60,7 @@ def free_port(count: int = 1) -> int:
     spans = [(first, last) for first, last in ((PORT_FLOOR, low - count), (high + 1, 65536 - count)) if first < last]
     for _ in range(1000):
         if spans:
-            port = _random.randrange(*max(spans, key=lambda span: span[1] - span[0]))
+            port = _next_candidate(*max(spans, key=lambda span: span[1] - span[0]), count)
         else:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -69,6 +75,23 @@ def free_port(count: int = 1) -> int:
         _handed_out.update(range(port, port + count))
         return port
     raise RuntimeError(f"no free port found outside the ephemeral range {low}-{high}")
+
+
+def _next_candidate(first: int, last: int, count: int) -> int:
+    """The next ``count`` ports in ``[first, last)`` after the machine's shared cursor (_CURSOR_FILE), which moves
+    past them; a random one where the file cannot be used."""
+    try:
+        with open(_CURSOR_FILE, "a+b") as cursor_file:
+            fcntl.flock(cursor_file, fcntl.LOCK_EX)  # released when the file closes
+            cursor_file.seek(0)
+            text = cursor_file.read().decode("ascii", "replace").strip()
+            port = int(text) if text.isdigit() and first <= int(text) < last else _random.randrange(first, last)
+            cursor_file.seek(0)
+            cursor_file.truncate()
+            cursor_file.write(str(port + count).encode())
+            return port
+    except OSError:
+        return _random.randrange(first, last)
 
 
 def free_ports_in_a_row(count: int, attempts: int = 100) -> int:
