@@ -1073,3 +1073,37 @@ async def test_writes_queued_while_the_channel_is_full_are_sent_whole_and_in_ord
         assert not store._unsent
     finally:
         await store.close()
+
+
+# Run in a process of its own, as the writer is: SQLite takes these settings only between a shutdown and the
+# next start, which no other connection of the process may see.
+_ONE_THREAD_PROBE = """
+import ctypes, sqlite3, sys
+sys.path.insert(0, sys.argv[1])
+from tc_server.store.sqlite_writer import one_thread_sqlite
+applied = one_thread_sqlite() if sys.argv[2] == "set" else None
+path = next(line.split()[-1] for line in open("/proc/self/maps") if "/libsqlite3" in line)
+library = ctypes.CDLL(path)
+library.sqlite3_memory_used.restype = ctypes.c_int64
+conn = sqlite3.connect(sys.argv[3], isolation_level=None)
+conn.execute("PRAGMA journal_mode=WAL")
+conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB)")
+conn.executemany("INSERT INTO t VALUES (?, ?)", [(str(i), b"x" * 100) for i in range(1000)])
+print(applied, library.sqlite3_memory_used(), conn.execute("SELECT count(*) FROM t").fetchone()[0])
+"""
+
+
+@pytest.mark.parametrize("setting", ["set", "as-built"])
+def test_the_writer_process_runs_sqlite_without_mutexes_or_memory_counts(tmp_path: Path, setting: str) -> None:
+    # The writer's one connection is used by one thread, so SQLite's serialized mode and its memory counts (a
+    # mutex per call and per allocation) guard nothing there: one_thread_sqlite turns both off. The memory
+    # count is what can be seen from Python: none is kept once it is off, while SQLite as built keeps one.
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", _ONE_THREAD_PROBE, str(embedded._PACKAGE_ROOT), setting,
+                          str(tmp_path / "probe.db")], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    applied, memory_used, rows = ran.stdout.split()
+    assert rows == "1000", "SQLite serves as before"
+    if setting == "set":
+        assert (applied, memory_used) == ("True", "0"), ran.stdout
+    else:
+        assert int(memory_used) > 0, ran.stdout
