@@ -179,6 +179,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def loaded_sqlite_library() -> ctypes.CDLL | None:
+    """The SQLite library the sqlite3 module loaded, to call what the module does not offer; None where it is
+    not a shared object this process maps (a Python with SQLite built in, or no /proc)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "/libsqlite3" in line), None)
+        if path is not None:
+            library = ctypes.CDLL(path)  # dlopen of a loaded library hands back that one
+            major, minor, patch = sqlite3.sqlite_version_info
+            if library.sqlite3_libversion_number() == major * 1_000_000 + minor * 1_000 + patch:
+                return library
+    return None
+
+
 def one_thread_sqlite() -> bool:
     """Set this process's SQLite library up for what the writer is: one connection, used by one thread. By
     default (Debian's build, the image's) SQLite is serialized, taking a connection's mutex at every call, and
@@ -187,26 +201,17 @@ def one_thread_sqlite() -> bool:
 
     SQLite takes settings only while it is not initialized, and importing sqlite3 initializes it, so this
     shuts it down, sets them and initializes it again: call it before the process opens any connection.
-    False (SQLite as it was) where the library is not a shared object this process maps (a Python with SQLite
-    built in, or no /proc): an optimization, never a reason not to write."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/maps") as maps:
-            path = next((line.split()[-1] for line in maps if "/libsqlite3" in line), None)
-        if path is None:
-            return False
-        library = ctypes.CDLL(path)  # the library the sqlite3 module loaded: dlopen hands back that one
-        if library.sqlite3_libversion_number() != sqlite3.sqlite_version_info[0] * 1_000_000 + \
-                sqlite3.sqlite_version_info[1] * 1_000 + sqlite3.sqlite_version_info[2]:
-            return False
-        if library.sqlite3_shutdown() != 0:
-            return False
-        applied: bool = (library.sqlite3_config(_SQLITE_CONFIG_MULTITHREAD) == 0
-                         and library.sqlite3_config(_SQLITE_CONFIG_MEMSTATUS, ctypes.c_int(0)) == 0)
-        # Whatever the settings did: opening a connection would initialize SQLite too; doing it here keeps
-        # any error of it here.
-        initialized: bool = library.sqlite3_initialize() == 0
-        return initialized and applied
-    return False
+    False (SQLite as it was) where the library cannot be reached (loaded_sqlite_library) or a step is
+    refused: an optimization, never a reason not to write."""
+    library = loaded_sqlite_library()
+    if library is None or library.sqlite3_shutdown() != 0:
+        return False
+    applied: bool = (library.sqlite3_config(_SQLITE_CONFIG_MULTITHREAD) == 0
+                     and library.sqlite3_config(_SQLITE_CONFIG_MEMSTATUS, ctypes.c_int(0)) == 0)
+    # Whatever the settings did: opening a connection would initialize SQLite too; doing it here keeps any
+    # error of it here.
+    initialized: bool = library.sqlite3_initialize() == 0
+    return initialized and applied
 
 
 class Writer:

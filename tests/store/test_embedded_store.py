@@ -1080,10 +1080,9 @@ async def test_writes_queued_while_the_channel_is_full_are_sent_whole_and_in_ord
 _ONE_THREAD_PROBE = """
 import ctypes, sqlite3, sys
 sys.path.insert(0, sys.argv[1])
-from tc_server.store.sqlite_writer import one_thread_sqlite
+from tc_server.store.sqlite_writer import loaded_sqlite_library, one_thread_sqlite
 applied = one_thread_sqlite() if sys.argv[2] == "set" else None
-path = next(line.split()[-1] for line in open("/proc/self/maps") if "/libsqlite3" in line)
-library = ctypes.CDLL(path)
+library = loaded_sqlite_library()
 library.sqlite3_memory_used.restype = ctypes.c_int64
 conn = sqlite3.connect(sys.argv[3], isolation_level=None)
 conn.execute("PRAGMA journal_mode=WAL")
