@@ -322,6 +322,11 @@ class CoordinatorPartition:
                 # timeout from now is at least as long as its client asked for; left at its stamp, a txn of
                 # 1 s stayed OPEN for the clocks' difference (an hour), pinning its brokers' readers.
                 self._capped[least] = deadline_ms = bound
+            if least in self._unsure:
+                # An END_TXN served here before the scan wrote its decision with an unknown outcome (_apply)
+                # and found the txn untracked: look soon, as _apply does for a tracked one, or a decision that
+                # lands after the scan read OPEN reaches its brokers only at the deadline (hours for some).
+                deadline_ms = min(deadline_ms, self._clock() + TIMEOUT_RETRY_MS)
             self._track(least, deadline_ms)
         if owner is not None and least not in self._owners:
             self._owners[least] = self._principals.add(owner)

@@ -44,7 +44,7 @@ from tc_server.store import open_store
 from tc_server.store.api import Delete, MetadataStore, Put, StoreUnavailableError, WriteResult
 from tc_server.store.memory import MemoryStore
 from tc_server.wire import AddPartitionToTxn, ServerError
-from tests.coordinator.test_partition import FakeClock
+from tests.coordinator.test_partition import FakeClock, header
 from tests.support.gated_store import GatedStore
 from tests.support.stand_in_broker import StandInBroker, acknowledge
 from tests.support.waiting import async_wait_for
@@ -793,6 +793,42 @@ async def test_a_commit_whose_answer_was_lost_is_delivered_without_a_retry(tmp_p
             assert partition.open_txns() == {still_open: clock.now - TIMEOUT_RETRY_MS + 60_000}
     finally:
         await store.close()
+
+
+async def test_a_commit_of_unknown_outcome_before_recovery_is_delivered_without_a_retry() -> None:
+    """A new leader serves requests before its recovery scan has run (coordinator._elected). An END_TXN COMMIT
+    there whose header write outlives its request (the deadline came while the store held it), the scan then
+    adopting the txn as OPEN and recover_outbox finding it OPEN, both before the write lands: the sweep looks
+    TIMEOUT_RETRY_MS later, as for a txn the END_TXN found tracked, and delivers the commit. Before, the early
+    look was set only for a txn already tracked, so the adopted txn waited for its deadline (an hour here) or
+    the client's retry, its brokers pinned meanwhile (a review, 2026-12-04)."""
+    store = GatedStore(writes_go_on=True)
+    sender = RecordingSender()
+    clock = FakeClock()
+    earlier = partition_on(store, None, clock)  # the previous leader
+    await earlier.recover_outbox()
+    least = await earlier.new_txn(3_600_000, None)
+    await earlier.add_participants(least, None, [Participant(TOPIC)])
+    await earlier.stop()
+    partition = partition_on(store, sender, clock)
+    store.gate.clear()
+    request = asyncio.create_task(partition.end_txn(least, commit=True, principal=None))
+    assert await async_wait_for(lambda: store.held == 1)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    partition.adopt_one(least, clock.now + 3_600_000, None, 3_600_000)  # the scan read it OPEN
+    await partition.recover_outbox()  # and so does the outbox's
+    store.gate.set()
+    assert await async_wait_for(lambda: store.held == 0)
+    assert (await header(store, 0, least)).state is TxnState.COMMITTED
+    clock.now += TIMEOUT_RETRY_MS
+    for due in partition.due_timeouts(clock.now):
+        await partition.expire(due)
+    assert await async_wait_for(lambda: len(sender.told) == 1)
+    assert [(t.least, t.participant.topic, t.committed) for t in sender.told] == [(least, TOPIC, True)]
+    assert await async_wait_for(lambda: not partition.undelivered())
+    await partition.stop()
 
 
 class HangingSender(RecordingSender):
