@@ -30,7 +30,8 @@ own coordinator meets the same broker paths when its timeouts abort while consum
 apache/pulsar#23802 fixed that window for Key_Shared (4.0.2), #23803 is open. So the drain, on a stall whose
 every partition shows exactly that (:func:`parked_at_the_tail`), sends one more input to each (up to
 MAX_NUDGES times; an input like the others, checked exactly once), logs it and reports the nudges in the
-SUMMARY line; a stall of any other kind fails with ``input backlog stuck`` and the broker's view (STALL_S).
+SUMMARY line; a stall of any other kind fails with ``input backlog stuck`` and the broker's view (STALL_S). The
+feeder does the same during the chaos after CHAOS_STALL_S without a commit, so that the chaos meets a working app.
 
 Run: ``make soak`` (the defaults: ~12 min for both parametrizations), or ``make soak CHAOS_SEED=N CHAOS_SECONDS=S
 CHAOS_PROFILE=harsh CHAOS_LOOKUP=direct`` (each variable is optional).
@@ -51,6 +52,17 @@ deliveries) and 10 stops; --workers 2 72,500 inputs, 16,212 committed txns, 1,91
 2,450 deliberate aborts, 12 kill -9s (8 during deliveries), 6 stops; --workers 2 104,500 inputs, 23,080 committed
 txns, 2,562 deliberate aborts, 7 kill -9s (4 during deliveries), 4 worker kills, 5 stops and 2 worker stops; every
 check held, no stall, audit clean.
+
+On 899801f (2026-12-04), with the writer process's one-thread SQLite and marshal channel: ``make soak
+CHAOS_SEED=20261204 CHAOS_PROFILE=harsh`` (16:06-16:21 UTC): --workers 1 40,500 inputs, 9,008 committed txns, 1,002
+deliberate aborts, 10 kill -9s, 8 more during deliveries, 6 stops; --workers 2 49,501 inputs, 10,923 committed txns,
+1,237 deliberate aborts, 5 kill -9s, 4 during deliveries, 6 worker kills, 7 stops, 4 worker stops and one stall
+nudged in the drain. ``make soak CHAOS_SEED=4204 CHAOS_PROFILE=harsh CHAOS_LOOKUP=direct`` (16:24-16:42 UTC):
+--workers 1 43,502 inputs, 9,650 committed txns, 998 deliberate aborts, 11 kill -9s, 6 during deliveries, one stall
+nudged; --workers 2 stalled ~40 s into its chaos and the app sat idle through the other 22 events (6,504 inputs,
+1,450 committed txns): every check held after the drain's nudge, but the chaos had met an idle app, hence
+CHAOS_STALL_S. That run again with it (16:45-16:54 UTC) did not stall during the chaos: 51,501 inputs, 11,357
+committed txns, one stall nudged in the drain. Every check held and every audit was clean.
 """
 
 from __future__ import annotations
@@ -109,6 +121,10 @@ DRAIN_TIMEOUT_S = 600.0
 STALL_S = 150.0
 # Stalls of the 4.2.4 broker's kind (module text) the drain releases with one more input before it fails.
 MAX_NUDGES = 3
+# During the chaos: no commit for this long (past the longest stop, 16 s, plus a txn timeout and a restart) and
+# every partition with a backlog parked at its tail, the feeder nudges too. Seed 4204 (harsh, direct, --workers
+# 2) stalled so ~40 s into its chaos on 2026-12-04, and the app sat idle through the other 22 events.
+CHAOS_STALL_S = 45.0
 
 
 def log(msg: str) -> None:
@@ -485,12 +501,26 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
         stdout=out_path.open("wb"), stderr=(tmp_path / "worker.err").open("wb"), start_new_session=True)
     t0 = time.monotonic()
     feeding = threading.Event()
+    nudges: list[list[int]] = []  # the partitions nudged, per stall of the broker's kind (chaos and drain)
 
     def feeder() -> None:
+        # The only writer of inputs while the chaos runs: feed and nudge number them from len(inputs).
+        commits, since = -1, time.monotonic()
         while not feeding.is_set():
             backlog = input_backlog(broker, source)
             if backlog is not None and backlog < LOW_BACKLOG:
                 feed(broker, source, inputs, TOP_UP)
+            now_commits = sum(1 for e in read_events(out_path) if e.get("ev") == "committed")
+            if now_commits != commits:
+                commits, since = now_commits, time.monotonic()
+            elif time.monotonic() - since > CHAOS_STALL_S:
+                view = subscription_view(broker, source)
+                if parked := parked_at_the_tail(view):
+                    log(f"no commit for {time.monotonic() - since:.0f}s with every stalled partition parked at its "
+                        f"tail (the broker's, module text): one more input to partitions {parked}")
+                    nudge(broker, source, parked, inputs)
+                    nudges.append(parked)
+                since = time.monotonic()
             feeding.wait(2.0)
 
     feeder_thread = threading.Thread(target=feeder, daemon=True)
@@ -519,7 +549,7 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         backlog = input_backlog(broker, source)
         last_change, last_backlog = time.monotonic(), backlog
-        nudges: list[list[int]] = []  # the partitions nudged, per stall of the broker's kind
+        drain_nudges = 0
         while backlog != 0:
             assert worker.poll() is None, "worker exited"
             if backlog != last_backlog:
@@ -527,11 +557,12 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
             if time.monotonic() > deadline or time.monotonic() - last_change > STALL_S:
                 view = subscription_view(broker, source)
                 parked = parked_at_the_tail(view) if time.monotonic() <= deadline else []
-                if parked and len(nudges) < MAX_NUDGES:
+                if parked and drain_nudges < MAX_NUDGES:
                     log(f"input backlog stuck at {backlog} with every stalled partition parked at its tail (the "
                         f"broker's, module text): one more input to partitions {parked}; view {json.dumps(view)}")
                     nudge(broker, source, parked, inputs)
                     nudges.append(parked)
+                    drain_nudges += 1
                     last_change = time.monotonic()
                     continue
                 pytest.fail(f"input backlog stuck at {backlog} for {time.monotonic() - last_change:.0f}s with the "
