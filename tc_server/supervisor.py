@@ -12,7 +12,8 @@ serves coordinators i with i mod N = k on its own port and shares the service po
   everything: the supervisor ends with that worker's one-line error (logs.say_refusal) and exits non-zero
   (a port taken, a bad store: retrying will not help);
 * stops every worker with SIGTERM on SIGTERM/SIGINT/SIGHUP (each drains as a single process does), and
-  SIGKILLs those still running WORKER_STOP_S later;
+  SIGKILLs those still running WORKER_STOP_S later (and stops without one SIGKILL did not end KILLED_EXIT_S
+  after, stuck in the kernel, saying so);
 * reaps the exited children it did not start (a killed worker's store writer, handed to the supervisor
   when it is PID 1 or a subreaper);
 * serves ``--admin-listen``: ``/healthz`` (the supervisor runs), ``/readyz`` (200 only when every
@@ -33,6 +34,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Container
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -96,6 +98,9 @@ WORKER_START_SILENT_S = 60.0
 # to --request-timeout-s (10 s by default) + 0.5 s for the answers to requests in flight (app.py
 # DRAIN_MARGIN_S); the launcher's stop bound is 15 s (tc_server/bench/process.py).
 WORKER_STOP_S = 12.0
+# A worker still running this long after the SIGKILL at that bound is given up on (a thread of it stuck in the
+# kernel, on a disk that stopped answering): the stop goes on without it and says so, where it waited for good.
+KILLED_EXIT_S = 5.0
 # How often a worker's exit is looked for (exit_code): the delay before a restart begins, or a stop ends.
 EXIT_POLL_S = 0.1
 # A worker's stderr is passed on in chunks of this size; the last STDERR_TAIL bytes hold its error line.
@@ -131,12 +136,15 @@ def follow_supervisor(supervisor_pid: int | None, log_format: str = "auto") -> N
         sys.exit(1)
 
 
-async def exit_code(proc: asyncio.subprocess.Process) -> int:
-    """``proc``'s exit code, once it has exited. Not ``Process.wait()``: on Python 3.11 a wait begun before
+async def exit_code(proc: asyncio.subprocess.Process, given_up: Container[int] = ()) -> int | None:
+    """``proc``'s exit code, once it has exited; None once its pid is in ``given_up`` first (a worker SIGKILL
+    did not end: Supervisor._stop_processes). Not ``Process.wait()``: on Python 3.11 a wait begun before
     the exit returns only once the process's pipes are closed too, and a process the worker left behind
     (its store's writer, stopped or stalled on a disk) holds its stderr open. ``returncode`` is set at
     the exit itself (the child watcher reaps it): looked at every EXIT_POLL_S."""
     while proc.returncode is None:  # noqa: ASYNC110 - Process offers no event for the exit alone
+        if proc.pid in given_up:
+            return None
         await asyncio.sleep(EXIT_POLL_S)
     return proc.returncode
 
@@ -222,6 +230,7 @@ class Supervisor:
         self._stop_asked = False  # stop() was called (a signal): a second call kills the workers
         self._kill_asked = False  # that second call came: a worker started from now on is killed at once
         self._stop_deadline: float | None = None  # loop time by which every worker has stopped or is killed
+        self._given_up: set[int] = set()  # pids of workers still running KILLED_EXIT_S after their SIGKILL
         self._registry = CollectorRegistry()
         self._up = Gauge("tc_server_worker_ready", "1 when the worker's /readyz said 200 at the last check",
                          ["worker"], registry=self._registry)
@@ -368,7 +377,11 @@ class Supervisor:
                 # Stopped while it was being started: _stop_workers did not see it, so it gets the same
                 # bounded stop here (unbounded, a worker stuck in its start held the supervisor's exit).
                 await self._stop_processes([worker.proc])
-            code = await exit_code(worker.proc)
+            code = await exit_code(worker.proc, self._given_up)
+            if code is None:  # SIGKILL did not end it (_stop_processes, which said so): the stop goes on
+                forwarding.cancel()
+                pipe.transport.close()
+                return
             # What the worker started and left behind goes with it: a writer that was stopped or stalls
             # on a disk would hold the stderr pipe and the store's lock for the restart. A kill loses
             # nothing acknowledged: the writer answered only what it had committed.
@@ -376,6 +389,10 @@ class Supervisor:
             held_before = worker.left_a_holder
             if not await self._stderr_ended(worker, forwarding, pipe):
                 worker.left_a_holder = True
+            # Closed here once read to its end: uvloop keeps a pipe's transport open after the end of the data
+            # (StreamReaderProtocol asks it to), and each restart left a descriptor open until a full
+            # garbage collection (a review: 84 restarts, 84 descriptors more).
+            pipe.transport.close()
             errors = [text for line in bytes(pipe.tail).splitlines() if (text := refusal_in(line)) is not None]
             if errors:
                 worker.last_error = errors[-1]
@@ -472,7 +489,14 @@ class Supervisor:
                         pids=sorted(exits[task].pid for task in late), waited_s=WORKER_STOP_S)
             for task in late:
                 kill_worker(exits[task])
-            await asyncio.wait(late)
+            _, stuck = await asyncio.wait(late, timeout=KILLED_EXIT_S)
+            if stuck:
+                self._given_up.update(exits[task].pid for task in stuck)
+                for task in stuck:
+                    task.cancel()
+                log.error("workers still running after SIGKILL (stuck in the kernel, e.g. on a disk that stopped "
+                          "answering); stopping without them", pids=sorted(exits[task].pid for task in stuck),
+                          waited_s=KILLED_EXIT_S)
 
     def _reap_adopted(self) -> None:
         """Reap the exited children this process did not start. Where the supervisor is PID 1 (a container's
