@@ -8,7 +8,6 @@ import resource
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,17 +92,25 @@ def test_the_defaults_are_within_the_bounds() -> None:
     Settings().validate()
 
 
-def _nofile(soft: int, hard: int) -> Callable[[], None]:
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+# Sets the descriptor limit, then becomes the command after it: not a preexec_fn, which runs Python between fork
+# and exec in this process, whose other threads (gRPC's, from an earlier Oxia test in the same pytest process)
+# left the child aborting with SIGABRT before it ran tc-server (a fresh-clone CI run, 2026-12-04).
+_WITH_NOFILE = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), "
+                "int(sys.argv[2]))); os.execvp(sys.argv[3], sys.argv[3:])")
+
+
+def _with_nofile(soft: int, hard: int, argv: list[str]) -> list[str]:
+    """``argv`` run with a descriptor limit of ``soft`` and ``hard``."""
+    return [sys.executable, "-c", _WITH_NOFILE, str(soft), str(hard), *argv]
 
 
 def test_too_few_descriptors_lower_max_connections_with_one_warning(tmp_path: Path) -> None:
     # A hard limit of 1024 descriptors cannot hold the default 4096 connections: past the descriptor
     # limit accept() fails for everyone, the probes included, so the connection limit is lowered.
-    server = TcServerProcess(tmp_path / "data")
     log_path = tmp_path / "server.log"
+    server = TcServerProcess(tmp_path / "data", log_path=log_path)  # its log_tail() reads what the run wrote
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_nofile(1024, 1024))
+        proc = subprocess.Popen(_with_nofile(1024, 1024, server.argv), stdout=out, stderr=subprocess.STDOUT)
     try:
         server.proc = proc
         server.wait_ready(RUN_BOUND_S)
@@ -118,11 +125,11 @@ def test_too_few_descriptors_lower_max_connections_with_one_warning(tmp_path: Pa
 def test_a_low_soft_descriptor_limit_is_raised_to_fit_max_connections(tmp_path: Path) -> None:
     if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096 + 256:
         pytest.fail("this test needs a hard descriptor limit of at least 4352 (ulimit -Hn)")
-    server = TcServerProcess(tmp_path / "data")
     log_path = tmp_path / "server.log"
+    server = TcServerProcess(tmp_path / "data", log_path=log_path)  # its log_tail() reads what the run wrote
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(server.argv, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_nofile(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        proc = subprocess.Popen(_with_nofile(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1], server.argv),
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
         server.proc = proc
         server.wait_ready(RUN_BOUND_S)
