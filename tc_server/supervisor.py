@@ -298,7 +298,9 @@ class Supervisor:
         """Pass a worker's output on to our stderr as it comes, whole lines at a time: a line that
         arrives in pieces is held until its end, so that another worker's line cannot land inside it
         (two JSON log lines glued into one, seen at a stop when every worker logs at once). A line
-        longer than STDERR_CHUNK passes in pieces."""
+        longer than STDERR_CHUNK passes in pieces. The pipe is closed when this ends: uvloop keeps a pipe's
+        transport open after the end of the data (StreamReaderProtocol asks it to), and each restart left a
+        descriptor open until a full garbage collection (a review: 84 restarts, 84 descriptors more)."""
         held = b""
         try:
             while chunk := await pipe.reader.read(STDERR_CHUNK):
@@ -308,6 +310,7 @@ class Supervisor:
                 if end:
                     pipe.pass_on(data[:end])
         finally:
+            pipe.transport.close()
             # Its last line, without an end: a worker killed as it wrote, or the pipe given up (_stderr_ended).
             if held:
                 pipe.pass_on(held + b"\n")
@@ -380,7 +383,7 @@ class Supervisor:
             code = await exit_code(worker.proc, self._given_up)
             if code is None:  # SIGKILL did not end it (_stop_processes, which said so): the stop goes on
                 forwarding.cancel()
-                pipe.transport.close()
+                await asyncio.wait({forwarding})  # its held line passed on and the pipe closed (_forward_stderr)
                 return
             # What the worker started and left behind goes with it: a writer that was stopped or stalls
             # on a disk would hold the stderr pipe and the store's lock for the restart. A kill loses
@@ -389,10 +392,6 @@ class Supervisor:
             held_before = worker.left_a_holder
             if not await self._stderr_ended(worker, forwarding, pipe):
                 worker.left_a_holder = True
-            # Closed here once read to its end: uvloop keeps a pipe's transport open after the end of the data
-            # (StreamReaderProtocol asks it to), and each restart left a descriptor open until a full
-            # garbage collection (a review: 84 restarts, 84 descriptors more).
-            pipe.transport.close()
             errors = [text for line in bytes(pipe.tail).splitlines() if (text := refusal_in(line)) is not None]
             if errors:
                 worker.last_error = errors[-1]
