@@ -342,14 +342,12 @@ def input_client(broker: PulsarBroker) -> Iterator[pulsar.Client]:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for raw in path.read_text(errors="replace").splitlines():
-        if raw.startswith("{"):
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                pass
-    return out
+    return read_events_text(path.read_text(errors="replace"))
+
+
+def committed_so_far(path: Path) -> int:
+    """How many txns the app at ``path`` has logged as committed."""
+    return sum(1 for e in read_events(path) if e.get("ev") == "committed")
 
 
 # ---- the chaos driver ------------------------------------------------------------------------------------
@@ -510,7 +508,7 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
             backlog = input_backlog(broker, source)
             if backlog is not None and backlog < LOW_BACKLOG:
                 feed(broker, source, inputs, TOP_UP)
-            now_commits = sum(1 for e in read_events(out_path) if e.get("ev") == "committed")
+            now_commits = committed_so_far(out_path)
             if now_commits != commits:
                 commits, since = now_commits, time.monotonic()
             elif time.monotonic() - since > CHAOS_STALL_S:
@@ -535,7 +533,7 @@ def run_soak(server: TcServerProcess, broker: PulsarBroker, java_classes: Path, 
         for i, event in enumerate(events):
             time.sleep(event["gap"])
             backlog = input_backlog(broker, source)
-            so_far = sum(1 for e in read_events(out_path) if e.get("ev") == "committed")
+            so_far = committed_so_far(out_path)
             log(f"event {i} {event['kind']} (committed so far {so_far}, backlog {backlog}, "
                 f"inputs {len(inputs)})")
             chaos.run(event, rng)
